@@ -1,0 +1,31 @@
+# The README's commands. Each one sets up everything it needs on a fresh machine.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+# torch is pinned: an open range would pull a multi-GB CUDA build here.
+TORCH   ?= torch==2.13.0
+STAMP   := $(VENV)/.installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/gradpress-launch --local --workers 2 --servers 1 -- $(BIN)/python examples/train_digits.py
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/pushpull.py
+	$(BIN)/python benchmarks/kernels.py --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info

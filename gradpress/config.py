@@ -1,0 +1,167 @@
+"""Settings: one typed definition per setting, read from a TOML file and the environment.
+
+Every setting is a field of :class:`Settings` with a default, an environment name
+(BytePS's / ps-lite's name where they have the setting, ``GRADPRESS_*`` otherwise)
+and a one-line meaning. Values come, later ones winning, from the defaults, from a
+TOML job file (``GRADPRESS_CONFIG`` or ``gradpress-launch --config``) and from the
+environment. ``docs/env.md`` lists them all (and a test keeps it in step).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ROLES = ("scheduler", "server", "worker")
+
+
+def _setting(default: Any, env: str, doc: str) -> Any:
+    return field(default=default, metadata={"env": env, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Settings:
+    role: str = _setting("worker", "DMLC_ROLE", "this process's role: scheduler, server or worker")
+    num_worker: int = _setting(1, "DMLC_NUM_WORKER", "number of worker machines (each runs BYTEPS_LOCAL_SIZE workers)")
+    num_server: int = _setting(1, "DMLC_NUM_SERVER", "number of server processes")
+    root_uri: str = _setting("127.0.0.1", "DMLC_PS_ROOT_URI", "address (IP or DNS name) of the scheduler")
+    root_port: int = _setting(9000, "DMLC_PS_ROOT_PORT", "port the scheduler listens on")
+    worker_id: int = _setting(-1, "DMLC_WORKER_ID", "this worker machine's index; -1: assigned in order of registration")
+    node_host: str = _setting("", "DMLC_NODE_HOST", "address other nodes reach this node at; empty: the local address that routes to the scheduler")
+    server_port: int = _setting(0, "GRADPRESS_SERVER_PORT", "port a server binds; 0: any free port, announced through the scheduler")
+    local_rank: int = _setting(0, "BYTEPS_LOCAL_RANK", "index of this worker process on its machine")
+    local_size: int = _setting(1, "BYTEPS_LOCAL_SIZE", "number of worker processes on this machine")
+    partition_bytes: int = _setting(4096000, "BYTEPS_PARTITION_BYTES", "tensors are split into partitions of at most this many bytes")
+    scheduling_credit: int = _setting(8, "BYTEPS_SCHEDULING_CREDIT", "partitions a worker keeps in flight at once")
+    server_engine_threads: int = _setting(2, "BYTEPS_SERVER_ENGINE_THREAD", "numeric engine threads per server")
+    enable_async: bool = _setting(False, "BYTEPS_ENABLE_ASYNC", "asynchronous mode: pushes add into the store at once, pulls read it as it is")
+    min_compress_bytes: int = _setting(65536, "BYTEPS_MIN_COMPRESS_BYTES", "tensors smaller than this travel uncompressed")
+    heartbeat_interval_s: float = _setting(1.0, "PS_HEARTBEAT_INTERVAL", "seconds between heartbeats to and from the scheduler")
+    heartbeat_timeout_s: float = _setting(10.0, "PS_HEARTBEAT_TIMEOUT", "a node silent this many seconds is declared lost")
+    connect_timeout_s: float = _setting(120.0, "GRADPRESS_CONNECT_TIMEOUT_S", "deadline for the whole job to register with the scheduler")
+    op_timeout_s: float = _setting(300.0, "GRADPRESS_OP_TIMEOUT_S", "deadline for one declare, push_pull, barrier or broadcast")
+    health_file: str = _setting("", "GRADPRESS_HEALTH_FILE", "file written once registered and touched every heartbeat (for probes); empty: none")
+    trace: str = _setting("", "GRADPRESS_TRACE", "write a Chrome-trace JSON of partition stages to this path; empty: off")
+    log_level: str = _setting("WARNING", "BYTEPS_LOG_LEVEL", "logging level: DEBUG, INFO, WARNING, ERROR")
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"DMLC_ROLE={self.role!r}: expected one of {', '.join(ROLES)}")
+        for name in ("num_worker", "num_server", "local_size", "partition_bytes",
+                     "scheduling_credit", "server_engine_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{_env(name)}={getattr(self, name)}: must be at least 1")
+        if not 0 <= self.local_rank < self.local_size:
+            raise ValueError(f"BYTEPS_LOCAL_RANK={self.local_rank}: must be in [0, BYTEPS_LOCAL_SIZE={self.local_size})")
+        if not (self.worker_id == -1 or 0 <= self.worker_id < self.num_worker):
+            raise ValueError(f"DMLC_WORKER_ID={self.worker_id}: must be in [0, DMLC_NUM_WORKER={self.num_worker}) or unset")
+        for name in ("root_port", "server_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ValueError(f"{_env(name)}={getattr(self, name)}: not a port number")
+        for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s", "op_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{_env(name)}={getattr(self, name)}: must be positive")
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ValueError(f"PS_HEARTBEAT_TIMEOUT={self.heartbeat_timeout_s} must exceed "
+                             f"PS_HEARTBEAT_INTERVAL={self.heartbeat_interval_s}")
+        if self.min_compress_bytes < 0:
+            raise ValueError(f"BYTEPS_MIN_COMPRESS_BYTES={self.min_compress_bytes}: must be >= 0")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError(f"BYTEPS_LOG_LEVEL={self.log_level!r}: expected DEBUG, INFO, WARNING or ERROR")
+
+    @property
+    def num_worker_processes(self) -> int:
+        return self.num_worker * self.local_size
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str] | None = None, config_file: str | None = None) -> "Settings":
+        """Defaults, then the TOML job file, then the environment.
+
+        Args:
+            environ: the environment to read (default ``os.environ``).
+            config_file: a TOML job file; default: ``GRADPRESS_CONFIG`` from the environment.
+        Raises:
+            ValueError: naming the key, variable or value that is wrong.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        path = config_file or environ.get("GRADPRESS_CONFIG", "")
+        if path:
+            values.update(settings_from_toml(path))
+        for f in dataclasses.fields(cls):
+            raw = environ.get(f.metadata["env"])
+            if raw is not None and raw != "":
+                values[f.name] = _parse(f, raw, f.metadata["env"])
+        return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that reproduces these settings in a child process."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.metadata["env"]] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+        return out
+
+
+def settings_from_toml(path: str) -> dict[str, Any]:
+    """The ``[settings]`` table of a TOML job file, checked field by field."""
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except OSError as e:
+        raise ValueError(f"config file {path}: {e.strerror}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"config file {path}: not valid TOML: {e}") from e
+    unknown_tables = set(doc) - set(CONFIG_TABLES)
+    if unknown_tables:
+        raise ValueError(f"config file {path}: unknown table(s) {sorted(unknown_tables)}; "
+                         f"accepted: {sorted(CONFIG_TABLES)}")
+    table = doc.get("settings", {})
+    if not isinstance(table, dict):
+        raise ValueError(f"config file {path}: [settings] must be a table")
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    values = {}
+    for key, value in table.items():
+        if key not in fields:
+            raise ValueError(f"config file {path}: unknown setting {key!r}; accepted: {', '.join(sorted(fields))}")
+        values[key] = _check_type(fields[key], value, f"config file {path}: {key}")
+    return values
+
+
+# Tables a job file may hold; other modules (compression rules) read their own table.
+CONFIG_TABLES = ("settings", "compression")
+
+
+def _env(name: str) -> str:
+    return {f.name: f.metadata["env"] for f in dataclasses.fields(Settings)}[name]
+
+
+def _parse(f: dataclasses.Field, raw: str, where: str) -> Any:
+    typ = f.type if isinstance(f.type, type) else {"int": int, "float": float, "bool": bool, "str": str}[f.type]
+    try:
+        if typ is bool:
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        return typ(raw)
+    except ValueError:
+        raise ValueError(f"{where}={raw!r}: expected {typ.__name__}") from None
+
+
+def _check_type(f: dataclasses.Field, value: Any, where: str) -> Any:
+    typ = {"int": int, "float": float, "bool": bool, "str": str}[f.type] if isinstance(f.type, str) else f.type
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is int and isinstance(value, bool) or not isinstance(value, typ):
+        raise ValueError(f"{where} = {value!r}: expected {typ.__name__}")
+    return value
+
+
+def setting_docs() -> list[tuple[str, str, Any, str]]:
+    """(environment name, field name, default, meaning) of every setting, for docs/env.md."""
+    return [(f.metadata["env"], f.name, f.default, f.metadata["doc"]) for f in dataclasses.fields(Settings)]

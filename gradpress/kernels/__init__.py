@@ -1,0 +1,1 @@
+"""Numba CPU kernels shared by servers and compressors."""
