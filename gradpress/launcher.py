@@ -1,0 +1,205 @@
+"""``gradpress-launch``: start a role, or a whole job on this machine.
+
+As BytePS's ``bpslaunch``: with ``DMLC_ROLE=scheduler`` or ``server`` it runs that
+role in this process; with ``DMLC_ROLE=worker`` it runs the given command once per
+visible GPU (once on a CPU machine) with ``BYTEPS_LOCAL_RANK``/``BYTEPS_LOCAL_SIZE``
+set. ``--local`` starts scheduler, servers and workers on 127.0.0.1, prefixes their
+output with role and rank, and stops everything as soon as one process fails.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from . import logs
+from .config import Settings
+
+STOP_GRACE_S = 5.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gradpress-launch", description=__doc__.split("\n\n")[1])
+    p.add_argument("--config", help="TOML job file (the environment overrides it)")
+    p.add_argument("--local", action="store_true", help="run a whole job on this machine")
+    p.add_argument("--workers", type=int, default=2, help="--local: number of workers")
+    p.add_argument("--servers", type=int, default=1, help="--local: number of servers")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command (after --)")
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.config:
+        os.environ["GRADPRESS_CONFIG"] = os.path.abspath(args.config)
+    try:
+        settings = Settings.load()
+    except ValueError as e:
+        print(f"gradpress-launch: {e}", file=sys.stderr)
+        return 2
+    if args.local:
+        if not command:
+            p.error("--local needs a worker command after --")
+        if args.workers < 1 or args.servers < 1:
+            p.error("--workers and --servers must be at least 1")
+        return run_local(command, args.workers, args.servers)
+    logs.configure(settings.log_level)
+    if settings.role == "scheduler":
+        from .scheduler import run_scheduler
+        return run_scheduler(settings)
+    if settings.role == "server":
+        from .server import run_server
+        return run_server(settings)
+    if not command:
+        p.error("DMLC_ROLE=worker needs the training command to run")
+    return run_workers(command, settings)
+
+
+def run_workers(command: list[str], settings: Settings) -> int:
+    """One process per visible GPU (one on a CPU machine), with local rank and size set."""
+    local_size = int(os.environ["BYTEPS_LOCAL_SIZE"]) if os.environ.get("BYTEPS_LOCAL_SIZE") else _visible_gpus()
+    group = ProcessGroup()
+    for r in range(local_size):
+        env = dict(os.environ, BYTEPS_LOCAL_RANK=str(r), BYTEPS_LOCAL_SIZE=str(local_size))
+        group.start(f"worker {settings.worker_id}.{r}" if local_size > 1 else "worker", command, env,
+                    prefix=local_size > 1)
+    return group.wait(essential=group.names)
+
+
+def run_local(command: list[str], workers: int, servers: int) -> int:
+    """A whole job on 127.0.0.1: scheduler on a free port, then servers, then workers."""
+    group = ProcessGroup()
+    role_cmd = [sys.executable, "-m", "gradpress.launcher"]
+    base = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_NODE_HOST="127.0.0.1",
+                DMLC_NUM_WORKER=str(workers), DMLC_NUM_SERVER=str(servers), PYTHONUNBUFFERED="1")
+    with tempfile.TemporaryDirectory(prefix="gradpress-") as tmp:
+        port_file = os.path.join(tmp, "port")
+        try:
+            group.start("scheduler", role_cmd, dict(base, DMLC_ROLE="scheduler", DMLC_PS_ROOT_PORT="0",
+                                                    GRADPRESS_PORT_FILE=port_file))
+            port = _wait_for_port(port_file, group)
+            base["DMLC_PS_ROOT_PORT"] = str(port)
+            for i in range(servers):
+                group.start(f"server {i}", role_cmd, dict(base, DMLC_ROLE="server"))
+            for i in range(workers):
+                group.start(f"worker {i}", command, dict(base, DMLC_ROLE="worker", DMLC_WORKER_ID=str(i),
+                                                         BYTEPS_LOCAL_RANK="0", BYTEPS_LOCAL_SIZE="1"))
+        except (RuntimeError, OSError) as e:
+            print(f"gradpress-launch: {e}", file=sys.stderr)
+            group.stop()
+            return 1
+        return group.wait(essential=[n for n in group.names if n.startswith("worker")])
+
+
+class ProcessGroup:
+    """Child processes whose output is prefixed with their name; one failure stops all."""
+
+    def __init__(self):
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.readers: list[threading.Thread] = []
+        self._print = threading.Lock()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.procs)
+
+    def start(self, name: str, cmd: list[str], env: dict, prefix: bool = True) -> None:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if prefix else None,
+                                stderr=subprocess.STDOUT if prefix else None, preexec_fn=_die_with_parent)
+        self.procs[name] = proc
+        if prefix:
+            t = threading.Thread(target=self._relay, args=(name, proc), daemon=True)
+            t.start()
+            self.readers.append(t)
+
+    def _relay(self, name: str, proc: subprocess.Popen) -> None:
+        for line in iter(proc.stdout.readline, b""):
+            with self._print:
+                sys.stdout.write(f"[{name}] {line.decode(errors='replace')}")
+                sys.stdout.flush()
+
+    def wait(self, essential: list[str]) -> int:
+        """Wait until the essential processes (and then the rest) exit; stop all on a failure."""
+        try:
+            while True:
+                for name, proc in self.procs.items():
+                    code = proc.poll()
+                    if code not in (None, 0):
+                        self._say(f"{name} exited with code {code}; stopping the job")
+                        self.stop()
+                        return 1
+                if all(self.procs[n].poll() == 0 for n in essential):
+                    break
+                time.sleep(0.1)
+            # the workers are done: scheduler and servers end once they hear so
+            deadline = time.monotonic() + 30
+            while any(p.poll() is None for p in self.procs.values()) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            late = [n for n, p in self.procs.items() if p.poll() is None]
+            failed = [n for n, p in self.procs.items() if p.poll() not in (None, 0)]
+            if late or failed:
+                self._say(f"after the workers finished: still running {late}, failed {failed}")
+                self.stop()
+                return 1
+            return 0
+        except KeyboardInterrupt:
+            self.stop()
+            return 130
+        finally:
+            for t in self.readers:
+                t.join(timeout=2)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def _say(self, text: str) -> None:
+        with self._print:
+            print(f"gradpress-launch: {text}", file=sys.stderr, flush=True)
+
+
+def _wait_for_port(path: str, group: ProcessGroup, timeout_s: float = 60.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            with open(path) as fh:
+                return int(fh.read())
+        if group.procs["scheduler"].poll() is not None:
+            raise RuntimeError(f"the scheduler exited with code {group.procs['scheduler'].returncode} before listening")
+        time.sleep(0.05)
+    raise RuntimeError(f"the scheduler did not report its port within {timeout_s:g} s")
+
+
+def _visible_gpus() -> int:
+    for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
+        value = os.environ.get(var)
+        if value is not None and value not in ("all", "void"):
+            return max(1, len([d for d in value.split(",") if d.strip()]))
+    try:
+        import torch
+        return max(1, torch.cuda.device_count())
+    except Exception:
+        return 1
+
+
+def _die_with_parent() -> None:
+    """Children get SIGTERM if the launcher dies, so a killed launcher leaves nothing behind."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""A server's or worker's link to the scheduler: registration, address book, heartbeats.
+
+The link owns one DEALER socket and is driven by its owner's poll loop (ZeroMQ
+sockets belong to one thread): the loop polls ``link.sock``, hands what arrives to
+:meth:`SchedulerLink.handle`, and calls :meth:`SchedulerLink.tick` on every pass.
+The scheduler heartbeats every node and every node heartbeats the scheduler, so
+each side notices the other's death within the heartbeat timeout.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+import zmq
+
+from . import transport
+from .config import Settings
+from .errors import JobError, NodeLostError, OpTimeoutError
+from .health import HealthFile
+from .protocol import Op
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    role: str
+    rank: int
+    host: str
+    port: int
+
+    @property
+    def name(self) -> str:
+        return transport.node_name(self.role, self.rank)
+
+
+@dataclass(frozen=True)
+class AddressBook:
+    """Who is in the job, as the scheduler announced it."""
+    rank: int
+    nodes: tuple[NodeInfo, ...]
+    num_workers: int
+    num_servers: int
+
+    @property
+    def servers(self) -> list[NodeInfo]:
+        return sorted((n for n in self.nodes if n.role == "server"), key=lambda n: n.rank)
+
+
+class SchedulerLink:
+    def __init__(self, settings: Settings, role: str, ctx: zmq.Context, port: int = 0):
+        self.settings = settings
+        self.role = role
+        self.port = port
+        self.host = settings.node_host or transport.local_address_towards(settings.root_uri, settings.root_port)
+        self.sock = transport.dealer(ctx, settings.root_uri, settings.root_port,
+                                     f"{role}-{uuid.uuid4().hex[:12]}".encode())
+        self.health = HealthFile(settings.health_file, settings.heartbeat_interval_s)
+        self.book: AddressBook | None = None
+        self.name = transport.node_name(role, -1)
+        self.shutdown_reason: str | None = None
+        self._last_sent = 0.0
+        self._last_heard = time.monotonic()
+
+    def register(self) -> AddressBook:
+        """Announce this node and wait for the address book (deadline: connect timeout)."""
+        s = self.settings
+        self._send(Op.REGISTER, role=self.role, host=self.host, port=self.port,
+                   worker_id=s.worker_id if self.role == "worker" else -1,
+                   local_rank=s.local_rank, local_size=s.local_size, pid=os.getpid())
+        deadline = time.monotonic() + s.connect_timeout_s
+        while self.book is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OpTimeoutError(
+                    f"{self.role}: no address book from the scheduler at {s.root_uri}:{s.root_port} "
+                    f"within GRADPRESS_CONNECT_TIMEOUT_S={s.connect_timeout_s:g} s "
+                    f"(expecting {s.num_worker} worker machine(s) and {s.num_server} server(s))")
+            if self.sock.poll(min(left, s.heartbeat_interval_s) * 1000):
+                _, header, _ = transport.recv(self.sock, routed=False)
+                if header is not None:
+                    self.handle(header)
+        self.health.ready(f"{self.name} registered")
+        return self.book
+
+    def handle(self, header: dict) -> dict | None:
+        """Process a scheduler message; returns it when the owner must act on it.
+
+        Raises:
+            NodeLostError: the scheduler reports a lost node.
+            JobError: the scheduler refused this node or ended the job with an error.
+        """
+        self._last_heard = time.monotonic()
+        op = header["op"]
+        if op == Op.HEARTBEAT:
+            return None
+        if op == Op.ADDRESS_BOOK:
+            nodes = tuple(NodeInfo(n["role"], n["rank"], n["host"], n["port"]) for n in header["nodes"])
+            self.book = AddressBook(header["rank"], nodes, header["num_workers"], header["num_servers"])
+            self.name = transport.node_name(self.role, header["rank"])
+            return None
+        if op == Op.NODE_LOST:
+            raise NodeLostError(f"{self.name}: lost {header['role']} {header['rank']}: {header['reason']}")
+        if op == Op.SHUTDOWN:
+            self.shutdown_reason = header["reason"]
+            if header["reason"] != "done":
+                raise JobError(f"{self.name}: the scheduler ended the job: {header['reason']}")
+            return header
+        if op == Op.ERROR and "name" not in header and self.book is None:
+            raise JobError(f"{self.role}: the scheduler refused registration: {header['message']}")
+        return header
+
+    def tick(self) -> None:
+        """Send a heartbeat if due; raise if the scheduler has gone silent."""
+        now = time.monotonic()
+        if now - self._last_sent >= self.settings.heartbeat_interval_s:
+            self._send(Op.HEARTBEAT)
+        silent = now - self._last_heard
+        if silent > self.settings.heartbeat_timeout_s:
+            raise NodeLostError(f"{self.name}: lost scheduler 0: no heartbeat for {silent:.1f} s "
+                                f"(PS_HEARTBEAT_TIMEOUT={self.settings.heartbeat_timeout_s:g})")
+        self.health.beat()
+
+    def send(self, op: Op, buffers=(), **fields) -> None:
+        self._send(op, buffers, **fields)
+
+    def _send(self, op: Op, buffers=(), **fields) -> None:
+        self._last_sent = time.monotonic()
+        transport.send(self.sock, op, self.name, buffers, **fields)
+
+    def close(self) -> None:
+        self.sock.close()

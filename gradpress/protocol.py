@@ -1,0 +1,134 @@
+"""The message format: operations, header fields, and the one encoder/decoder.
+
+A message is multipart: frame 0 is a msgpack map (the header), frames 1..n are raw
+buffers. Every header is checked here on receipt against the schema of its
+operation, so the roles only ever see well-formed headers; anything else raises
+:class:`ProtocolError`, which the receiving loop logs before dropping the message.
+No pickle, ever: msgpack decodes only plain data.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+# Largest header accepted; headers are a few hundred bytes, data travels in frames.
+MAX_HEADER_BYTES = 1 << 20
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the protocol."""
+
+
+class Op(IntEnum):
+    REGISTER = 1       # node -> scheduler: who I am and where I listen
+    ADDRESS_BOOK = 2   # scheduler -> node: everyone's role, rank and address
+    BARRIER = 3        # node -> scheduler: I reached barrier `seq` of `group`
+    BARRIER_DONE = 4   # scheduler -> node: everyone in `group` reached `seq`
+    HEARTBEAT = 5      # both ways between scheduler and each node
+    NODE_LOST = 6      # scheduler -> all: a node stopped heartbeating or failed
+    SHUTDOWN = 7       # scheduler -> all: the job is over
+    FINISH = 8         # worker -> scheduler: this worker is done
+    DECLARE = 9        # worker -> scheduler: a tensor's name, size, dtype, partitions
+    DECLARED = 10      # scheduler -> worker: the tensor's id and each partition's server
+    INIT_KEY = 11      # worker -> server: a partition key's size, dtype and codec
+    PUSH = 12          # worker -> server: a round's contribution to a key
+    PULL = 13          # worker -> server: ask for a round's aggregate of a key
+    PULL_REPLY = 14    # server -> worker: the aggregate
+    ERROR = 15         # any -> any: what went wrong, with the key/tensor concerned
+
+
+# Schema: op -> (required fields, optional fields), each field name -> accepted types.
+_INT = (int,)
+_STR = (str,)
+_NUM = (int, float)
+_SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
+    Op.REGISTER: ({"role": _STR, "host": _STR, "port": _INT, "worker_id": _INT,
+                   "local_rank": _INT, "local_size": _INT, "pid": _INT}, {}),
+    Op.ADDRESS_BOOK: ({"rank": _INT, "nodes": (list,), "num_workers": _INT, "num_servers": _INT}, {}),
+    Op.BARRIER: ({"group": _STR, "seq": _INT}, {}),
+    Op.BARRIER_DONE: ({"group": _STR, "seq": _INT}, {}),
+    Op.HEARTBEAT: ({}, {}),
+    Op.NODE_LOST: ({"role": _STR, "rank": _INT, "reason": _STR}, {}),
+    Op.SHUTDOWN: ({"reason": _STR}, {}),
+    Op.FINISH: ({}, {}),
+    Op.DECLARE: ({"name": _STR, "count": _INT, "dtype": _STR, "parts": (list,)}, {}),
+    Op.DECLARED: ({"name": _STR, "tensor_id": _INT, "servers": (list,)}, {}),
+    Op.INIT_KEY: ({"key": _INT, "name": _STR, "count": _INT, "dtype": _STR},
+                  {"codec": (dict,)}),
+    Op.PUSH: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
+              {"codec": _STR, "meta": (dict,), "lr": _NUM}),
+    Op.PULL: ({"key": _INT, "round": _INT}, {}),
+    Op.PULL_REPLY: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
+                    {"codec": _STR, "meta": (dict,)}),
+    Op.ERROR: ({"message": _STR}, {"key": _INT, "round": _INT, "name": _STR}),
+}
+
+# Common fields every header carries.
+_COMMON = {"v": _INT, "op": _INT, "from": _STR}
+
+# dtypes that travel as data; names are numpy's.
+DTYPES = ("float16", "float32", "float64")
+
+
+def encode(op: Op, sender: str, **fields: Any) -> bytes:
+    """The header frame for ``op`` sent by ``sender`` (e.g. ``"worker 0"``)."""
+    header = {"v": PROTOCOL_VERSION, "op": int(op), "from": sender}
+    header.update(fields)
+    _check(header)  # a bug in the sender should fail there, not at the receiver
+    return msgpack.packb(header, use_bin_type=True)
+
+
+def decode(frame: bytes | memoryview) -> dict[str, Any]:
+    """Decode and check a header frame.
+
+    Returns:
+        the header with ``op`` converted to :class:`Op`.
+    Raises:
+        ProtocolError: saying what is wrong with it.
+    """
+    if len(frame) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
+    except Exception as e:  # msgpack raises several unrelated types
+        raise ProtocolError(f"header is not msgpack: {type(e).__name__}: {e}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"header is a {type(header).__name__}, not a map")
+    _check(header)
+    header["op"] = Op(header["op"])
+    return header
+
+
+def _check(header: dict[str, Any]) -> None:
+    for name, types in _COMMON.items():
+        _check_field(header, name, types, "header")
+    if header["v"] != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {header['v']} from {header['from']!r}; this node speaks {PROTOCOL_VERSION}")
+    try:
+        op = Op(header["op"])
+    except ValueError:
+        raise ProtocolError(f"unknown operation {header['op']} from {header['from']!r}") from None
+    required, optional = _SCHEMA[op]
+    for name, types in required.items():
+        _check_field(header, name, types, op.name)
+    for name, types in optional.items():
+        if name in header:
+            _check_field(header, name, types, op.name)
+    if "dtype" in header and header["dtype"] not in DTYPES:
+        raise ProtocolError(f"{op.name}: dtype {header['dtype']!r} is not one of {DTYPES}")
+    for name in ("count", "key", "round"):
+        if name in header and header[name] < 0:
+            raise ProtocolError(f"{op.name}: {name} is negative ({header[name]})")
+
+
+def _check_field(header: dict, name: str, types: tuple, where: str) -> None:
+    if name not in header:
+        raise ProtocolError(f"{where}: missing field {name!r}")
+    value = header[name]
+    # bool is an int in Python; it is never a valid int field here
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise ProtocolError(f"{where}: field {name!r} is {type(value).__name__}, expected "
+                            f"{' or '.join(t.__name__ for t in types)}")

@@ -1,0 +1,88 @@
+"""Tensor declarations: every worker must declare a tensor alike before it is used.
+
+A tensor gets its id and its partitions' servers when the first worker declares
+it, and every worker hears the answer once all workers have declared it with the
+same size, dtype and partitions. A mismatch, or a worker that never declares it
+within the deadline, is an error naming the tensor: where BytePS hung silently.
+No sockets here: the scheduler sends what these methods return.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..placement import KeyPlacement
+from ..protocol import Op
+
+
+@dataclass
+class Declaration:
+    name: str
+    spec: tuple[int, str, tuple[int, ...]]  # (count, dtype, partition element counts)
+    tensor_id: int
+    servers: list[int]
+    first_rank: int
+    deadline: float
+    ranks: dict[int, bytes] = field(default_factory=dict)  # worker rank -> identity
+    failed: str | None = None
+
+
+class Declarations:
+    def __init__(self, num_workers: int, placement: KeyPlacement, timeout_s: float):
+        self.num_workers = num_workers
+        self.placement = placement
+        self.timeout_s = timeout_s
+        self.tensors: dict[str, Declaration] = {}
+
+    def declare(self, identity: bytes, rank: int, name: str, count: int, dtype: str,
+                parts: list, now: float) -> list[tuple[list[bytes], Op, dict]]:
+        """Record worker ``rank``'s declaration; returns the messages to send."""
+        if not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts) \
+                or sum(parts) != count or not parts:
+            return [([identity], Op.ERROR, {"name": name, "message":
+                    f"tensor {name!r}: partition sizes {parts} do not add up to {count} elements"})]
+        spec = (count, dtype, tuple(parts))
+        d = self.tensors.get(name)
+        if d is None:
+            itemsize = np.dtype(dtype).itemsize
+            d = Declaration(name, spec, len(self.tensors) + 1,
+                            self.placement.place([p * itemsize for p in parts]), rank, now + self.timeout_s)
+            self.tensors[name] = d
+        if d.failed:
+            return [([identity], Op.ERROR, {"name": name, "message": d.failed})]
+        if rank in d.ranks:
+            # a worker re-declaring (e.g. after re-creating its optimizer) gets the same answer
+            if d.spec == spec and len(d.ranks) == self.num_workers:
+                return [([identity], Op.DECLARED, self._answer(d))]
+            if d.spec == spec:
+                return []
+        if d.spec != spec:
+            d.failed = (f"tensor {name!r}: workers disagree: worker {d.first_rank} declared "
+                        f"{_describe(d.spec)}, worker {rank} declared {_describe(spec)}")
+            return [(list(d.ranks.values()) + [identity], Op.ERROR, {"name": name, "message": d.failed})]
+        d.ranks[rank] = identity
+        if len(d.ranks) == self.num_workers:
+            return [(list(d.ranks.values()), Op.DECLARED, self._answer(d))]
+        return []
+
+    def expire(self, now: float) -> list[tuple[list[bytes], dict]]:
+        """ERROR messages for declarations that some worker never made in time."""
+        out = []
+        for d in self.tensors.values():
+            if not d.failed and len(d.ranks) < self.num_workers and now > d.deadline:
+                missing = sorted(set(range(self.num_workers)) - set(d.ranks))
+                d.failed = (f"tensor {d.name!r} was declared by worker(s) {sorted(d.ranks)} but not by "
+                            f"worker(s) {missing} within GRADPRESS_OP_TIMEOUT_S={self.timeout_s:g} s "
+                            f"(do all workers push_pull the same tensors?)")
+                out.append((list(d.ranks.values()), {"name": d.name, "message": d.failed}))
+        return out
+
+    @staticmethod
+    def _answer(d: Declaration) -> dict:
+        return {"name": d.name, "tensor_id": d.tensor_id, "servers": d.servers}
+
+
+def _describe(spec: tuple[int, str, tuple[int, ...]]) -> str:
+    count, dtype, parts = spec
+    return f"{count} {dtype} elements in {len(parts)} partition(s)"

@@ -1,0 +1,243 @@
+"""The scheduler: one ROUTER socket, one poll loop.
+
+It waits for every worker and server to register, assigns ranks and sends the
+address book; then it serves barriers and tensor declarations, exchanges
+heartbeats with every node, announces a lost node to everyone (and ends the job:
+there is no recovery yet), and ends the job in order once every worker finished.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import zmq
+
+from .. import transport
+from ..config import Settings
+from ..placement import KeyPlacement
+from ..protocol import Op
+from .declarations import Declarations
+
+log = logging.getLogger(__name__)
+NAME = "scheduler 0"
+
+
+@dataclass
+class Member:
+    identity: bytes
+    role: str
+    host: str
+    port: int
+    worker_id: int
+    local_rank: int
+    local_size: int
+    pid: int
+    rank: int = -1
+    last_seen: float = field(default_factory=time.monotonic)
+    finished: bool = False
+
+    @property
+    def name(self) -> str:
+        return transport.node_name(self.role, self.rank)
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, ctx: zmq.Context | None = None):
+        self.s = settings
+        self.ctx = ctx or transport.context()
+        self.sock, self.port = transport.router(self.ctx, "", settings.root_port)
+        self.members: dict[bytes, Member] = {}
+        self.registered = False
+        self.barriers: dict[tuple[str, int], set[bytes]] = {}
+        self.declarations: Declarations | None = None
+        self._last_beat = 0.0
+        self._started = time.monotonic()
+        self.exit_code: int | None = None
+        if settings.port_file:
+            tmp = settings.port_file + ".tmp"
+            with open(tmp, "w") as fh:
+                fh.write(str(self.port))
+            os.replace(tmp, settings.port_file)
+        log.info("scheduler listening on port %d", self.port)
+
+    # ---- the loop -------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve until the job ends. Returns the process exit code."""
+        try:
+            while self.exit_code is None:
+                if self.sock.poll(self.s.heartbeat_interval_s * 1000 / 2):
+                    self._drain()
+                self._purge()
+                self._send_heartbeats()
+                if self.declarations is not None:
+                    for identities, kwargs in self.declarations.expire(time.monotonic()):
+                        self._send_each(identities, Op.ERROR, **kwargs)
+        finally:
+            self.sock.close()
+        return self.exit_code
+
+    def _drain(self) -> None:
+        while self.sock.poll(0):
+            identity, header, _ = transport.recv(self.sock, routed=True)
+            if header is None:
+                continue
+            member = self.members.get(identity)
+            if member is not None:
+                member.last_seen = time.monotonic()
+            try:
+                self._dispatch(identity, member, header)
+            except zmq.ZMQError as e:  # a peer vanished between its message and our reply
+                log.warning("could not answer %s: %s", header["from"], e)
+
+    def _dispatch(self, identity: bytes, member: Member | None, h: dict) -> None:
+        op = h["op"]
+        if op == Op.REGISTER:
+            self._register(identity, h)
+        elif member is None or not self.registered:
+            log.warning("dropped %s from unregistered peer %r", op.name, h["from"])
+        elif op == Op.HEARTBEAT:
+            pass
+        elif op == Op.BARRIER:
+            self._barrier(member, h["group"], h["seq"])
+        elif op == Op.DECLARE and member.role == "worker":
+            for identities, op_out, kwargs in self.declarations.declare(
+                    identity, member.rank, h["name"], h["count"], h["dtype"], h["parts"], time.monotonic()):
+                self._send_each(identities, op_out, **kwargs)
+        elif op == Op.FINISH and member.role == "worker":
+            member.finished = True
+            log.info("%s finished", member.name)
+            if all(m.finished for m in self.members.values() if m.role == "worker"):
+                self._end(0, "done")
+        elif op == Op.ERROR:
+            log.error("%s reports: %s", member.name, h["message"])
+        else:
+            log.warning("dropped unexpected %s from %s", op.name, member.name)
+
+    # ---- registration ---------------------------------------------------
+
+    def _register(self, identity: bytes, h: dict) -> None:
+        if self.registered or identity in self.members:
+            self._refuse(identity, h, "registration is closed (the job is already running)")
+            return
+        role = h["role"]
+        if role not in ("worker", "server"):
+            self._refuse(identity, h, f"role {role!r} cannot register; expected worker or server")
+            return
+        if role == "worker":
+            workers = [m for m in self.members.values() if m.role == "worker"]
+            if workers and h["local_size"] != workers[0].local_size:
+                self._refuse(identity, h, f"BYTEPS_LOCAL_SIZE={h['local_size']} differs from "
+                                          f"{workers[0].local_size} of the workers already registered")
+                return
+            if h["worker_id"] >= self.s.num_worker:
+                self._refuse(identity, h, f"DMLC_WORKER_ID={h['worker_id']} >= DMLC_NUM_WORKER={self.s.num_worker}")
+                return
+            slot = (h["worker_id"], h["local_rank"])
+            if h["worker_id"] >= 0 and any((m.worker_id, m.local_rank) == slot for m in workers):
+                self._refuse(identity, h, f"DMLC_WORKER_ID={slot[0]} BYTEPS_LOCAL_RANK={slot[1]} is already taken")
+                return
+        self.members[identity] = Member(identity, role, h["host"], h["port"], h["worker_id"],
+                                        h["local_rank"], h["local_size"], h["pid"])
+        log.info("registered %s at %s:%d (pid %d)", role, h["host"], h["port"], h["pid"])
+        if self._all_registered():
+            self._assign_ranks()
+            self._send_address_book()
+
+    def _refuse(self, identity: bytes, h: dict, why: str) -> None:
+        log.error("refused %s from %r: %s", h["op"].name, h["from"], why)
+        transport.send(self.sock, Op.ERROR, NAME, identity=identity, message=why)
+
+    def _all_registered(self) -> bool:
+        workers = [m for m in self.members.values() if m.role == "worker"]
+        servers = [m for m in self.members.values() if m.role == "server"]
+        if not workers:
+            return False
+        return len(workers) == self.s.num_worker * workers[0].local_size and len(servers) == self.s.num_server
+
+    def _assign_ranks(self) -> None:
+        workers = [m for m in self.members.values() if m.role == "worker"]
+        local_size = workers[0].local_size
+        taken = {m.worker_id * local_size + m.local_rank for m in workers if m.worker_id >= 0}
+        free = iter(r for r in range(len(workers)) if r not in taken)
+        for m in workers:  # dict order is registration order
+            m.rank = m.worker_id * local_size + m.local_rank if m.worker_id >= 0 else next(free)
+        for rank, m in enumerate(m for m in self.members.values() if m.role == "server"):
+            m.rank = rank
+        self.registered = True
+        self.declarations = Declarations(len(workers), KeyPlacement(self.s.num_server), self.s.op_timeout_s)
+
+    def _send_address_book(self) -> None:
+        nodes = [{"role": m.role, "rank": m.rank, "host": m.host, "port": m.port}
+                 for m in self.members.values()]
+        workers = sum(m.role == "worker" for m in self.members.values())
+        for m in self.members.values():
+            transport.send(self.sock, Op.ADDRESS_BOOK, NAME, identity=m.identity, rank=m.rank,
+                           nodes=nodes, num_workers=workers, num_servers=self.s.num_server)
+        log.info("job started: %d worker(s), %d server(s)", workers, self.s.num_server)
+
+    # ---- barriers -------------------------------------------------------
+
+    def _barrier(self, member: Member, group: str, seq: int) -> None:
+        if group not in ("all", "worker", "server"):
+            self._send_each([member.identity], Op.ERROR, message=f"unknown barrier group {group!r}")
+            return
+        arrived = self.barriers.setdefault((group, seq), set())
+        arrived.add(member.identity)
+        expected = [m.identity for m in self.members.values() if group in ("all", m.role)]
+        if arrived.issuperset(expected):
+            del self.barriers[(group, seq)]
+            self._send_each(expected, Op.BARRIER_DONE, group=group, seq=seq)
+
+    # ---- liveness and the end -------------------------------------------
+
+    def _purge(self) -> None:
+        now = time.monotonic()
+        if not self.registered:
+            if now - self._started > self.s.connect_timeout_s:
+                missing = self._missing_summary()
+                log.error("not every node registered within GRADPRESS_CONNECT_TIMEOUT_S=%g s: %s",
+                          self.s.connect_timeout_s, missing)
+                self._end(1, f"registration timed out: {missing}")
+            return
+        for m in self.members.values():
+            silent = now - m.last_seen
+            if not m.finished and silent > self.s.heartbeat_timeout_s:
+                reason = f"no heartbeat for {silent:.1f} s (PS_HEARTBEAT_TIMEOUT={self.s.heartbeat_timeout_s:g})"
+                log.error("lost %s (pid %d on %s): %s", m.name, m.pid, m.host, reason)
+                others = [o.identity for o in self.members.values() if o is not m]
+                self._send_each(others, Op.NODE_LOST, role=m.role, rank=m.rank, reason=reason)
+                self.exit_code = 1
+                return
+
+    def _missing_summary(self) -> str:
+        workers = sum(m.role == "worker" for m in self.members.values())
+        servers = sum(m.role == "server" for m in self.members.values())
+        return (f"{workers} worker process(es) of {self.s.num_worker} machine(s) and "
+                f"{servers} of {self.s.num_server} server(s) registered")
+
+    def _send_heartbeats(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat < self.s.heartbeat_interval_s:
+            return
+        self._last_beat = now
+        self._send_each([m.identity for m in self.members.values() if not m.finished], Op.HEARTBEAT)
+
+    def _end(self, code: int, reason: str) -> None:
+        self._send_each([m.identity for m in self.members.values()], Op.SHUTDOWN, reason=reason)
+        self.exit_code = code
+        log.info("job ended: %s", reason)
+
+    def _send_each(self, identities, op: Op, **fields) -> None:
+        for identity in identities:
+            try:
+                transport.send(self.sock, op, NAME, identity=identity, **fields)
+            except zmq.ZMQError as e:  # that peer is gone; the purge will say so
+                log.debug("send %s to %r failed: %s", op.name, identity, e)
+
+
+def run_scheduler(settings: Settings) -> int:
+    return Scheduler(settings).run()
+

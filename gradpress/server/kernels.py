@@ -1,0 +1,56 @@
+"""Numba kernels for the server's sums: copy or add a pushed buffer into the accumulator.
+
+``nogil=True`` lets engine threads run them in parallel; they are serial on
+purpose (Numba's workqueue layer aborts when parallel kernels are entered from
+several threads at once). fp16 data arrives as its uint16 bit pattern because
+Numba's CPU target has no float16.
+"""
+import numpy as np
+from numba import njit
+
+from ..kernels.halfprec import float_to_half_bits, half_bits_to_float
+
+
+@njit(nogil=True, cache=True)
+def _store(acc, src):
+    for i in range(acc.size):
+        acc[i] = src[i]
+
+
+@njit(nogil=True, cache=True)
+def _add(acc, src):
+    for i in range(acc.size):
+        acc[i] += src[i]
+
+
+@njit(nogil=True, cache=True)
+def _store_half(acc, bits):
+    for i in range(acc.size):
+        acc[i] = half_bits_to_float(bits[i])
+
+
+@njit(nogil=True, cache=True)
+def _add_half(acc, bits):
+    for i in range(acc.size):
+        acc[i] += half_bits_to_float(bits[i])
+
+
+@njit(nogil=True, cache=True)
+def _to_half(acc, bits):
+    for i in range(acc.size):
+        bits[i] = float_to_half_bits(acc[i])
+
+
+def accumulate(acc: np.ndarray, src: np.ndarray, first: bool) -> None:
+    """``acc = src`` (first push of a round) or ``acc += src``, src of any wire dtype."""
+    if src.dtype == np.float16:
+        (_store_half if first else _add_half)(acc, src.view(np.uint16))
+    else:
+        (_store if first else _add)(acc, src)
+
+
+def to_half(acc: np.ndarray) -> np.ndarray:
+    """The fp32 accumulator rounded to float16, exactly as numpy's astype would."""
+    bits = np.empty(acc.size, np.uint16)
+    _to_half(acc, bits)
+    return bits.view(np.float16)

@@ -1,0 +1,120 @@
+"""The server process: one I/O thread owns the sockets, engine threads do the sums.
+
+The I/O thread registers with the scheduler (announcing the port its ROUTER got),
+then routes every push, pull and key initialisation to the engine that owns the
+key, and forwards the engines' replies to the workers. Keys are pinned to the
+engine holding the fewest bytes when the key is first initialised.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import zmq
+
+from .. import transport
+from ..config import Settings
+from ..errors import JobError
+from ..node import SchedulerLink
+from ..protocol import Op
+from .engine import STOP, Engine
+
+log = logging.getLogger(__name__)
+
+
+class Server:
+    def __init__(self, settings: Settings, ctx: zmq.Context | None = None):
+        self.s = settings
+        self.ctx = ctx or transport.context()
+        self.sock, self.port = transport.router(self.ctx, "", settings.server_port)
+        self.link = SchedulerLink(settings, "server", self.ctx, self.port)
+        self._reply_addr = f"inproc://gp-server-replies-{os.getpid()}-{id(self)}"
+        self.replies = self.ctx.socket(zmq.PULL)
+        self.replies.bind(self._reply_addr)
+        self.engines: list[Engine] = []
+        self.key_engine: dict[int, Engine] = {}
+
+    def run(self) -> int:
+        """Register, serve until the scheduler says the job is over. Returns the exit code."""
+        try:
+            book = self.link.register()
+            name = self.link.name
+            self.engines = [Engine(i, self.ctx, self._reply_addr, name, book.num_workers, self.s.enable_async)
+                            for i in range(self.s.server_engine_threads)]
+            for e in self.engines:
+                e.start()
+            log.info("%s serving on port %d with %d engine thread(s)", name, self.port, len(self.engines))
+            return self._loop()
+        except JobError as e:
+            log.error("%s", e)
+            return 1
+        finally:
+            for e in self.engines:
+                e.inbox.put(STOP)
+            for e in self.engines:
+                e.join(timeout=5)
+            self.replies.close()
+            self.sock.close()
+            self.link.close()
+
+    def _loop(self) -> int:
+        poller = zmq.Poller()
+        for sock in (self.sock, self.link.sock, self.replies):
+            poller.register(sock, zmq.POLLIN)
+        timeout_ms = self.s.heartbeat_interval_s * 1000 / 2
+        while True:
+            ready = dict(poller.poll(timeout_ms))
+            if self.replies in ready:
+                self._forward_replies()
+            if self.sock in ready:
+                self._drain_workers()
+            if self.link.sock in ready:
+                while self.link.sock.poll(0):
+                    _, header, _ = transport.recv(self.link.sock, routed=False)
+                    if header is not None and self.link.handle(header) is not None \
+                            and header["op"] == Op.SHUTDOWN:
+                        log.info("%s: job done, shutting down", self.link.name)
+                        return 0
+            self.link.tick()
+
+    def _drain_workers(self) -> None:
+        while self.sock.poll(0):
+            identity, header, frames = transport.recv(self.sock, routed=True)
+            if header is None:
+                continue
+            op = header["op"]
+            if op not in (Op.INIT_KEY, Op.PUSH, Op.PULL):
+                log.warning("dropped unexpected %s from %s", op.name, header["from"])
+                continue
+            engine = self.key_engine.get(header["key"])
+            if engine is None:
+                if op != Op.INIT_KEY:
+                    self._error(identity, header, f"unknown key {header['key']}: no INIT_KEY was received for it")
+                    continue
+                engine = min(self.engines, key=lambda e: (e.load_bytes, e.index))
+                engine.load_bytes += header["count"] * np.dtype(header["dtype"]).itemsize
+                self.key_engine[header["key"]] = engine
+            engine.inbox.put((identity, header, frames))
+
+    def _forward_replies(self) -> None:
+        while self.replies.poll(0):
+            frames = self.replies.recv_multipart(copy=False)
+            if frames[0].bytes == b"":
+                raise JobError(f"{self.link.name}: an engine thread failed; see the log above")
+            try:
+                self.sock.send_multipart(frames, copy=False)
+            except zmq.ZMQError as e:
+                log.warning("could not reply to %r: %s", frames[0].bytes, e)
+
+    def _error(self, identity: bytes, header: dict, message: str) -> None:
+        log.warning("dropped %s from %s: %s", header["op"].name, header["from"], message)
+        try:
+            transport.send(self.sock, Op.ERROR, self.link.name, identity=identity,
+                           message=message, key=header["key"])
+        except zmq.ZMQError:
+            pass
+
+
+def run_server(settings: Settings) -> int:
+    return Server(settings).run()

@@ -1,0 +1,125 @@
+"""Broadcasts: parameters, optimizer state and plain objects from one root worker.
+
+A broadcast is a push_pull in which every worker but the root contributes zeros,
+as in BytePS. Objects are serialised with msgpack (plus tuples, numpy arrays and
+tensors), never pickle: a value of another type is refused with a TypeError.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+
+from . import ops
+
+_calls = collections.Counter()
+_EXT_TUPLE, _EXT_NDARRAY, _EXT_TENSOR = 1, 2, 3
+
+
+def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> None:
+    """Overwrite ``params`` on every worker with the root's values.
+
+    Args:
+        params: ``model.state_dict()`` (a dict), ``model.named_parameters()`` or a list of
+            (name, tensor) pairs, or a list of tensors (named by position).
+        root_rank: the worker whose values win.
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    else:
+        items = [p if isinstance(p, tuple) else (f"param.{i}", p) for i, p in enumerate(params)]
+    for name, t in items:
+        if not torch.is_tensor(t):
+            raise TypeError(f"broadcast_parameters: {name!r} is a {type(t).__name__}, not a tensor")
+    handles = []
+    with torch.no_grad():
+        for name, t in items:
+            if ops.rank() != root_rank:
+                t.zero_()
+            handles.append(ops.push_pull_async_inplace(t.data, average=False, name=prefix + name))
+        for h in handles:
+            ops.synchronize(h)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+    """Every worker gets the root's ``obj`` (msgpack-able values, tuples, arrays, tensors)."""
+    name = name or "broadcast_object"
+    call = _calls[name]
+    _calls[name] += 1
+    base = f"Object.{name}.{call}"
+    payload = _pack(obj) if ops.rank() == root_rank else b""
+    length = torch.tensor([float(len(payload))], dtype=torch.float64)
+    ops.push_pull_inplace(length if ops.rank() == root_rank else length.zero_(), average=False,
+                          name=base + ".length")
+    n = int(length.item())
+    # bytes travel as float16 integers 0..255: exact, and the zeros of the others add nothing
+    data = torch.zeros(n, dtype=torch.float16)
+    if ops.rank() == root_rank:
+        data.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+    ops.push_pull_inplace(data, average=False, name=base + ".data")
+    return _unpack(data.to(torch.uint8).numpy().tobytes())
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              prefix: str = "Parameter.") -> None:
+    """Make every worker's optimizer state (and hyper-parameters) equal to the root's.
+
+    The root's state layout travels first, so workers whose optimizer has not stepped
+    yet (no state) receive the full state as well.
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state (it holds non-tensor history)")
+    sd = optimizer.state_dict()
+    is_root = ops.rank() == root_rank
+    layout = None
+    if is_root:
+        layout = {"param_groups": sd["param_groups"],
+                  "state": {pid: {k: (["tensor", list(v.shape), str(v.dtype).replace("torch.", "")]
+                                      if torch.is_tensor(v) else ["value", v])
+                                  for k, v in st.items()}
+                            for pid, st in sd["state"].items()}}
+    layout = broadcast_object(layout, root_rank, name=prefix + "optimizer_layout")
+    state = {}
+    handles = []
+    for pid, entries in sorted(layout["state"].items()):
+        state[pid] = {}
+        for k, (kind, *spec) in sorted(entries.items()):
+            if kind == "value":
+                state[pid][k] = spec[0]
+                continue
+            shape, dtype = spec
+            t = sd["state"][pid][k] if is_root else torch.zeros(shape, dtype=getattr(torch, dtype))
+            state[pid][k] = t
+            handles.append(ops.push_pull_async_inplace(t, average=False, name=f"{prefix}opt.{pid}.{k}"))
+    for h in handles:
+        ops.synchronize(h)
+    if not is_root:
+        optimizer.load_state_dict({"state": state, "param_groups": layout["param_groups"]})
+
+
+def _pack(obj: Any) -> bytes:
+    def default(o):
+        if isinstance(o, tuple):
+            return msgpack.ExtType(_EXT_TUPLE, _pack(list(o)))
+        if isinstance(o, np.ndarray):
+            return msgpack.ExtType(_EXT_NDARRAY, _pack([o.dtype.str, list(o.shape), o.tobytes()]))
+        if torch.is_tensor(o):
+            a = o.detach().cpu().numpy()
+            return msgpack.ExtType(_EXT_TENSOR, _pack([a.dtype.str, list(a.shape), a.tobytes()]))
+        raise TypeError(f"broadcast_object cannot send a {type(o).__name__}; it sends None, bool, int, "
+                        f"float, str, bytes, lists, tuples, dicts, numpy arrays and tensors")
+    return msgpack.packb(obj, default=default, use_bin_type=True, strict_types=True)
+
+
+def _unpack(data: bytes) -> Any:
+    def ext_hook(code, payload):
+        value = _unpack(payload)
+        if code == _EXT_TUPLE:
+            return tuple(value)
+        dtype, shape, raw = value
+        a = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
+        return a if code == _EXT_NDARRAY else torch.from_numpy(a)
+    return msgpack.unpackb(data, ext_hook=ext_hook, raw=False, strict_map_key=False)

@@ -1,0 +1,50 @@
+"""``Compression.none`` / ``Compression.fp16``: byteps.torch's tensor-level compressors.
+
+They act on a whole tensor before push_pull and after it, as in BytePS; the
+gradient compressors of ``compression_params`` (onebit, topk, ...) are another
+layer, applied per partition inside the push/pull pipeline.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class Compressor:
+    """Interface: ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor):
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx):
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Floating-point tensors travel as float16; servers still sum in fp32."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
+            return tensor.to(torch.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tensor.to(ctx)
+
+
+class Compression:
+    none = NoneCompressor
+    fp16 = FP16Compressor

@@ -1,0 +1,189 @@
+"""byteps.torch's core calls: init, ranks, and push_pull with handles.
+
+A push_pull sums a tensor over every worker (and divides by the number of
+workers with ``average=True``). CPU tensors of float16/32/64 travel straight from
+and into their own memory; other tensors (CUDA, non-contiguous, bfloat16,
+integers) go through a CPU staging copy that is written back when the caller
+synchronizes, on the caller's thread.
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .. import logs
+from ..config import Settings
+from ..errors import JobError
+from ..worker import WorkerClient
+from ..worker.future import Future
+from .compression import Compression
+
+_WIRE = {torch.float16: torch.float16, torch.float32: torch.float32, torch.float64: torch.float64,
+         torch.bfloat16: torch.float32}
+
+_client: WorkerClient | None = None
+_settings: Settings | None = None
+_lock = threading.Lock()
+_handles: dict[int, "_Pending"] = {}
+_handle_ids = itertools.count(1)
+_noname = itertools.count()
+_declared: list[str] = []
+
+
+@dataclass
+class _Pending:
+    future: Future
+    output: torch.Tensor
+    finish: Callable[[], None] | None  # copies a staging buffer back into output
+
+
+def init(lazy: bool = True) -> None:
+    """Join the job: register with the scheduler and connect to every server.
+
+    Settings come from the environment (``DMLC_*``, ``BYTEPS_*``, ``GRADPRESS_*``) and
+    the job file named by ``GRADPRESS_CONFIG``. ``lazy`` is accepted for BytePS
+    compatibility; gradpress always connects at once.
+    """
+    global _client, _settings
+    with _lock:
+        if _client is not None:
+            return
+        settings = Settings.load()
+        if settings.role != "worker":
+            raise ValueError(f"gradpress.torch.init() runs in workers; DMLC_ROLE is {settings.role!r}")
+        logs.configure(settings.log_level)
+        client = WorkerClient(settings)
+        client.start()
+        _client, _settings = client, settings
+        atexit.register(shutdown)
+
+
+def shutdown() -> None:
+    """Leave the job: tell the scheduler this worker is done and wait for the others."""
+    global _client
+    with _lock:
+        client, _client = _client, None
+    if client is not None and client.fatal is None:
+        client.finish()
+
+
+def _require() -> WorkerClient:
+    if _client is None:
+        raise JobError("gradpress is not initialised: call gradpress.torch.init() first")
+    if _client.fatal is not None:
+        raise _client.fatal
+    return _client
+
+
+def rank() -> int:
+    return _require().rank
+
+
+def size() -> int:
+    return _require().size
+
+
+def local_rank() -> int:
+    _require()
+    return _settings.local_rank
+
+
+def local_size() -> int:
+    _require()
+    return _settings.local_size
+
+
+def settings() -> Settings:
+    _require()
+    return _settings
+
+
+def declare(name: str, **_ignored) -> None:
+    """Announce a tensor name, as byteps.torch does.
+
+    Keys do not depend on declaration order here (the scheduler assigns them), so
+    this only records the name; the tensor is declared to the job at its first push_pull.
+    """
+    if name not in _declared:
+        _declared.append(name)
+
+
+def push_pull_async(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+                    version: int = 0, priority: int = 0) -> int:
+    """Start summing ``tensor`` over all workers into a new tensor; returns a handle."""
+    return _start(tensor, torch.empty_like(tensor), average, name, priority)
+
+
+def push_pull_async_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+                            version: int = 0, priority: int = 0) -> int:
+    """Start summing ``tensor`` over all workers in place; returns a handle."""
+    return _start(tensor, tensor, average, name, priority)
+
+
+def push_pull(tensor: torch.Tensor, average: bool = True, name: str | None = None, version: int = 0,
+              priority: int = 0, compression=Compression.none) -> torch.Tensor:
+    """Sum (or average) ``tensor`` over all workers; returns a new tensor."""
+    compressed, ctx = compression.compress(tensor)
+    out = synchronize(push_pull_async(compressed, average, name, version, priority))
+    return compression.decompress(out, ctx)
+
+
+def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+                      version: int = 0, priority: int = 0) -> torch.Tensor:
+    return synchronize(push_pull_async_inplace(tensor, average, name, version, priority))
+
+
+def poll(handle: int) -> bool:
+    """True once the push_pull behind ``handle`` has finished (or failed)."""
+    return _lookup(handle).future.done()
+
+
+def synchronize(handle: int) -> torch.Tensor:
+    """Wait for the push_pull behind ``handle`` and return its output tensor."""
+    pending = _lookup(handle)
+    try:
+        pending.future.result(_settings.op_timeout_s + 5)
+        if pending.finish is not None:
+            pending.finish()
+        return pending.output
+    finally:
+        _handles.pop(handle, None)
+
+
+def _lookup(handle: int) -> _Pending:
+    try:
+        return _handles[handle]
+    except KeyError:
+        raise ValueError(f"unknown push_pull handle {handle} (already synchronized?)") from None
+
+
+def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str | None,
+           priority: int) -> int:
+    client = _require()
+    if name is None:
+        name = f"push_pull.noname.{next(_noname)}"
+    divisor = client.size if average else 1
+    direct = (tensor.device.type == "cpu" and output.device.type == "cpu" and tensor.dtype in _WIRE
+              and _WIRE[tensor.dtype] == tensor.dtype and tensor.is_contiguous() and output.is_contiguous())
+    if direct:
+        src = tensor.detach().reshape(-1).numpy()
+        out = src if output is tensor else output.detach().reshape(-1).numpy()
+        future = client.push_pull_async(name, src, out, divisor, priority)
+        finish = None
+    else:
+        wire = _WIRE.get(tensor.dtype, torch.float64)  # integers: exact below 2**53
+        staging = tensor.detach().to("cpu", wire, copy=True).contiguous().reshape(-1)
+        arr = staging.numpy()
+        future = client.push_pull_async(name, arr, arr, divisor, priority)
+
+        def finish(staging=staging, output=output) -> None:
+            with torch.no_grad():
+                output.copy_(staging.view(output.shape))
+    handle = next(_handle_ids)
+    _handles[handle] = _Pending(future, output, finish)
+    return handle

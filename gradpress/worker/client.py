@@ -1,0 +1,384 @@
+"""The worker's communication thread and the thread-safe calls that feed it.
+
+One thread owns every socket of a worker: a DEALER to the scheduler and one to
+each server. Callers (the training thread, gradient hooks) enqueue commands and
+wake it through a pipe; it sends partitions in priority order within the credit,
+matches pull replies to what it sent, and enforces every deadline. Errors are
+recorded on the handle concerned and raised where the caller waits.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import zmq
+
+from .. import transport
+from ..config import Settings
+from ..errors import JobError, NodeLostError, OpTimeoutError, TensorMismatchError
+from ..node import AddressBook, SchedulerLink
+from ..placement import make_key, partition_counts
+from ..protocol import Op
+from .future import Future
+from .scheduling import CreditQueue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Tensor:
+    """A declared tensor: its id and, per partition, size, offset and server."""
+    name: str
+    count: int
+    dtype: str
+    tensor_id: int
+    parts: list[int]
+    servers: list[int]
+    offsets: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.offsets = list(np.cumsum([0] + self.parts[:-1]))
+
+
+@dataclass
+class PushPull:
+    """One push_pull of a whole tensor: src is pushed, the aggregate lands in out."""
+    tensor: Tensor
+    src: np.ndarray
+    out: np.ndarray
+    divisor: int
+    future: Future
+    remaining: int
+
+
+@dataclass
+class PartitionOp:
+    job: PushPull
+    index: int
+    key: int = 0
+    round: int = 0
+    server: int = 0
+    deadline: float = 0.0
+
+
+class WorkerClient:
+    def __init__(self, settings: Settings):
+        self.s = settings
+        self.ctx = transport.context()
+        self.book: AddressBook | None = None
+        self.fatal: JobError | None = None
+        self.bytes_pushed = 0
+        self.bytes_pulled = 0
+        self._commands: queue.Queue = queue.Queue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._ready = threading.Event()
+        self._stopped = threading.Event()
+        self._tensors: dict[str, Tensor] = {}
+        self._declaring: dict[str, list[tuple[Future, tuple]]] = {}
+        self._queue = CreditQueue(settings.scheduling_credit)
+        self._in_flight: dict[tuple[int, int], PartitionOp] = {}
+        self._rounds: dict[int, int] = {}
+        self._inited: set[int] = set()
+        self._barriers: dict[tuple[str, int], Future] = {}
+        self._barrier_seq = 0
+        self._finish: Future | None = None
+        self._deadlines: list[tuple[float, Future]] = []
+        self._thread = threading.Thread(target=self._run, name="gp-worker-comm", daemon=True)
+
+    # ---- calls from any thread ------------------------------------------
+
+    def start(self) -> AddressBook:
+        self._thread.start()
+        self._ready.wait(self.s.connect_timeout_s + 5)
+        if self.fatal:
+            raise self.fatal
+        if self.book is None:
+            raise OpTimeoutError("worker: the communication thread did not start")
+        return self.book
+
+    @property
+    def rank(self) -> int:
+        return self.book.rank
+
+    @property
+    def size(self) -> int:
+        return self.book.num_workers
+
+    def declare(self, name: str, count: int, dtype: str) -> Tensor:
+        """Declare a tensor (once per name; waits for every worker to declare it alike)."""
+        t = self._tensors.get(name)
+        if t is not None:
+            if (t.count, t.dtype) != (count, dtype):
+                raise TensorMismatchError(f"tensor {name!r} was declared with {t.count} {t.dtype} elements; "
+                                          f"now used with {count} {dtype}")
+            return t
+        fut = Future(f"declare tensor {name!r}")
+        parts = partition_counts(count, np.dtype(dtype).itemsize, self.s.partition_bytes)
+        self._submit(("declare", name, (count, dtype, parts), fut))
+        return fut.result(self.s.op_timeout_s + 5)
+
+    def push_pull_async(self, name: str, src: np.ndarray, out: np.ndarray, divisor: int,
+                        priority: int) -> Future:
+        """Start summing ``src`` over all workers into ``out`` (divided by ``divisor``).
+
+        ``src`` and ``out`` are 1-D contiguous arrays of the same dtype and size (they may
+        be the same array); neither may be touched until the returned future is done.
+        """
+        tensor = self.declare(name, src.size, src.dtype.name)
+        fut = Future(f"push_pull of tensor {name!r}")
+        job = PushPull(tensor, src, out, divisor, fut, len(tensor.parts))
+        self._submit(("push_pull", job, priority))
+        return fut
+
+    def barrier(self, group: str = "all") -> None:
+        fut = Future(f"barrier of group {group!r}")
+        self._submit(("barrier", group, fut))
+        fut.result(self.s.op_timeout_s)
+
+    def finish(self) -> None:
+        """Tell the scheduler this worker is done and wait for the job to end (deadline applies)."""
+        if self._stopped.is_set():
+            return
+        fut = Future("shutdown (waiting for every worker to finish)")
+        self._submit(("finish", fut))
+        try:
+            fut.result(self.s.op_timeout_s)
+        finally:
+            self._stopped.set()
+            self._wake()
+            self._thread.join(timeout=5)
+
+    def _submit(self, command: tuple) -> None:
+        if self.fatal:
+            raise self.fatal
+        if self._stopped.is_set():
+            raise JobError("gradpress was shut down on this worker")
+        self._commands.put(command)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full: the thread is already due to wake
+
+    # ---- the communication thread ----------------------------------------
+
+    def _run(self) -> None:
+        self.link = None
+        self.servers: list[zmq.Socket] = []
+        try:
+            self.link = SchedulerLink(self.s, "worker", self.ctx)
+            self.book = self.link.register()
+            identity = self.link.sock.getsockopt(zmq.IDENTITY)
+            self.servers = [transport.dealer(self.ctx, n.host, n.port, identity) for n in self.book.servers]
+            self._ready.set()
+            self._loop()
+        except JobError as e:
+            self._die(e)
+        except BaseException as e:  # never leave callers waiting on a dead thread
+            log.exception("worker communication thread failed")
+            self._die(JobError(f"worker communication thread failed: {e!r}"))
+        finally:
+            self._ready.set()
+            for sock in self.servers:
+                sock.close()
+            if self.link is not None:
+                self.link.close()
+            os.close(self._wake_r)
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.link.sock, zmq.POLLIN)
+        for sock in self.servers:
+            poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        timeout_ms = self.s.heartbeat_interval_s * 1000 / 2
+        while not self._stopped.is_set():
+            ready = dict(poller.poll(timeout_ms))
+            if self._wake_r in ready:
+                try:
+                    os.read(self._wake_r, 65536)
+                except BlockingIOError:
+                    pass
+            while not self._commands.empty():
+                self._command(self._commands.get_nowait())
+            if self.link.sock in ready:
+                while self.link.sock.poll(0):
+                    self._from_scheduler()
+            for rank, sock in enumerate(self.servers):
+                while sock in ready and sock.poll(0):
+                    self._from_server(rank, sock)
+            self._dispatch()
+            self.link.tick()
+            self._expire(time.monotonic())
+
+    def _command(self, cmd: tuple) -> None:
+        kind = cmd[0]
+        now = time.monotonic()
+        if kind == "declare":
+            _, name, spec, fut = cmd
+            if name in self._tensors:
+                fut.set(self._tensors[name])
+                return
+            waiters = self._declaring.setdefault(name, [])
+            waiters.append((fut, spec))
+            if len(waiters) == 1:
+                count, dtype, parts = spec
+                self.link.send(Op.DECLARE, name=name, count=count, dtype=dtype, parts=parts)
+                self._deadlines.append((now + self.s.op_timeout_s + 2, fut))
+        elif kind == "push_pull":
+            _, job, priority = cmd
+            for i in range(len(job.tensor.parts)):
+                self._queue.put(PartitionOp(job, i), priority)
+        elif kind == "barrier":
+            _, group, fut = cmd
+            self._barrier_seq += 1
+            self._barriers[(group, self._barrier_seq)] = fut
+            self.link.send(Op.BARRIER, group=group, seq=self._barrier_seq)
+        elif kind == "finish":
+            self._finish = cmd[1]
+            self.link.send(Op.FINISH)
+
+    def _dispatch(self) -> None:
+        while (op := self._queue.take()) is not None:
+            t = op.job.tensor
+            op.key = make_key(t.tensor_id, op.index)
+            op.server = t.servers[op.index]
+            sock = self.servers[op.server]
+            name = self.link.name
+            if op.key not in self._inited:
+                transport.send(sock, Op.INIT_KEY, name, key=op.key, name=t.name,
+                               count=t.parts[op.index], dtype=t.dtype)
+                self._inited.add(op.key)
+            op.round = self._rounds.get(op.key, 0)
+            self._rounds[op.key] = op.round + 1
+            lo = t.offsets[op.index]
+            chunk = op.job.src[lo:lo + t.parts[op.index]]
+            transport.send(sock, Op.PUSH, name, [chunk], key=op.key, round=op.round,
+                           dtype=t.dtype, count=chunk.size)
+            transport.send(sock, Op.PULL, name, key=op.key, round=op.round)
+            self.bytes_pushed += chunk.nbytes
+            op.deadline = time.monotonic() + self.s.op_timeout_s
+            self._in_flight[(op.key, op.round)] = op
+
+    def _from_server(self, rank: int, sock: zmq.Socket) -> None:
+        _, h, frames = transport.recv(sock, routed=False)
+        if h is None:
+            return
+        if h["op"] == Op.PULL_REPLY:
+            op = self._in_flight.pop((h["key"], h["round"]), None)
+            if op is None:
+                log.warning("dropped a pull reply for key %d round %d that nothing waits for", h["key"], h["round"])
+                return
+            self._queue.release()
+            self._land(op, h, frames)
+        elif h["op"] == Op.ERROR:
+            ops = [o for (k, r), o in self._in_flight.items()
+                   if k == h.get("key") and ("round" not in h or r == h["round"])]
+            log.error("server %d: %s", rank, h["message"])
+            for o in ops:
+                del self._in_flight[(o.key, o.round)]
+                self._queue.release()
+                o.job.future.fail(JobError(f"push_pull of tensor {o.job.tensor.name!r}: server {rank}: {h['message']}"))
+        else:
+            log.warning("dropped unexpected %s from server %d", h["op"].name, rank)
+
+    def _land(self, op: PartitionOp, h: dict, frames: list) -> None:
+        job, t = op.job, op.job.tensor
+        n = t.parts[op.index]
+        if h["dtype"] != t.dtype or h["count"] != n or len(frames) != 1 \
+                or len(frames[0].buffer) != n * job.out.itemsize:
+            job.future.fail(JobError(f"push_pull of tensor {t.name!r}: malformed pull reply for key {op.key}"))
+            return
+        if job.future.done():
+            return  # the job already failed; its late partitions are dropped
+        lo = t.offsets[op.index]
+        dst = job.out[lo:lo + n]
+        np.copyto(dst, np.frombuffer(frames[0].buffer, dtype=t.dtype))
+        if job.divisor != 1:
+            dst /= job.divisor
+        self.bytes_pulled += dst.nbytes
+        job.remaining -= 1
+        if job.remaining == 0:
+            job.future.set(job.out)
+
+    def _from_scheduler(self) -> None:
+        _, h, _ = transport.recv(self.link.sock, routed=False)
+        if h is None:
+            return
+        h = self.link.handle(h)
+        if h is None:
+            return
+        op = h["op"]
+        if op == Op.DECLARED:
+            waiters = self._declaring.pop(h["name"], [])
+            if not waiters:
+                return
+            count, dtype, parts = waiters[0][1]
+            t = Tensor(h["name"], count, dtype, h["tensor_id"], parts, h["servers"])
+            self._tensors[t.name] = t
+            for fut, _ in waiters:
+                fut.set(t)
+        elif op == Op.ERROR and "name" in h:
+            for fut, _ in self._declaring.pop(h["name"], []):
+                fut.fail(TensorMismatchError(h["message"]))
+        elif op == Op.BARRIER_DONE:
+            fut = self._barriers.pop((h["group"], h["seq"]), None)
+            if fut is not None:
+                fut.set()
+        elif op == Op.SHUTDOWN:
+            if self._finish is not None:
+                self._finish.set()
+            self._stopped.set()
+        else:
+            log.warning("dropped unexpected %s from the scheduler", op.name)
+
+    def _expire(self, now: float) -> None:
+        for (key, rnd), op in list(self._in_flight.items()):
+            if now > op.deadline:
+                del self._in_flight[(key, rnd)]
+                self._queue.release()
+                op.job.future.fail(OpTimeoutError(
+                    f"push_pull of tensor {op.job.tensor.name!r}: partition {op.index} (key {key}, round {rnd}) "
+                    f"on server {op.server}: no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s"))
+        self._deadlines = [(d, f) for d, f in self._deadlines if not f.done()]
+        for d, fut in self._deadlines:
+            if now > d:
+                fut.fail(OpTimeoutError(f"{fut.what}: no answer within {self.s.op_timeout_s:g} s"))
+
+    def _die(self, error: JobError) -> None:
+        """Record a fatal error, fail everything that waits, and make sure the process stops."""
+        self.fatal = error
+        self._stopped.set()
+        log.error("%s", error)
+        waiting = [op.job.future for op in self._in_flight.values()]
+        waiting += [f for fs in self._declaring.values() for f, _ in fs]
+        waiting += list(self._barriers.values()) + [f for _, f in self._deadlines]
+        waiting += [self._finish] if self._finish else []
+        while (op := self._queue.take()) is not None:
+            waiting.append(op.job.future)
+        for fut in waiting:
+            fut.fail(error)
+        if isinstance(error, NodeLostError) and self._finish is None:
+            _exit_later(self.s.heartbeat_timeout_s, error)
+
+
+def _exit_later(grace_s: float, error: JobError) -> None:
+    """Stop the process if the training code has not stopped by itself within ``grace_s``.
+
+    The error is raised at the next gradpress call; this catches a training loop that is
+    busy elsewhere (or swallowed the error), so a lost peer never leaves a process behind.
+    """
+    def stop() -> None:
+        time.sleep(grace_s)
+        log.critical("exiting: %s", error)
+        logging.shutdown()
+        os._exit(1)
+    threading.Thread(target=stop, name="gp-exit-watchdog", daemon=True).start()
