@@ -16,6 +16,7 @@ import zmq
 
 from .. import transport
 from ..config import Settings
+from ..health import HealthFile
 from ..placement import KeyPlacement
 from ..protocol import Op
 from .declarations import Declarations
@@ -61,6 +62,9 @@ class Scheduler:
                 fh.write(str(self.port))
             os.replace(tmp, settings.port_file)
         log.info("scheduler listening on port %d", self.port)
+        # For probes: ready once listening (nodes can register), alive while the loop turns.
+        self.health = HealthFile(settings.health_file, settings.heartbeat_interval_s)
+        self.health.ready(f"{NAME} listening on port {self.port}")
 
     # ---- the loop -------------------------------------------------------
 
@@ -72,6 +76,7 @@ class Scheduler:
                     self._drain()
                 self._purge()
                 self._send_heartbeats()
+                self.health.beat()
                 if self.declarations is not None:
                     for identities, kwargs in self.declarations.expire(time.monotonic()):
                         self._send_each(identities, Op.ERROR, **kwargs)
