@@ -1,0 +1,58 @@
+"""Input and output array plumbing shared by all compressors: float32 views and casts,
+and recognising device (CUDA) arrays without importing numba.cuda for host arrays."""
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from gradpress.kernels.halfprec import float_to_half_bits, half_bits_to_float
+
+ACCEPTED_DTYPES = (np.float16, np.float32, np.float64)
+
+
+@njit(nogil=True, cache=True)
+def _widen_half(bits: np.ndarray, out: np.ndarray) -> None:
+    for i in range(bits.shape[0]):
+        out[i] = half_bits_to_float(bits[i])
+
+
+@njit(nogil=True, cache=True)
+def _narrow_to_half(x: np.ndarray, bits: np.ndarray) -> None:
+    for i in range(x.shape[0]):
+        bits[i] = float_to_half_bits(x[i])
+
+
+def is_device_array(x: Any) -> bool:
+    """Whether ``x`` lives on a GPU (a torch CUDA tensor, any ``__cuda_array_interface__``
+    object, or a simulator device array)."""
+    if isinstance(x, np.ndarray):
+        return False
+    return hasattr(x, "__cuda_array_interface__") or type(x).__name__ == "FakeCUDAArray"
+
+
+def check_vector(x: np.ndarray, what: str) -> None:
+    """``x`` must be a 1-D contiguous float16/32/64 numpy array."""
+    if not isinstance(x, np.ndarray):
+        raise ValueError(f"{what} must be a numpy array or a CUDA array, got {type(x).__name__}")
+    if x.ndim != 1 or not x.flags.c_contiguous or x.dtype.type not in ACCEPTED_DTYPES:
+        raise ValueError(f"{what} must be a 1-D contiguous float16/float32/float64 array, "
+                         f"got shape {x.shape} dtype {x.dtype}")
+
+
+def as_float32(x: np.ndarray) -> np.ndarray:
+    """``x`` as float32 (no copy when it already is; float16 widened exactly)."""
+    if x.dtype == np.float32:
+        return x
+    if x.dtype == np.float16:
+        out = np.empty(x.shape[0], np.float32)
+        _widen_half(x.view(np.uint16), out)
+        return out
+    return x.astype(np.float32)
+
+
+def store_float32(values: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] = values`` rounding as numpy's astype does."""
+    if out.dtype == np.float16:
+        _narrow_to_half(values, out.view(np.uint16))
+    else:
+        out[:] = values

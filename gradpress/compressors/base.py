@@ -1,0 +1,152 @@
+"""The compressor interface: a 1-D float array becomes a small header plus buffers, and
+back. Stateless codecs subclass ``Compressor`` and implement ``_encode``, ``_decode`` and
+``encoded_nbytes``; the wrappers (error feedback, momentum) hold per-key state around one.
+
+A payload is never bigger than the raw array: when a codec's encoding of ``n`` elements
+would not be smaller (``encoded_nbytes(n, itemsize) >= n * itemsize``, e.g. n = 0, or
+onebit with n = 1), the raw array travels instead, marked by the header field ``raw`` (its
+dtype). Every codec decodes such payloads.
+"""
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from gradpress.compressors.arrays import check_vector, is_device_array, store_float32
+from gradpress.compressors.payload import FLOAT_DTYPES, buffer_array, expect_buffer_count
+
+Header = dict
+Buffers = list
+MAX_ELEMENTS = (1 << 32) - 1  # indices travel as uint32
+
+
+def raw_payload(x: np.ndarray) -> tuple[dict, list]:
+    """Header fields and buffers that carry ``x`` unchanged (zero-copy)."""
+    return {"raw": x.dtype.name}, [x]
+
+
+def payload_nbytes(buffers: Sequence[Any]) -> int:
+    """Bytes of a payload's buffers (the header is not counted)."""
+    return sum(memoryview(b).nbytes for b in buffers)
+
+
+class Compressor(ABC):
+    """Compress / decompress one flat float array; see the module docstring."""
+
+    name: ClassVar[str]
+    # compression_params keys this codec reads, with a one-line meaning (for error messages)
+    ACCEPTED_PARAMS: ClassVar[dict] = {}
+
+    @classmethod
+    @abstractmethod
+    def from_params(cls, params: dict) -> "Compressor":
+        """Build from a validated BytePS ``compression_params`` dictionary."""
+
+    @abstractmethod
+    def encoded_nbytes(self, n: int, itemsize: int) -> int:
+        """Payload bytes this codec produces for ``n`` elements of ``itemsize`` bytes."""
+
+    @abstractmethod
+    def _encode(self, x: np.ndarray, key: int, round: int) -> tuple[dict, list]:
+        """Header fields and buffers for a host array (any accepted dtype)."""
+
+    @abstractmethod
+    def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
+        """Same payload for a float32 numba.cuda device array."""
+
+    @abstractmethod
+    def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
+                key: int, round: int) -> None:
+        """Validate, then ``out (+)= D(payload)`` for a float32 ``out`` of ``header['n']``."""
+
+    def compress(self, x: Any, key: int, round: int,
+                 lr: float | None = None) -> tuple[Header, Buffers]:
+        """Compress ``x`` (1-D numpy array, or CUDA array on a GPU worker).
+
+        Args:
+            x: the values; float16/32/64.
+            key, round: name the random stream (random-k, dithering).
+            lr: unused by stateless codecs (corrected error feedback reads it).
+        Returns:
+            A msgpack-able header and host buffers. Buffers may alias ``x``; they stay
+            valid until ``x`` changes.
+        """
+        if is_device_array(x):
+            return self._compress_device(x, key, round)
+        check_vector(x, "compress input")
+        if x.shape[0] > MAX_ELEMENTS:
+            raise ValueError(f"at most {MAX_ELEMENTS} elements per array, got {x.shape[0]}")
+        if self.encoded_nbytes(x.shape[0], x.itemsize) >= x.nbytes:
+            fields, buffers = raw_payload(x)
+        else:
+            fields, buffers = self._encode(x, key, round)
+        return {"codec": self.name, "n": x.shape[0], **fields}, buffers
+
+    def _compress_device(self, x: Any, key: int, round: int) -> tuple[Header, Buffers]:
+        from gradpress.compressors.kernels.cuda import device  # numba.cuda only when needed
+        n, itemsize = device.length(x), device.itemsize(x)
+        if self.encoded_nbytes(n, itemsize) >= n * itemsize:
+            fields, buffers = raw_payload(device.to_host(x))
+        else:
+            fields, buffers = self._encode_device(device.float32_view(x), key, round)
+        return {"codec": self.name, "n": n, **fields}, buffers
+
+    def decompress(self, header: Header, buffers: Sequence[Any], out: Any, key: int,
+                   round: int) -> None:
+        """Overwrite all of ``out`` (numpy float16/32/64, or a CUDA array) with D(payload).
+        Raises ValueError for a malformed payload, before writing anything."""
+        if is_device_array(out):
+            from gradpress.compressors.kernels.cuda import device
+            host = np.empty(device.length(out), np.float32)
+            self._decode_checked(header, buffers, host, False, key, round)
+            device.copy_from_host(host, out)
+            return
+        check_vector(out, "decompress output")
+        if out.dtype == np.float32:
+            self._decode_checked(header, buffers, out, False, key, round)
+        else:
+            values = np.empty(out.shape[0], np.float32)
+            self._decode_checked(header, buffers, values, False, key, round)
+            store_float32(values, out)
+
+    def decompress_add(self, header: Header, buffers: Sequence[Any], acc: np.ndarray, key: int,
+                       round: int) -> None:
+        """``acc += D(payload)`` for a float32 accumulator (what a server does per push)."""
+        check_vector(acc, "accumulator")
+        if acc.dtype != np.float32:
+            raise ValueError(f"accumulator must be float32, got {acc.dtype}")
+        self._decode_checked(header, buffers, acc, True, key, round)
+
+    def _decode_checked(self, header: Header, buffers: Sequence[Any], out: np.ndarray,
+                        accumulate: bool, key: int, round: int) -> None:
+        if not isinstance(header, dict) or header.get("codec") != self.name:
+            codec = header.get("codec") if isinstance(header, dict) else header
+            raise ValueError(f"payload codec {codec!r} is not {self.name!r}")
+        if header.get("n") != out.shape[0]:
+            raise ValueError(f"payload has n={header.get('n')!r} elements, output has "
+                             f"{out.shape[0]}")
+        if "raw" in header:
+            self._decode_raw(header, buffers, out, accumulate)
+        else:
+            self._decode(header, buffers, out, accumulate, key, round)
+
+    @staticmethod
+    def _decode_raw(header: Header, buffers: Sequence[Any], out: np.ndarray,
+                    accumulate: bool) -> None:
+        dtype = FLOAT_DTYPES.get(header["raw"])
+        if dtype is None:
+            raise ValueError(f"payload raw dtype must be one of {list(FLOAT_DTYPES)}, "
+                             f"got {header['raw']!r}")
+        expect_buffer_count(buffers, 1)
+        values = buffer_array(buffers, 0, dtype, out.shape[0], "raw values")
+        if accumulate:
+            out += values
+        else:
+            out[:] = values
+
+    def nbytes(self, header: Header, buffers: Sequence[Any]) -> int:
+        """Payload size in bytes (buffers only)."""
+        return payload_nbytes(buffers)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,100 @@
+"""``dithering`` (natural compression, arXiv 1905.10988): |x_i| / norm is rounded at
+random to one of s+1 levels (linear: l/s; natural: 0 and powers of two 2^(l-s)) with the
+probability that makes it unbiased; random draw i of stream (seed, key, round) decides.
+Payload: [float32 norm (1)], [codes of ``width`` bits: level | sign << (width-1)];
+header ``s``, ``partition``. width = 2 (s = 1), 4 (s <= 7) or 8 (s <= 127)."""
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from gradpress.compressors.arrays import as_float32
+from gradpress.compressors.base import Compressor
+from gradpress.compressors.kernels.bitlayout import packed_nbytes
+from gradpress.compressors.kernels.cpu import dithering, norms
+from gradpress.compressors.kernels.quantize import code_table
+from gradpress.compressors.kernels.rng import stream_id
+from gradpress.compressors.params import choice, number
+from gradpress.compressors.payload import (
+    buffer_array, expect_buffer_count, finite_scale, header_choice, header_int)
+from gradpress.compressors.registry import register
+
+PARTITIONS = ("linear", "natural")
+NORMALIZATIONS = ("max", "l2")
+MAX_LEVELS = 127
+
+
+def code_width(s: int) -> int:
+    """Bits per code: sign + level, rounded up to 2, 4 or 8 so codes never straddle bytes."""
+    bits = 1 + math.ceil(math.log2(s + 1))
+    return next(width for width in (2, 4, 8) if width >= bits)
+
+
+def norm_from(normalize: str, square_sum: float, max_bits: int) -> np.float32:
+    """float32 norm; |x_i| <= norm holds after rounding (rounding is monotone)."""
+    if normalize == "l2":
+        return np.float32(math.sqrt(square_sum))
+    return np.array([max_bits], np.uint32).view(np.float32)[0]
+
+
+@register
+class Dithering(Compressor):
+    name = "dithering"
+    ACCEPTED_PARAMS = {"s": f"levels, 1..{MAX_LEVELS} (7); BytePS's k is read when s is absent",
+                       "k": "BytePS's name for s",
+                       "partition": "linear | natural (linear)",
+                       "normalize": "max | l2 (max)",
+                       "seed": "random stream seed shared by all nodes (0)"}
+
+    def __init__(self, s: int = 7, partition: str = "linear", normalize: str = "max",
+                 seed: int = 0) -> None:
+        self.s, self.partition, self.normalize, self.seed = s, partition, normalize, seed
+        self.width = code_width(s)
+
+    @classmethod
+    def from_params(cls, params: dict) -> "Dithering":
+        name = "s" if "s" in params or "k" not in params else "k"
+        return cls(number(params, name, 7, 1, MAX_LEVELS, integer=True),
+                   choice(params, "partition", PARTITIONS, "linear"),
+                   choice(params, "normalize", NORMALIZATIONS, "max"),
+                   number(params, "seed", 0, 0, 2 ** 63 - 1, integer=True))
+
+    def encoded_nbytes(self, n: int, itemsize: int) -> int:
+        return 4 + packed_nbytes(n, self.width)
+
+    def _encode(self, x: np.ndarray, key: int, round: int) -> tuple[dict, list]:
+        x = as_float32(x)
+        max_bits = norms.max_abs_bits(x)
+        if max_bits >= norms.INF_BITS:
+            raise ValueError("dithering input contains NaN or inf")
+        square_sum = norms.square_sum(x) if self.normalize == "l2" else 0.0
+        norm = norm_from(self.normalize, square_sum, max_bits)
+        codes = np.empty(packed_nbytes(x.shape[0], self.width), np.uint8)
+        dithering.encode(x, norm, self.s, self.partition == "natural", self.width,
+                         stream_id(self.seed, key, round), codes)
+        return self._fields(), [np.array([norm], np.float32), codes]
+
+    def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
+        from gradpress.compressors.kernels.cuda import dithering as gpu_dithering
+        norm, codes = gpu_dithering.encode(x, self, stream_id(self.seed, key, round))
+        return self._fields(), [np.array([norm], np.float32), codes]
+
+    def _fields(self) -> dict:
+        return {"s": self.s, "partition": self.partition}
+
+    def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
+                key: int, round: int) -> None:
+        s = header_int(header, "s", 1, MAX_LEVELS)
+        natural = header_choice(header, "partition", PARTITIONS) == "natural"
+        width, n = code_width(s), out.shape[0]
+        expect_buffer_count(buffers, 2)
+        norm = buffer_array(buffers, 0, np.float32, 1, "dithering norm")[0]
+        finite_scale(norm, "dithering norm")
+        codes = buffer_array(buffers, 1, np.uint8, packed_nbytes(n, width), "codes")
+        if not dithering.codes_within(codes, s, width, n):
+            raise ValueError(f"payload codes exceed s={s} levels or have non-zero padding")
+        dithering.decode(codes, code_table(norm, s, natural, width), width, out, accumulate)
+
+    def __repr__(self) -> str:
+        return (f"Dithering(s={self.s}, partition={self.partition!r}, "
+                f"normalize={self.normalize!r}, seed={self.seed})")

@@ -1,0 +1,91 @@
+"""Error feedback around a codec, per key: p = g + lambda * e; c = C(p); e = p - D(c).
+
+lambda is 1 (vanilla) or eta_{t-1} / eta_t (corrected; ``lr`` is an argument of
+``compress``, and the first step of a key uses 1). Used on workers (inside Momentum) and
+on servers, where g is the sum of the decompressed pushes.
+
+Non-finite values: if p or the new residual is not finite (NaN/inf input, or a codec
+overflow such as fp16 beyond 65504), compress raises ValueError and no state changes.
+Returned buffers may alias this wrapper's scratch memory: they stay valid until the next
+``compress`` of the same key.
+"""
+from typing import Any, Sequence
+
+from gradpress.compressors.array_ops import check_same_layout, ops_for, to_host
+from gradpress.compressors.base import Compressor, Header, Buffers
+
+
+class ErrorFeedback:
+    """Wraps a stateless ``Compressor``; offers the same compress/decompress interface."""
+
+    def __init__(self, inner: Compressor, corrected: bool = False) -> None:
+        self.inner = inner
+        self.corrected = corrected
+        self.name = inner.name
+        self._residuals: dict = {}  # key -> e
+        self._spares: dict = {}  # key -> (p scratch, D(c) scratch)
+        self._lrs: dict = {}  # key -> learning rate of the key's previous step
+
+    def _lambda(self, key: int, lr: float | None) -> float:
+        if not self.corrected:
+            return 1.0
+        if lr is None or not 0.0 < lr < float("inf"):
+            raise ValueError(f"corrected error feedback needs a finite lr > 0, got {lr!r}")
+        return self._lrs.get(key, lr) / lr
+
+    def compress(self, x: Any, key: int, round: int,
+                 lr: float | None = None) -> tuple[Header, Buffers]:
+        ops = ops_for(x)
+        g = ops.working(x)
+        scale = self._lambda(key, lr)
+        residual = self._residuals.get(key)
+        if residual is not None:
+            residual = ops.adopt(residual, g)
+            check_same_layout(residual, g, key, "error-feedback residual")
+        p_scratch, decoded = self._spares.get(key) or (ops.empty_like(g), ops.empty_like(g))
+        p = g
+        if residual is not None:
+            ops.add_scaled(p_scratch, g, scale, residual)
+            p = p_scratch
+        header, buffers = self.inner.compress(p, key, round)
+        self.inner.decompress(header, buffers, decoded, key, round)
+        ops.subtract(decoded, p, decoded)
+        if not ops.all_finite(decoded):
+            raise ValueError(f"key {key}: error feedback met NaN/inf (in the input, or the "
+                             f"{self.name} codec overflowed); state left unchanged")
+        self._residuals[key] = decoded
+        old = residual if residual is not None else ops.empty_like(g)
+        self._spares[key] = (p_scratch, old)
+        if lr is not None:
+            self._lrs[key] = lr
+        return header, buffers
+
+    def decompress(self, header: Header, buffers: Sequence[Any], out: Any, key: int,
+                   round: int) -> None:
+        self.inner.decompress(header, buffers, out, key, round)
+
+    def decompress_add(self, header: Header, buffers: Sequence[Any], acc: Any, key: int,
+                       round: int) -> None:
+        self.inner.decompress_add(header, buffers, acc, key, round)
+
+    def nbytes(self, header: Header, buffers: Sequence[Any]) -> int:
+        return self.inner.nbytes(header, buffers)
+
+    def residual(self, key: int) -> Any:
+        """The current residual of ``key`` (None before its first step)."""
+        return self._residuals.get(key)
+
+    def state_dict(self) -> dict:
+        """Residuals (numpy copies) and previous learning rates, per key."""
+        return {"residuals": {k: to_host(v) for k, v in self._residuals.items()},
+                "lrs": dict(self._lrs)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned (host arrays; moved to a device on use)."""
+        self._residuals = {k: to_host(v) for k, v in state["residuals"].items()}
+        self._lrs = dict(state["lrs"])
+        self._spares = {}
+
+    def __repr__(self) -> str:
+        kind = "corrected" if self.corrected else "vanilla"
+        return f"ErrorFeedback({self.inner!r}, {kind})"

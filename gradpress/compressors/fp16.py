@@ -1,0 +1,40 @@
+"""``fp16``: cast to IEEE half precision; the payload is exactly numpy's
+``x.astype(float16)`` bits (NaN and inf pass through, values beyond 65504 become inf).
+Payload: [uint16 bits (n)]. float16 input travels raw (the same bits)."""
+from typing import Any, Sequence
+
+import numpy as np
+
+from gradpress.compressors.base import Compressor
+from gradpress.compressors.kernels.cpu import fp16
+from gradpress.compressors.payload import buffer_array, expect_buffer_count
+from gradpress.compressors.registry import register
+
+
+@register
+class Fp16(Compressor):
+    name = "fp16"
+
+    @classmethod
+    def from_params(cls, params: dict) -> "Fp16":
+        return cls()
+
+    def encoded_nbytes(self, n: int, itemsize: int) -> int:
+        return 2 * n
+
+    def _encode(self, x: np.ndarray, key: int, round: int) -> tuple[dict, list]:
+        if x.dtype == np.float64:  # cast directly: via float32 could round twice
+            return {}, [x.astype(np.float16).view(np.uint16)]
+        bits = np.empty(x.shape[0], np.uint16)
+        fp16.to_half_bits(x, bits)
+        return {}, [bits]
+
+    def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
+        from gradpress.compressors.kernels.cuda import fp16 as gpu_fp16
+        return {}, [gpu_fp16.to_half_bits(x)]
+
+    def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
+                key: int, round: int) -> None:
+        expect_buffer_count(buffers, 1)
+        bits = buffer_array(buffers, 0, np.uint16, out.shape[0], "fp16 values")
+        fp16.from_half_bits(bits, out, accumulate)

@@ -1,0 +1,26 @@
+"""Fused element-wise CPU kernels of the error-feedback and momentum wrappers."""
+import numpy as np
+from numba import njit
+
+
+@njit(nogil=True, cache=True)
+def add_scaled(out: np.ndarray, a: np.ndarray, alpha: float, b: np.ndarray) -> None:
+    """``out = a + alpha * b`` (``out`` may alias ``a`` or ``b``)."""
+    for i in range(out.shape[0]):
+        out[i] = a[i] + alpha * b[i]
+
+
+@njit(nogil=True, cache=True)
+def subtract(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """``out = a - b`` (``out`` may alias either)."""
+    for i in range(out.shape[0]):
+        out[i] = a[i] - b[i]
+
+
+@njit(nogil=True, cache=True)
+def all_finite(x: np.ndarray) -> bool:
+    # x * 0 is 0 for finite x and NaN otherwise; summing keeps the loop branch-free
+    total = 0.0
+    for i in range(x.shape[0]):
+        total += x[i] * 0.0
+    return total == 0.0

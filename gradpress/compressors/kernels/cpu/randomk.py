@@ -1,0 +1,52 @@
+"""CPU kernels of random-k: the index set (also used by the GPU path, on the host) and the
+gather of scaled values.
+
+Index choice is Floyd's algorithm driven by the counter hash: for step ``t = 0..k-1``,
+``j = n - k + t`` and ``r = below(draw_bits(stream, t), j + 1)``; ``r`` joins the set unless
+already in it, then ``j`` does. A bitmap keeps membership, and reading the bitmap in order
+yields the indices sorted. O(k) draws, O(n/64) words to clear and scan.
+"""
+import numpy as np
+from numba import njit
+
+from gradpress.compressors.kernels.rng import below, draw_bits
+
+_WORD = np.uint64(1)
+
+
+@njit(nogil=True, cache=True)
+def random_indices(n: int, k: int, stream: np.uint64) -> np.ndarray:
+    """k distinct indices in ``[0, n)``, increasing, determined by ``stream`` (n < 2**32)."""
+    bitmap = np.zeros((n + 63) // 64, np.uint64)
+    for step in range(k):
+        j = n - k + step
+        r = np.int64(below(draw_bits(stream, np.uint64(step)), np.uint64(j + 1)))
+        if bitmap[r >> 6] & (_WORD << np.uint64(r & 63)):
+            r = j
+        bitmap[r >> 6] |= _WORD << np.uint64(r & 63)
+    indices = np.empty(k, np.uint32)
+    out = 0
+    for w in range(bitmap.shape[0]):
+        word = bitmap[w]
+        while word:
+            low = word & (~word + _WORD)  # lowest set bit
+            indices[out] = w * 64 + _bit_position(low)
+            out += 1
+            word ^= low
+    return indices
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _bit_position(single_bit: np.uint64) -> int:
+    position = 0
+    while single_bit > _WORD:
+        single_bit >>= _WORD
+        position += 1
+    return position
+
+
+@njit(nogil=True, cache=True)
+def gather_scaled(x: np.ndarray, indices: np.ndarray, scale: float, values: np.ndarray) -> None:
+    """``values[j] = float32(float64(x[indices[j]]) * scale)``."""
+    for j in range(indices.shape[0]):
+        values[j] = np.float32(np.float64(x[indices[j]]) * scale)

@@ -1,0 +1,79 @@
+"""``onebit``: scaled sign. D(C(x)) = s * sign(x) with sign(0) = +1; s = ||x||_1 / n with
+``scaling`` (BytePS), ||x||_2 / sqrt(n) with ``scaling: l2`` (1-bit Adam), else 1.
+Payload: [float32 scale (1)], [sign bits, 1 = negative (ceil(n/8) bytes)]."""
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from gradpress.compressors.arrays import as_float32
+from gradpress.compressors.base import Compressor
+from gradpress.compressors.kernels.bitlayout import packed_nbytes
+from gradpress.compressors.kernels.cpu import norms, onebit
+from gradpress.compressors.params import choice, flag
+from gradpress.compressors.payload import buffer_array, expect_buffer_count, finite_scale
+from gradpress.compressors.registry import register
+
+SCALINGS = ("none", "l1", "l2")
+
+
+def scale_from_norms(scaling: str, n: int, abs_sum: float, square_sum: float) -> np.float32:
+    """The float32 scale for the chosen norm (shared by the CPU and GPU paths)."""
+    if scaling == "l1":
+        return np.float32(abs_sum / n)
+    if scaling == "l2":
+        return np.float32(math.sqrt(square_sum / n))
+    return np.float32(1.0)
+
+
+def reject_non_finite(total: float) -> None:
+    if not math.isfinite(total):
+        raise ValueError("onebit input contains NaN or inf")
+
+
+@register
+class OneBit(Compressor):
+    name = "onebit"
+    ACCEPTED_PARAMS = {"scaling": "true/l1 (||x||_1/n), l2 (||x||_2/sqrt(n)) or false (1)"}
+
+    def __init__(self, scaling: str = "none") -> None:
+        if scaling not in SCALINGS:
+            raise ValueError(f"onebit scaling {scaling!r}; accepted: {', '.join(SCALINGS)}")
+        self.scaling = scaling
+
+    @classmethod
+    def from_params(cls, params: dict) -> "OneBit":
+        value = params.get("scaling", False)
+        if isinstance(value, str) and value.lower() in ("l1", "l2"):
+            return cls(choice(params, "scaling", ("l1", "l2"), None))
+        return cls("l1" if flag(params, "scaling", False) else "none")
+
+    def encoded_nbytes(self, n: int, itemsize: int) -> int:
+        return 4 + packed_nbytes(n, 1)
+
+    def _encode(self, x: np.ndarray, key: int, round: int) -> tuple[dict, list]:
+        x = as_float32(x)
+        n = x.shape[0]
+        # the L1 sum doubles as the NaN/inf check, so it is always computed
+        l1 = norms.abs_sum(x)
+        reject_non_finite(l1)
+        l2 = norms.square_sum(x) if self.scaling == "l2" else 0.0
+        scale = np.array([scale_from_norms(self.scaling, n, l1, l2)], np.float32)
+        bits = np.empty(packed_nbytes(n, 1), np.uint8)
+        onebit.pack_signs(x, bits)
+        return {}, [scale, bits]
+
+    def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
+        from gradpress.compressors.kernels.cuda import onebit as gpu_onebit
+        return gpu_onebit.encode(x, self.scaling)
+
+    def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
+                key: int, round: int) -> None:
+        expect_buffer_count(buffers, 2)
+        scale = buffer_array(buffers, 0, np.float32, 1, "onebit scale")[0]
+        finite_scale(scale, "onebit scale")
+        bits = buffer_array(buffers, 1, np.uint8, packed_nbytes(out.shape[0], 1), "sign bits")
+        onebit.unpack_signs(bits, scale, out, accumulate)
+
+    def __repr__(self) -> str:
+        return f"OneBit(scaling={self.scaling!r})"

@@ -1,0 +1,73 @@
+"""``randomk``: k indices drawn from the stream ``(seed, key, round)`` (see
+``kernels.cpu.randomk``), the same on every node, so only the values travel; with
+``scaling`` they are multiplied by n/k, which makes D(C(x)) unbiased.
+Payload: [float32 values (k)]; header ``k``, ``seed``, ``scaled``."""
+from typing import Any, Sequence
+
+import numpy as np
+
+from gradpress.compressors.arrays import as_float32
+from gradpress.compressors.base import Compressor
+from gradpress.compressors.kernels.cpu import randomk
+from gradpress.compressors.kernels.rng import stream_id
+from gradpress.compressors.params import flag, keep_count, number
+from gradpress.compressors.payload import expect_buffer_count, header_choice, header_int
+from gradpress.compressors.registry import register
+from gradpress.compressors.sparse import (
+    decode_pairs, k_from_params, reject_non_finite, values_buffer)
+
+
+def chosen_indices(n: int, k: int, seed: int, key: int, round: int) -> np.ndarray:
+    """The k indices of ``(seed, key, round)``, increasing (host-side on GPU workers too)."""
+    return randomk.random_indices(n, k, stream_id(seed, key, round))
+
+
+@register
+class RandomK(Compressor):
+    name = "randomk"
+    ACCEPTED_PARAMS = {"k": "below 1: fraction of elements kept; otherwise a count (0.01)",
+                       "seed": "random stream seed shared by all nodes (0)",
+                       "scaling": "multiply values by n/k, unbiased (false)"}
+
+    def __init__(self, k: float = 0.01, seed: int = 0, scaling: bool = False) -> None:
+        self.k, self.seed, self.scaling = k, seed, scaling
+
+    @classmethod
+    def from_params(cls, params: dict) -> "RandomK":
+        return cls(k_from_params(params), number(params, "seed", 0, 0, 2 ** 63 - 1, True),
+                   flag(params, "scaling", False))
+
+    def encoded_nbytes(self, n: int, itemsize: int) -> int:
+        return 4 * keep_count(self.k, n)
+
+    def _encode(self, x: np.ndarray, key: int, round: int) -> tuple[dict, list]:
+        x = as_float32(x)
+        reject_non_finite(x, self.name)
+        n, k = x.shape[0], keep_count(self.k, x.shape[0])
+        values = np.empty(k, np.float32)
+        randomk.gather_scaled(x, chosen_indices(n, k, self.seed, key, round),
+                              n / k if self.scaling else 1.0, values)
+        return self._fields(k), [values]
+
+    def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
+        from gradpress.compressors.kernels.cuda import randomk as gpu_randomk
+        n, k = x.shape[0], keep_count(self.k, x.shape[0])
+        values = gpu_randomk.gather_scaled(x, chosen_indices(n, k, self.seed, key, round),
+                                           n / k if self.scaling else 1.0)
+        return self._fields(k), [values]
+
+    def _fields(self, k: int) -> dict:
+        return {"k": k, "seed": self.seed, "scaled": self.scaling}
+
+    def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
+                key: int, round: int) -> None:
+        n = out.shape[0]
+        k = header_int(header, "k", 1, n)
+        seed = header_int(header, "seed", 0, 2 ** 63 - 1)
+        header_choice(header, "scaled", (False, True))  # values arrive already scaled
+        expect_buffer_count(buffers, 1)
+        values = values_buffer(buffers, 0, k)
+        decode_pairs(chosen_indices(n, k, seed, key, round), values, out, accumulate)
+
+    def __repr__(self) -> str:
+        return f"RandomK(k={self.k:g}, seed={self.seed}, scaling={self.scaling})"

@@ -1,0 +1,55 @@
+"""``topk``: the k entries of largest magnitude (ties: lowest index first), in increasing
+index order. Payload: [uint32 indices (k)], [float32 values (k)]; header ``k``."""
+from typing import Any, Sequence
+
+import numpy as np
+
+from gradpress.compressors.arrays import as_float32
+from gradpress.compressors.base import Compressor
+from gradpress.compressors.kernels.cpu import topk
+from gradpress.compressors.payload import buffer_array, expect_buffer_count, header_int
+from gradpress.compressors.params import keep_count
+from gradpress.compressors.registry import register
+from gradpress.compressors.sparse import (
+    decode_pairs, k_from_params, reject_non_finite, values_buffer)
+
+
+@register
+class TopK(Compressor):
+    name = "topk"
+    ACCEPTED_PARAMS = {"k": "below 1: fraction of elements kept; otherwise a count (0.01)"}
+
+    def __init__(self, k: float = 0.01) -> None:
+        self.k = k
+
+    @classmethod
+    def from_params(cls, params: dict) -> "TopK":
+        return cls(k_from_params(params))
+
+    def encoded_nbytes(self, n: int, itemsize: int) -> int:
+        return 8 * keep_count(self.k, n)
+
+    def _encode(self, x: np.ndarray, key: int, round: int) -> tuple[dict, list]:
+        x = as_float32(x)
+        reject_non_finite(x, self.name)
+        k = keep_count(self.k, x.shape[0])
+        indices = np.empty(k, np.uint32)
+        values = np.empty(k, np.float32)
+        topk.select_topk(x, indices, values)
+        return {"k": k}, [indices, values]
+
+    def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
+        from gradpress.compressors.kernels.cuda import topk as gpu_topk
+        k = keep_count(self.k, x.shape[0])
+        indices, values = gpu_topk.select_topk(x, k)
+        return {"k": k}, [indices, values]
+
+    def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
+                key: int, round: int) -> None:
+        k = header_int(header, "k", 0, out.shape[0])
+        expect_buffer_count(buffers, 2)
+        indices = buffer_array(buffers, 0, np.uint32, k, "indices")
+        decode_pairs(indices, values_buffer(buffers, 1, k), out, accumulate)
+
+    def __repr__(self) -> str:
+        return f"TopK(k={self.k:g})"
