@@ -139,8 +139,8 @@ class Compressor(ABC):
                              f"got {header['raw']!r}")
         expect_buffer_count(buffers, 1)
         values = buffer_array(buffers, 0, dtype, out.shape[0], "raw values")
-        if accumulate:
-            out += values
+        if accumulate:  # add D(payload) as a float32 array, as every other codec does
+            out += values.astype(np.float32, copy=False)
         else:
             out[:] = values
 
