@@ -1,0 +1,156 @@
+"""TOML job files: configs/*.toml load, wrong keys, types and tables are named, the environment wins."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gradpress.config import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+JOB_FILES = sorted((REPO / "configs").glob("*.toml"))
+
+
+def job_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_there_are_job_files():
+    assert {"demo.toml", "gpu.toml"} <= {p.name for p in JOB_FILES}
+
+
+@pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.name)
+def test_shipped_job_files_load(path):
+    s = Settings.load({}, str(path))
+    assert s.num_worker >= 1 and s.num_server >= 1
+    assert s.heartbeat_timeout_s > s.heartbeat_interval_s
+
+
+def test_file_values_are_used(tmp_path):
+    path = job_file(tmp_path, "[settings]\nnum_server = 3\npartition_bytes = 1024\nenable_async = true\n"
+                              "heartbeat_timeout_s = 20\nlog_level = 'INFO'\n")
+    s = Settings.load({}, path)
+    assert (s.num_server, s.partition_bytes, s.enable_async, s.log_level) == (3, 1024, True, "INFO")
+    assert s.heartbeat_timeout_s == 20.0 and isinstance(s.heartbeat_timeout_s, float)  # int accepted for float
+
+
+def test_config_file_from_environment(tmp_path):
+    path = job_file(tmp_path, "[settings]\nnum_worker = 4\n")
+    assert Settings.load({"GRADPRESS_CONFIG": path}).num_worker == 4
+
+
+def test_environment_overrides_file(tmp_path):
+    path = job_file(tmp_path, "[settings]\nnum_worker = 4\nnum_server = 3\nenable_async = true\n")
+    s = Settings.load({"DMLC_NUM_WORKER": "2", "BYTEPS_ENABLE_ASYNC": "0", "DMLC_NUM_SERVER": ""}, path)
+    assert s.num_worker == 2, "DMLC_NUM_WORKER must override the file"
+    assert s.enable_async is False, "BYTEPS_ENABLE_ASYNC=0 must override the file"
+    assert s.num_server == 3, "an empty variable must not override the file"
+
+
+def test_unknown_key_is_named(tmp_path):
+    path = job_file(tmp_path, "[settings]\nnum_workers = 2\n")
+    with pytest.raises(ValueError, match=r"unknown setting 'num_workers'.*num_worker"):
+        Settings.load({}, path)
+
+
+def test_environment_name_as_key_is_rejected(tmp_path):
+    path = job_file(tmp_path, "[settings]\nDMLC_NUM_WORKER = 2\n")
+    with pytest.raises(ValueError, match="unknown setting 'DMLC_NUM_WORKER'"):
+        Settings.load({}, path)
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("partition_bytes = '4MB'", "partition_bytes = '4MB': expected int"),
+    ("num_worker = 2.5", "num_worker = 2.5: expected int"),
+    ("num_server = true", "num_server = True: expected int"),
+    ("enable_async = 1", "enable_async = 1: expected bool"),
+    ("root_uri = 10", "root_uri = 10: expected str"),
+    ("heartbeat_interval_s = 'fast'", "heartbeat_interval_s = 'fast': expected float"),
+])
+def test_wrong_type_is_named(tmp_path, line, expected):
+    path = job_file(tmp_path, f"[settings]\n{line}\n")
+    with pytest.raises(ValueError) as e:
+        Settings.load({}, path)
+    assert expected in str(e.value) and path in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("num_server = 0", "DMLC_NUM_SERVER=0: must be at least 1"),
+    ("role = 'boss'", "DMLC_ROLE='boss'"),
+    ("heartbeat_timeout_s = 0.5", "PS_HEARTBEAT_TIMEOUT=0.5 must exceed"),
+    ("root_port = 70000", "DMLC_PS_ROOT_PORT=70000: not a port number"),
+])
+def test_wrong_value_is_named(tmp_path, line, expected):
+    path = job_file(tmp_path, f"[settings]\n{line}\n")
+    with pytest.raises(ValueError, match=expected.replace(".", r"\.")):
+        Settings.load({}, path)
+
+
+def test_unknown_table_is_named(tmp_path):
+    path = job_file(tmp_path, "[settings]\nnum_worker = 2\n\n[setting]\nnum_server = 2\n")
+    with pytest.raises(ValueError, match=r"unknown table\(s\) \['setting'\]"):
+        Settings.load({}, path)
+
+
+def test_compression_table_is_accepted(tmp_path):
+    path = job_file(tmp_path, """
+[settings]
+num_worker = 2
+
+[compression.default]
+compressor = "onebit"
+ef = "vanilla"
+
+[[compression.rules]]
+pattern = "*.bias"
+compressor = "none"
+""")
+    assert Settings.load({}, path).num_worker == 2
+
+
+def test_settings_must_be_a_table(tmp_path):
+    path = job_file(tmp_path, "settings = 3\n")
+    with pytest.raises(ValueError, match=r"\[settings\] must be a table"):
+        Settings.load({}, path)
+
+
+def test_broken_or_missing_file_is_named(tmp_path):
+    path = job_file(tmp_path, "[settings\nnum_worker = 2\n")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        Settings.load({}, path)
+    with pytest.raises(ValueError, match="config file .*nope.toml"):
+        Settings.load({}, str(tmp_path / "nope.toml"))
+
+
+# ---- through gradpress-launch --config -------------------------------------
+
+def launch(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_", "GRADPRESS_", "PS_"))}
+    return subprocess.run([sys.executable, "-m", "gradpress.launcher", *args], env=dict(base, **env),
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def test_launch_rejects_a_wrong_key_by_name(tmp_path):
+    path = job_file(tmp_path, "[settings]\nheartbeat_interval = 1.0\n")
+    out = launch(["--config", path], {"DMLC_ROLE": "scheduler"})
+    assert out.returncode == 2, out.stderr
+    assert "unknown setting 'heartbeat_interval'" in out.stderr
+
+
+def test_launch_reads_the_file_and_the_environment_wins(tmp_path):
+    """A scheduler nobody joins gives up after GRADPRESS_CONNECT_TIMEOUT_S: from the env, not the file."""
+    path = job_file(tmp_path, "[settings]\nconnect_timeout_s = 600.0\nheartbeat_interval_s = 0.2\n"
+                              "heartbeat_timeout_s = 2.0\nlog_level = 'INFO'\n")
+    start = time.monotonic()
+    out = launch(["--config", path], {"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_PORT": "0",
+                                      "GRADPRESS_CONNECT_TIMEOUT_S": "0.5"})
+    assert out.returncode == 1, out.stderr
+    assert "scheduler listening on port" in out.stderr, f"log_level = 'INFO' from the file was not used:\n{out.stderr}"
+    assert "GRADPRESS_CONNECT_TIMEOUT_S=0.5" in out.stderr, out.stderr
+    assert time.monotonic() - start < 30, "the file's 600 s connect timeout won over the environment"

@@ -1,0 +1,331 @@
+"""deploy/k8s: every overlay renders, validates strictly offline, and wires one working job.
+
+Also the helpers that read rendered manifests the way Kubernetes would (pods of each
+controller, a container's environment); tests/test_k8s_netns_integ.py starts those pods.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+K8S = REPO / "deploy" / "k8s"
+OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
+# Schemas kubernetes-validate ships offline; 1.32 matches the kubectl used here.
+SCHEMA_VERSION = "1.32.0"
+COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+JOB_SETTINGS = ("DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
+
+
+# ---- reading manifests ------------------------------------------------------
+
+def render(path: Path) -> list[dict]:
+    """``kubectl kustomize path`` as a list of objects; skips the test without kubectl."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: cannot render the kustomize overlays")
+    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"kubectl kustomize {path} failed:\n{out.stderr}"
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def find(docs: list[dict], kind: str, name: str | None = None) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+
+
+def config_map(docs: list[dict], name: str) -> dict[str, str]:
+    found = find(docs, "ConfigMap", name)
+    assert found, f"no ConfigMap {name!r} in the rendered manifests"
+    return found[0].get("data", {})
+
+
+@dataclass
+class Pod:
+    """One pod a controller would create: its name, role label, spec and completion index."""
+    name: str
+    role: str
+    spec: dict
+    index: int | None = None
+
+    @property
+    def container(self) -> dict:
+        assert len(self.spec["containers"]) == 1, f"{self.name}: expected one container"
+        return self.spec["containers"][0]
+
+
+def pods(docs: list[dict]) -> list[Pod]:
+    """The pods of every Deployment, StatefulSet and Indexed Job, named as their controllers name them."""
+    out = []
+    for d in docs:
+        kind, name, spec = d["kind"], d["metadata"]["name"], d.get("spec", {})
+        if kind not in ("Deployment", "StatefulSet", "Job"):
+            continue
+        template = spec["template"]
+        role = template["metadata"]["labels"]["app.kubernetes.io/component"]
+        if kind == "Job":
+            assert spec.get("completionMode") == "Indexed", f"Job {name}: must be an Indexed Job"
+            out += [Pod(f"{name}-{i}", role, template["spec"], i) for i in range(spec["completions"])]
+        else:
+            out += [Pod(f"{name}-{i}", role, template["spec"]) for i in range(spec.get("replicas", 1))]
+    return out
+
+
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion in env values, command and args (``$$`` escapes)."""
+    def sub(m):
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+    return _VAR_REF.sub(sub, text)
+
+
+def container_env(pod: Pod, docs: list[dict], fields: dict[str, str]) -> dict[str, str]:
+    """The environment Kubernetes gives the pod's container (without image defaults).
+
+    Args:
+        fields: values of the downward-API fieldPaths (``status.podIP``, ...).
+    Raises:
+        AssertionError: naming a fieldPath, ConfigMap or key the manifest uses but cannot get.
+    """
+    c = pod.container
+    env: dict[str, str] = {}
+    for src in c.get("envFrom", []):
+        assert "configMapRef" in src, f"{pod.name}: envFrom {src} not understood"
+        prefix = src.get("prefix", "")
+        env.update({prefix + k: v for k, v in config_map(docs, src["configMapRef"]["name"]).items()})
+    for var in c.get("env", []):
+        if "value" in var:
+            env[var["name"]] = expand(var["value"], env)
+        elif "fieldRef" in var.get("valueFrom", {}):
+            path = var["valueFrom"]["fieldRef"]["fieldPath"]
+            assert path in fields, f"{pod.name}: {var['name']} reads fieldPath {path!r}, which no pod here has"
+            env[var["name"]] = fields[path]
+        elif "configMapKeyRef" in var.get("valueFrom", {}):
+            ref = var["valueFrom"]["configMapKeyRef"]
+            data = config_map(docs, ref["name"])
+            assert ref["key"] in data, f"{pod.name}: {var['name']}: ConfigMap {ref['name']} has no key {ref['key']!r}"
+            env[var["name"]] = data[ref["key"]]
+        else:
+            raise AssertionError(f"{pod.name}: env {var['name']}: source {var.get('valueFrom')} not understood")
+    return env
+
+
+def pod_fields(pod: Pod, ip: str) -> dict[str, str]:
+    """Downward-API values for a pod at address ``ip``."""
+    fields = {"status.podIP": ip, "metadata.name": pod.name}
+    if pod.index is not None:
+        fields[COMPLETION_INDEX_FIELD] = str(pod.index)
+    return fields
+
+
+def service_selecting(docs: list[dict], pod: Pod) -> list[dict]:
+    """Services whose selector matches the pod's labels (template labels)."""
+    labels = next(d["spec"]["template"]["metadata"]["labels"] for d in docs
+                  if d["kind"] in ("Deployment", "StatefulSet", "Job") and d["spec"]["template"]["spec"] is pod.spec)
+    return [s for s in find(docs, "Service") if s["spec"].get("selector")
+            and all(labels.get(k) == v for k, v in s["spec"]["selector"].items())]
+
+
+def container_port(pod: Pod, port) -> int:
+    """A Service targetPort (number or name) as the container's port number."""
+    if isinstance(port, int):
+        return port
+    for p in pod.container.get("ports", []):
+        if p.get("name") == port:
+            return p["containerPort"]
+    raise AssertionError(f"{pod.name}: no container port named {port!r}")
+
+
+# ---- rendering and schemas --------------------------------------------------
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def overlay(request) -> tuple[str, list[dict]]:
+    return request.param, render(K8S / "overlays" / request.param)
+
+
+def test_overlays_exist():
+    assert {"cpu-demo", "gpu"} <= set(OVERLAYS), f"overlays found: {OVERLAYS}"
+
+
+@pytest.mark.parametrize("target", ["base"] + [f"overlays/{o}" for o in OVERLAYS])
+def test_manifests_validate_strictly(target):
+    import kubernetes_validate
+    docs = render(K8S / target)
+    errors = []
+    for d in docs:
+        try:
+            kubernetes_validate.validate(d, SCHEMA_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            errors.append(f"{d['kind']}/{d['metadata']['name']}: {'.'.join(map(str, e.path))}: {e.message}")
+    assert not errors, f"{target} fails Kubernetes {SCHEMA_VERSION} schemas:\n" + "\n".join(errors)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ConfigMap", "ConfigMap", "Deployment", "Job", "Service", "Service", "StatefulSet"], kinds
+
+
+def test_strict_validation_rejects_an_unknown_field():
+    """Guards the test above: a misspelt field must fail, or 'validates' means nothing."""
+    import kubernetes_validate
+    deployment = find(render(K8S / "base"), "Deployment")[0]
+    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolice"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, SCHEMA_VERSION, strict=True)
+
+
+# ---- one job, wired ---------------------------------------------------------
+
+def test_controllers(overlay):
+    name, docs = overlay
+    job_env = _job_settings(docs)
+    (deployment,) = find(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1, f"{name}: exactly one scheduler"
+    assert deployment["spec"]["strategy"]["type"] == "Recreate", f"{name}: two schedulers must never overlap"
+    (sts,) = find(docs, "StatefulSet")
+    assert sts["spec"]["replicas"] == int(job_env["DMLC_NUM_SERVER"]), f"{name}: server replicas != DMLC_NUM_SERVER"
+    assert sts["spec"]["podManagementPolicy"] == "Parallel", \
+        f"{name}: servers are ready only once all registered; OrderedReady would deadlock"
+    (headless,) = find(docs, "Service", sts["spec"]["serviceName"])
+    assert headless["spec"].get("clusterIP") == "None", f"{name}: the servers' Service must be headless"
+    assert headless["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    (job,) = find(docs, "Job")
+    n = int(job_env["DMLC_NUM_WORKER"])
+    assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (n, n), \
+        f"{name}: worker completions/parallelism != DMLC_NUM_WORKER={n}"
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def _job_settings(docs: list[dict]) -> dict[str, str]:
+    """The job-wide settings as the worker 0 pod sees them."""
+    worker = next(p for p in pods(docs) if p.role == "worker")
+    return container_env(worker, docs, pod_fields(worker, "10.0.0.1"))
+
+
+def test_every_role_gets_the_dmlc_environment(overlay):
+    name, docs = overlay
+    all_pods = pods(docs)
+    assert sorted({p.role for p in all_pods}) == ["scheduler", "server", "worker"]
+    shared = None
+    for i, pod in enumerate(all_pods):
+        ip = f"10.0.0.{i + 2}"
+        env = container_env(pod, docs, pod_fields(pod, ip))
+        assert env.get("DMLC_ROLE") == pod.role, f"{name}/{pod.name}: DMLC_ROLE={env.get('DMLC_ROLE')}"
+        assert env.get("DMLC_NODE_HOST") == ip, f"{name}/{pod.name}: DMLC_NODE_HOST must be the pod's IP"
+        missing = [k for k in JOB_SETTINGS if not env.get(k)]
+        assert not missing, f"{name}/{pod.name}: missing {missing}"
+        mine = {k: env[k] for k in JOB_SETTINGS}
+        assert shared is None or mine == shared, f"{name}/{pod.name}: {mine} differs from {shared}"
+        shared = mine
+        if pod.role == "worker":
+            assert env.get("DMLC_WORKER_ID") == str(pod.index), \
+                f"{name}/{pod.name}: DMLC_WORKER_ID must be the completion index"
+        assert pod.spec.get("enableServiceLinks") is False, \
+            f"{name}/{pod.name}: service links would inject *_PORT variables that clash with settings"
+
+
+def test_scheduler_service_reaches_the_scheduler(overlay):
+    name, docs = overlay
+    env = _job_settings(docs)
+    scheduler = next(p for p in pods(docs) if p.role == "scheduler")
+    (svc,) = find(docs, "Service", env["DMLC_PS_ROOT_URI"].split(".")[0]) or [None]
+    assert svc is not None, f"{name}: DMLC_PS_ROOT_URI={env['DMLC_PS_ROOT_URI']} names no Service"
+    assert svc in service_selecting(docs, scheduler), f"{name}: Service {svc['metadata']['name']} misses the scheduler"
+    port = int(env["DMLC_PS_ROOT_PORT"])
+    (sp,) = [p for p in svc["spec"]["ports"] if p["port"] == port] or [None]
+    assert sp is not None, f"{name}: Service {svc['metadata']['name']} does not expose DMLC_PS_ROOT_PORT={port}"
+    # The scheduler binds DMLC_PS_ROOT_PORT; the Service must forward to that very port.
+    assert container_port(scheduler, sp.get("targetPort", port)) == port
+
+
+def test_servers_declare_their_port(overlay):
+    name, docs = overlay
+    server = next(p for p in pods(docs) if p.role == "server")
+    env = container_env(server, docs, pod_fields(server, "10.0.0.1"))
+    port = int(env.get("GRADPRESS_SERVER_PORT", "0"))
+    assert port, f"{name}: servers need a fixed GRADPRESS_SERVER_PORT to declare"
+    assert port in [p["containerPort"] for p in server.container["ports"]]
+
+
+def test_job_file_loads_as_deployed(overlay, tmp_path):
+    """Each pod's settings load from the mounted ConfigMap with its environment on top."""
+    from gradpress.config import Settings
+    name, docs = overlay
+    for pod in pods(docs):
+        env = container_env(pod, docs, pod_fields(pod, "10.0.0.1"))
+        path = env.get("GRADPRESS_CONFIG", "")
+        mounts = {m["mountPath"]: m["name"] for m in pod.container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod.spec["volumes"]}
+        mount = str(Path(path).parent)
+        assert mount in mounts, f"{name}/{pod.name}: GRADPRESS_CONFIG={path} is not in a mounted volume"
+        data = config_map(docs, volumes[mounts[mount]]["configMap"]["name"])
+        assert Path(path).name in data, f"{name}/{pod.name}: the ConfigMap has no {Path(path).name}"
+        local = tmp_path / Path(path).name
+        local.write_text(data[Path(path).name])
+        s = Settings.load(dict(env, GRADPRESS_CONFIG=str(local)))
+        assert (s.role, s.num_worker, s.num_server) == (
+            pod.role, int(env["DMLC_NUM_WORKER"]), int(env["DMLC_NUM_SERVER"]))
+
+
+def test_probes_use_the_health_file(overlay):
+    name, docs = overlay
+    for pod in pods(docs):
+        c = pod.container
+        env = container_env(pod, docs, pod_fields(pod, "10.0.0.1"))
+        for probe, check in (("startupProbe", "ready"), ("readinessProbe", "ready"), ("livenessProbe", "live")):
+            command = c.get(probe, {}).get("exec", {}).get("command", [])
+            assert command[:2] == ["gradpress-health", check], f"{name}/{pod.name}: {probe} is {c.get(probe)}"
+        health = env.get("GRADPRESS_HEALTH_FILE", "")
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        volume = mounts.get(str(Path(health).parent))
+        assert volume and "emptyDir" in next(v for v in pod.spec["volumes"] if v["name"] == volume), \
+            f"{name}/{pod.name}: GRADPRESS_HEALTH_FILE={health!r} must lie in a writable emptyDir mount"
+
+
+def test_resources(overlay):
+    name, docs = overlay
+    for pod in pods(docs):
+        res = pod.container.get("resources", {})
+        assert {"cpu", "memory"} <= set(res.get("requests", {})), f"{name}/{pod.name}: requests {res}"
+        gpus = res.get("limits", {}).get("nvidia.com/gpu")
+        if name == "gpu" and pod.role == "worker":
+            assert gpus and int(gpus) >= 1, f"{name}/{pod.name}: GPU workers must ask for nvidia.com/gpu"
+            assert any(t.get("key") == "nvidia.com/gpu" for t in pod.spec.get("tolerations", []))
+        else:
+            assert gpus is None, f"{name}/{pod.name}: only GPU workers ask for GPUs"
+
+
+def test_one_place_sets_counts_port_and_image(tmp_path):
+    """An overlay that changes counts, scheduler port and image changes every field that must follow."""
+    rel = os.path.relpath(K8S, tmp_path)  # kustomize refuses absolute paths
+    (tmp_path / "kustomization.yaml").write_text(f"""
+resources: [{rel}/base]
+components: [{rel}/components/wiring]
+images: [{{name: gradpress, newName: example.org/gp, newTag: v9}}]
+configMapGenerator:
+- name: gradpress-job
+  behavior: merge
+  literals: [DMLC_NUM_WORKER=3, DMLC_NUM_SERVER=5, DMLC_PS_ROOT_PORT=9555]
+""")
+    docs = render(tmp_path)
+    assert find(docs, "StatefulSet")[0]["spec"]["replicas"] == 5
+    job = find(docs, "Job")[0]["spec"]
+    assert (job["completions"], job["parallelism"]) == (3, 3)
+    scheduler = next(p for p in pods(docs) if p.role == "scheduler")
+    assert [p["containerPort"] for p in scheduler.container["ports"]] == [9555]
+    assert [p["port"] for p in find(docs, "Service", "gradpress-scheduler")[0]["spec"]["ports"]] == [9555]
+    assert {p.container["image"] for p in pods(docs)} == {"example.org/gp:v9"}
+
+
+def test_every_job_file_is_in_the_config_map():
+    shipped = yaml.safe_load((REPO / "configs" / "kustomization.yaml").read_text())
+    files = {f for g in shipped["configMapGenerator"] for f in g.get("files", [])}
+    assert files == {p.name for p in (REPO / "configs").glob("*.toml")}, \
+        "configs/kustomization.yaml must list every configs/*.toml"
