@@ -136,7 +136,7 @@ class WorkerClient:
         self._submit(("push_pull", job, priority))
         return fut
 
-    def barrier(self, group: str = "all") -> None:
+    def barrier(self, group: str = "worker") -> None:
         fut = Future(f"barrier of group {group!r}")
         self._submit(("barrier", group, fut))
         fut.result(self.s.op_timeout_s)

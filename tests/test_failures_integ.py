@@ -1,0 +1,190 @@
+"""Dead peers, garbage on the wire, disagreeing workers: clear errors, no hangs, sums stay right."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import msgpack
+import pytest
+import zmq
+
+from gradpress import protocol
+from gradpress.protocol import Op
+
+pytestmark = pytest.mark.integ
+HEARTBEAT_TIMEOUT_S = 2.0
+
+TRAIN_FOREVER = """
+import os, time, torch, gradpress.torch as bps
+bps.init()
+open(os.path.join(os.environ["GP_TEST_DIR"], f"ready{bps.rank()}"), "w").close()
+x = torch.ones(1000)
+while True:
+    bps.push_pull_inplace(x, average=True, name="w")
+    time.sleep(0.01)
+"""
+
+
+def _wait_for(path, c, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared\n{c.logs()}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("victim", ["worker 1", "server 0"])
+def test_kill_9_stops_every_other_process_with_an_error_naming_the_lost_node(cluster, victim):
+    c = cluster(workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S)})
+    c.start(TRAIN_FOREVER)
+    for r in range(2):
+        _wait_for(c.tmp / f"ready{r}", c)
+    time.sleep(0.5)
+    killed_at = time.monotonic()
+    c.procs[victim].send_signal(signal.SIGKILL)
+    survivors = [n for n in c.procs if n != victim]
+    for name in survivors:
+        try:
+            code = c.procs[name].wait(timeout=2 * HEARTBEAT_TIMEOUT_S + 2)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} still running {2 * HEARTBEAT_TIMEOUT_S + 2} s after "
+                                 f"{victim} was killed\n{c.logs()}")
+        assert code != 0, f"{name} exited 0 after {victim} died\n{c.logs()}"
+        assert f"lost {victim}" in c.log(name), f"{name}'s error does not name {victim}:\n{c.log(name)}"
+    elapsed = time.monotonic() - killed_at
+    assert elapsed <= 2 * HEARTBEAT_TIMEOUT_S + 1, f"took {elapsed:.1f} s"
+
+
+def test_launcher_stops_the_job_and_exits_nonzero_when_a_process_dies(tmp_path):
+    script = tmp_path / "w.py"
+    script.write_text("import os, signal, time, gradpress.torch as bps\nbps.init()\n"
+                      "if bps.rank() == 1: os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(60)\n")
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "gradpress.launcher", "--local", "--workers", "2",
+                          "--servers", "1", "--", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert out.returncode != 0, out
+    assert "worker 1 exited with code -9" in out.stderr, out.stderr
+    assert time.monotonic() - started < 30
+
+
+GARBAGE_THEN_TRAIN = """
+import json, os, time, torch, gradpress.torch as bps
+from gradpress.torch import ops
+bps.init()
+r, n = bps.rank(), bps.size()
+d = os.environ["GP_TEST_DIR"]
+x = torch.full((3000,), float(r + 1))
+bps.push_pull(x, average=False, name="w")  # the key exists before the garbage arrives
+if r == 0:
+    book = ops._require().book
+    with open(os.path.join(d, "servers.json"), "w") as fh:
+        json.dump([[s.host, s.port] for s in book.servers], fh)
+while not os.path.exists(os.path.join(d, "go")):
+    time.sleep(0.05)
+for rnd in range(5):
+    got = bps.push_pull(torch.full((3000,), float(rnd + r + 1)), average=False, name="w")
+    want = n * (rnd + 1) + n * (n - 1) / 2
+    assert torch.all(got == want), (rnd, got[:3], want)
+print("OK sums right after garbage", flush=True)
+bps.shutdown()
+"""
+
+
+def _garbage_messages():
+    enc = lambda **h: msgpack.packb(h)
+    v = protocol.PROTOCOL_VERSION
+    return [
+        [b"\x00\xffnot msgpack at all"],
+        [msgpack.packb([1, 2, 3])],                                     # not a map
+        [enc(v=v, op=int(Op.PUSH), **{"from": "x"}), b"1234"],           # missing fields
+        [enc(v=v, op=int(Op.PUSH), key="k", round=0, dtype="float32", count=1, **{"from": "x"}), b"1234"],  # wrong type
+        [enc(v=v, op=999, **{"from": "x"})],                              # unknown op
+        [enc(v=v + 7, op=int(Op.HEARTBEAT), **{"from": "x"})],          # wrong version
+        [enc(v=v, op=int(Op.PUSH), key=123456789, round=0, dtype="float32", count=1, **{"from": "x"}), b"1234"],  # unknown key
+        [enc(v=v, op=int(Op.PUSH), key=1 << 16, round=0, dtype="float32", count=3000, **{"from": "x"}), b"12"],  # wrong size for a real key
+        [enc(v=v, op=int(Op.PULL), key=1 << 16, round=99, **{"from": "x"})],  # stale/future round
+        [enc(v=v, op=int(Op.REGISTER), role="worker", host="h", port=1, worker_id=0, local_rank=0,
+             local_size=1, pid=1, **{"from": "x"})],                     # late registration
+        [],                                                               # empty after identity
+    ]
+
+
+def test_garbage_to_server_and_scheduler_is_dropped_and_sums_stay_right(cluster):
+    c = cluster(workers=2, servers=1)
+    c.start(GARBAGE_THEN_TRAIN)
+    _wait_for(c.tmp / "servers.json", c)
+    targets = [tuple(s) for s in json.loads((c.tmp / "servers.json").read_text())] + [("127.0.0.1", c.port)]
+    ctx = zmq.Context()
+    try:
+        for host, port in targets:
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(f"tcp://{host}:{port}")
+            for msg in _garbage_messages():
+                if msg:
+                    dealer.send_multipart(msg)
+            time.sleep(0.2)
+            dealer.close()
+            with socket.create_connection((host, port), timeout=5) as raw:  # not even ZMTP
+                raw.sendall(os.urandom(4096))
+    finally:
+        ctx.term()
+    time.sleep(0.3)
+    (c.tmp / "go").touch()
+    c.assert_success()
+    assert "OK sums right after garbage" in c.log("worker 0")
+    assert "dropped a malformed message" in c.log("server 0"), c.log("server 0")
+    assert "dropped a malformed message" in c.log("scheduler"), c.log("scheduler")
+
+
+MISMATCH = """
+import os, time, torch, gradpress.torch as bps
+from gradpress.errors import TensorMismatchError
+bps.init()
+r = bps.rank()
+try:
+    bps.push_pull(torch.ones(10 + 2 * r), name="weights")
+    raise SystemExit("no error for mismatched sizes")
+except TensorMismatchError as e:
+    assert "'weights'" in str(e) and "disagree" in str(e), e
+try:
+    bps.push_pull(torch.ones(5, dtype=torch.float64 if r else torch.float32), name="bias")
+    raise SystemExit("no error for mismatched dtypes")
+except TensorMismatchError as e:
+    assert "'bias'" in str(e) and "float64" in str(e), e
+if r == 0:  # only worker 0 uses this tensor: a deadline, not a hang
+    try:
+        bps.push_pull(torch.ones(3), name="lonely")
+        raise SystemExit("no error for a tensor only one worker uses")
+    except TensorMismatchError as e:
+        assert "'lonely'" in str(e) and "not by worker(s) [1]" in str(e), e
+    open(os.path.join(os.environ["GP_TEST_DIR"], "lonely_done"), "w").close()
+else:  # wait without touching gradpress until worker 0 has seen its deadline pass
+    while not os.path.exists(os.path.join(os.environ["GP_TEST_DIR"], "lonely_done")):
+        time.sleep(0.05)
+# the job still works after those errors
+assert torch.all(bps.push_pull(torch.ones(4), average=False, name="fine") == 2)
+print("OK errors named the tensors", flush=True)
+bps.shutdown()
+"""
+
+
+def test_workers_disagreeing_on_a_tensor_get_an_error_naming_it(cluster):
+    c = cluster(workers=2, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "3"})
+    c.start(MISMATCH).assert_success()
+    assert "OK errors named the tensors" in c.log("worker 0") and "OK" in c.log("worker 1")
+
+
+def test_a_node_that_never_comes_is_a_deadline_not_a_hang(cluster):
+    # only the scheduler and one worker: the second worker and the server never come
+    c = cluster(workers=2, servers=1, env={"GRADPRESS_CONNECT_TIMEOUT_S": "8"})
+    c.start_scheduler()
+    c._spawn("worker 0", [sys.executable, "-c", "import gradpress.torch as bps; bps.init()"],
+             DMLC_ROLE="worker", DMLC_WORKER_ID="0", GRADPRESS_CONNECT_TIMEOUT_S="3")
+    codes = c.wait(timeout_s=30)
+    assert codes["scheduler"] != 0 and codes["worker 0"] != 0, c.logs()
+    assert "registration timed out" in c.log("worker 0") or "no address book" in c.log("worker 0"), c.logs()
+    assert "1 worker process(es) of 2 machine(s) and 0 of 1 server(s) registered" in c.log("scheduler"), c.logs()

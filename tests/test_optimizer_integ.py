@@ -1,0 +1,99 @@
+"""DistributedOptimizer and broadcasts across real worker processes."""
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.integ
+
+MODEL = """
+import torch, torch.nn as nn
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
+def batch(worker, step, passes=1):
+    g = torch.Generator().manual_seed(1000 * step + worker)
+    return [(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(passes)]
+"""
+
+TRAIN = MODEL + """
+import json, os, sys, gradpress.torch as bps
+bps.init()
+r = bps.rank()
+passes = int(os.environ["GP_PASSES"])
+model = make_model()
+opt = getattr(torch.optim, os.environ["GP_OPT"])(model.parameters(), lr=0.05)
+opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(), backward_passes_per_step=passes)
+for step in range(6):
+    opt.zero_grad()
+    for x, y in batch(r, step, passes):
+        (torch.nn.functional.cross_entropy(model(x), y) / passes).backward()
+    opt.step()
+torch.save(model.state_dict(), os.path.join(os.environ["GP_TEST_DIR"], f"params{r}.pt"))
+bps.shutdown()
+"""
+
+
+@pytest.mark.parametrize("opt_name,passes", [("SGD", 1), ("Adam", 1), ("Adam", 2)])
+def test_distributed_optimizer_equals_one_process_on_the_union_of_batches(cluster, opt_name, passes):
+    c = cluster(workers=2, servers=1)
+    c.start(TRAIN, worker_env={"GP_OPT": opt_name, "GP_PASSES": str(passes)}).assert_success()
+    p0 = torch.load(c.tmp / "params0.pt")
+    p1 = torch.load(c.tmp / "params1.pt")
+    for k in p0:
+        assert torch.equal(p0[k], p1[k]), f"{k} differs between the workers"
+    # the same training in this process, on the union of both workers' batches
+    ns = {}
+    exec(MODEL, ns)
+    model = ns["make_model"]()
+    opt = getattr(torch.optim, opt_name)(model.parameters(), lr=0.05)
+    for step in range(6):
+        opt.zero_grad()
+        for w in range(2):
+            for x, y in ns["batch"](w, step, passes):
+                # mean over workers of each worker's loss = the loss of the union of the batches
+                (torch.nn.functional.cross_entropy(model(x), y) / passes / 2).backward()
+        opt.step()
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(p0[k], v, rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
+
+
+BROADCAST = """
+import json, os, torch, torch.nn as nn, gradpress.torch as bps
+bps.init()
+r = bps.rank()
+torch.manual_seed(r)  # every worker starts different
+model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+opt = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.8, 0.9))
+if r == 1:  # the root has stepped (and carries state); the others have none
+    model(torch.randn(5, 4)).sum().backward(); opt.step(); opt.step()
+    model[1].num_batches_tracked.fill_(7)
+    opt.param_groups[0]["lr"] = 0.123
+bps.broadcast_parameters(model.state_dict(), root_rank=1)
+bps.broadcast_optimizer_state(opt, root_rank=1)
+obj = bps.broadcast_object({"epoch": 3, "name": "run", "t": (1, 2.5), "a": torch.arange(3) if r == 1 else None} if r == 1 else None, root_rank=1)
+sd = opt.state_dict()
+torch.save({"model": model.state_dict(), "opt": sd, "obj": obj}, os.path.join(os.environ["GP_TEST_DIR"], f"b{r}.pt"))
+bps.shutdown()
+"""
+
+
+def test_broadcast_parameters_optimizer_state_and_object(cluster):
+    c = cluster(workers=3, servers=2)
+    c.start(BROADCAST).assert_success()
+    got = [torch.load(c.tmp / f"b{r}.pt", weights_only=False) for r in range(3)]
+    root = got[1]
+    assert root["model"]["1.num_batches_tracked"].item() == 7
+    assert root["opt"]["param_groups"][0]["lr"] == 0.123
+    assert len(root["opt"]["state"]) == 6
+    for r in (0, 2):
+        for k, v in root["model"].items():
+            assert torch.equal(got[r]["model"][k], v), f"worker {r}: model {k} differs from the root's"
+        assert got[r]["opt"]["param_groups"] == root["opt"]["param_groups"], f"worker {r}: param groups differ"
+        for pid, st in root["opt"]["state"].items():
+            for k, v in st.items():
+                assert torch.equal(got[r]["opt"]["state"][pid][k], v), f"worker {r}: optimizer state {pid}.{k} differs"
+    for r in range(3):
+        o = got[r]["obj"]
+        assert o["epoch"] == 3 and o["name"] == "run" and o["t"] == (1, 2.5), (r, o)
+        assert torch.equal(o["a"], torch.arange(3)), (r, o)

@@ -1,0 +1,73 @@
+"""push_pull across real worker and server processes: sums, averages, shapes, dtypes, async."""
+import pytest
+
+pytestmark = pytest.mark.integ
+
+# Every worker checks every case itself; a failing assert names the case and exits non-zero.
+SHAPES_AND_DTYPES = """
+import itertools, torch, gradpress.torch as bps
+bps.init()
+r, n = bps.rank(), bps.size()
+total = n * (n - 1) / 2  # sum of ranks
+shapes = [(), (1,), (7,), (3, 5, 2), (0,), (10000,), (129, 77)]  # (10000,) spans 10 partitions of 4 KB
+dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
+for rnd, (shape, dtype) in enumerate(itertools.product(shapes, dtypes)):
+    base = torch.arange(int(torch.tensor(shape).prod().item()) if shape else 1).reshape(shape)
+    x = (base % 13 + r).to(dtype)
+    want = (base % 13) * n + total
+    name = f"t{shape}{dtype}"
+    got = bps.push_pull(x, average=False, name=name)
+    assert got.dtype == dtype and got.shape == x.shape, (name, got.dtype, got.shape)
+    assert torch.equal(got.double(), want.double()), (name, "sum", got, want)
+    assert torch.equal(x, (base % 13 + r).to(dtype)), (name, "out-of-place push_pull changed its input")
+    if dtype.is_floating_point:
+        avg = bps.push_pull(x, average=True, name=name)  # same key, next round
+        assert torch.allclose(avg.double(), want.double() / n, rtol=1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-6), (name, "avg")
+# several rounds of one tensor in flight at once, in place, never mixing
+xs = [torch.full((5000,), float(10 * k + r)) for k in range(4)]
+handles = [bps.push_pull_async_inplace(x, average=False, name="rounds") for x in xs]
+for k, h in enumerate(handles):
+    out = bps.synchronize(h)
+    assert torch.all(out == 10 * k * n + total), ("rounds", k, out[:3])
+# many tensors in flight, with priorities, beyond the credit
+hs = {j: bps.push_pull_async(torch.full((300 + j,), float(j + r)), average=True, name=f"many{j}", priority=j % 3)
+      for j in range(40)}
+for j, h in hs.items():
+    assert not isinstance(h, bool) and bps.poll(h) in (True, False)
+    assert torch.allclose(bps.synchronize(h), torch.full((300 + j,), j + total / n)), ("many", j)
+print("OK rank", r, flush=True)
+bps.shutdown()
+"""
+
+
+@pytest.mark.parametrize("workers,servers", [(2, 1), (3, 2)])
+def test_sum_and_average_over_shapes_dtypes_and_partitions(cluster, workers, servers):
+    c = cluster(workers=workers, servers=servers, env={"BYTEPS_PARTITION_BYTES": "4096",
+                                                        "BYTEPS_SCHEDULING_CREDIT": "3"})
+    c.start(SHAPES_AND_DTYPES).assert_success()
+    for i in range(workers):
+        assert f"OK rank {i}" in c.log(f"worker {i}")
+
+
+ASYNC = """
+import torch, gradpress.torch as bps
+from gradpress.torch import ops
+bps.init()
+r, n = bps.rank(), bps.size()
+seen = []
+for i in range(5):
+    seen.append(bps.push_pull(torch.ones(1000), average=False, name="w")[0].item())
+# every pull returns the store as it is: it grows, and holds at least this worker's own pushes
+assert seen == sorted(seen) and seen[-1] >= 5, seen
+ops._require().barrier()
+final = bps.push_pull(torch.zeros(1000), average=False, name="w")
+assert torch.all(final == 5 * n), final[:3]
+print("OK async", seen, flush=True)
+bps.shutdown()
+"""
+
+
+def test_async_mode_adds_pushes_at_once_and_pulls_read_the_store(cluster):
+    c = cluster(workers=2, servers=1, env={"BYTEPS_ENABLE_ASYNC": "1"})
+    c.start(ASYNC).assert_success()
+    assert "OK async" in c.log("worker 0")
