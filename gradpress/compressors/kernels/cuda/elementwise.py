@@ -1,0 +1,52 @@
+"""Device counterparts of ``array_ops.HostOps`` for the stateful wrappers."""
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from gradpress.compressors.kernels.cpu.norms import INF_BITS
+from gradpress.compressors.kernels.cuda import device, norms
+from gradpress.compressors.kernels.cuda.device import THREADS, blocks
+
+
+@cuda.jit
+def _add_scaled(out, a, alpha, b):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = a[i] + alpha * b[i]
+
+
+@cuda.jit
+def _subtract(out, a, b):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = a[i] - b[i]
+
+
+class DeviceOps:
+    """Wrapper state on the GPU is float32 (torch tensors of other dtypes are converted)."""
+
+    working = staticmethod(device.float32_view)
+
+    @staticmethod
+    def empty_like(x: Any) -> Any:
+        return device.empty(x.shape[0], np.float32)
+
+    @staticmethod
+    def add_scaled(out: Any, a: Any, alpha: float, b: Any) -> None:
+        _add_scaled[blocks(out.shape[0]), THREADS](out, a, np.float32(alpha), b)
+
+    @staticmethod
+    def subtract(out: Any, a: Any, b: Any) -> None:
+        _subtract[blocks(out.shape[0]), THREADS](out, a, b)
+
+    @staticmethod
+    def all_finite(x: Any) -> bool:
+        return norms.max_abs_bits(x) < INF_BITS
+
+    @staticmethod
+    def adopt(state: Any, like: Any) -> Any:
+        """State loaded from a checkpoint (host arrays) moved to the device."""
+        if isinstance(state, np.ndarray):
+            return device.from_host(state.astype(np.float32))
+        return state

@@ -1,0 +1,103 @@
+"""Run by test_cuda_simulator.py in a subprocess with NUMBA_ENABLE_CUDASIM=1 (the variable
+must be set before numba is imported, which a subprocess guarantees without touching the
+rest of the suite). Compresses the same small arrays through the GPU path (simulated
+device arrays) and the CPU kernels, and prints one JSON line per case."""
+import json
+import os
+import sys
+import warnings
+
+import numpy as np
+
+assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run under the CUDA simulator"
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from numba import cuda  # noqa: E402
+
+from gradpress.compressors import build_compressor  # noqa: E402
+from gradpress.compressors.arrays import is_device_array  # noqa: E402
+from tests.compressors.cases import CODEC_PARAMS, gaussian  # noqa: E402
+
+LENGTHS = [1, 9, 300]  # raw fallback, a partial byte, several bytes and segments
+KEY, ROUND = 77, 5
+
+
+def same_payload(a, b) -> str:
+    """Empty when both payloads are byte-identical, else what differs."""
+    (ha, ba), (hb, bb) = a, b
+    if ha != hb:
+        return f"headers differ: {ha} vs {hb}"
+    if len(ba) != len(bb):
+        return f"{len(ba)} vs {len(bb)} buffers"
+    for position, (x, y) in enumerate(zip(ba, bb)):
+        if bytes(memoryview(x).cast("B")) != bytes(memoryview(y).cast("B")):
+            return f"buffer {position} differs"
+    return ""
+
+
+def inputs(n: int):
+    yield "gaussian", gaussian(n, seed=n)
+    if n > 100:  # many equal magnitudes: exercises the top-k tie rule
+        yield "ties", np.round(gaussian(n, seed=n + 1) * 2).astype(np.float32)
+
+
+def codec_cases():
+    yield "device-path-taken", "" if is_device_array(cuda.to_device(np.zeros(3))) else \
+        "simulated arrays are not recognised as device arrays: nothing below ran on the GPU path"
+    for name, params in CODEC_PARAMS:
+        c = build_compressor(params, "server")
+        for n in LENGTHS:
+            for label, x in inputs(n):
+                problem = same_payload(c.compress(x, key=KEY, round=ROUND),
+                                       c.compress(cuda.to_device(x), key=KEY, round=ROUND))
+                yield f"{name}/n={n}/{label}", problem
+
+
+def rejection_cases():
+    x = gaussian(50)
+    x[7] = np.nan
+    for name in ("onebit-l1", "topk-frac", "randomk", "dither-linear-max"):
+        c = build_compressor(dict(CODEC_PARAMS)[name], "server")
+        try:
+            c.compress(cuda.to_device(x), key=0, round=0)
+            yield f"nan-rejected/{name}", "no ValueError for NaN input"
+        except ValueError:
+            yield f"nan-rejected/{name}", ""
+
+
+def wrapper_cases():
+    """Worker-side ErrorFeedback with device state against the host wrapper (lambda = 1)."""
+    for name in ("onebit-l1", "topk-frac", "dither-natural-max"):
+        params = {**dict(CODEC_PARAMS)[name], "ef": "vanilla"}
+        host, device = build_compressor(params, "worker"), build_compressor(params, "worker")
+        problem = ""
+        for round in range(3):
+            g = gaussian(200, seed=round)
+            problem = problem or same_payload(host.compress(g, key=1, round=round),
+                                              device.compress(cuda.to_device(g), key=1,
+                                                              round=round))
+        residual_host = host.state_dict()["residuals"][1]
+        residual_device = device.state_dict()["residuals"][1]
+        if not problem and not np.array_equal(residual_host, residual_device):
+            problem = "residuals differ"
+        yield f"error-feedback/{name}", problem
+
+
+def decompress_case():
+    c = build_compressor(dict(CODEC_PARAMS)["topk-frac"], "server")
+    x = gaussian(100)
+    header, buffers = c.compress(x, key=0, round=0)
+    on_host = np.empty(100, np.float32)
+    c.decompress(header, buffers, on_host, key=0, round=0)
+    on_device = cuda.device_array(100, np.float32)
+    c.decompress(header, buffers, on_device, key=0, round=0)
+    yield "decompress-to-device", "" if np.array_equal(on_device.copy_to_host(), on_host) \
+        else "device output differs"
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("ignore")  # simulated uint64 arithmetic warns on (intended) wrap
+    with np.errstate(over="ignore"):
+        for source in (codec_cases, rejection_cases, wrapper_cases, decompress_case):
+            for case, problem in source():
+                print(json.dumps({"case": case, "problem": problem}), flush=True)
