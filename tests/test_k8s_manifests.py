@@ -5,6 +5,7 @@ controller, a container's environment); tests/test_k8s_netns_integ.py starts tho
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -110,6 +111,8 @@ def container_env(pod: Pod, docs: list[dict], fields: dict[str, str]) -> dict[st
             path = var["valueFrom"]["fieldRef"]["fieldPath"]
             assert path in fields, f"{pod.name}: {var['name']} reads fieldPath {path!r}, which no pod here has"
             env[var["name"]] = fields[path]
+        elif "resourceFieldRef" in var.get("valueFrom", {}):
+            env[var["name"]] = resource_value(pod, var["valueFrom"]["resourceFieldRef"])
         elif "configMapKeyRef" in var.get("valueFrom", {}):
             ref = var["valueFrom"]["configMapKeyRef"]
             data = config_map(docs, ref["name"])
@@ -118,6 +121,21 @@ def container_env(pod: Pod, docs: list[dict], fields: dict[str, str]) -> dict[st
         else:
             raise AssertionError(f"{pod.name}: env {var['name']}: source {var.get('valueFrom')} not understood")
     return env
+
+
+def cpu_cores(quantity) -> float:
+    """A CPU quantity ("2", "500m", 1.5) in cores."""
+    text = str(quantity)
+    return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def resource_value(pod: Pod, ref: dict) -> str:
+    """A resourceFieldRef as the kubelet resolves it: the container's value / divisor, rounded up."""
+    assert ref["resource"] in ("requests.cpu", "limits.cpu"), f"{pod.name}: resourceFieldRef {ref} not emulated"
+    kind, resource = ref["resource"].split(".")
+    value = pod.container.get("resources", {}).get(kind, {}).get(resource)
+    assert value is not None, f"{pod.name}: resourceFieldRef {ref['resource']} but the container sets none"
+    return str(math.ceil(cpu_cores(value) / cpu_cores(ref.get("divisor", "1"))))
 
 
 def pod_fields(pod: Pod, ip: str) -> dict[str, str]:
@@ -300,6 +318,10 @@ def test_resources(overlay):
             assert any(t.get("key") == "nvidia.com/gpu" for t in pod.spec.get("tolerations", []))
         else:
             assert gpus is None, f"{name}/{pod.name}: only GPU workers ask for GPUs"
+        if pod.role == "worker":
+            threads = container_env(pod, docs, pod_fields(pod, "10.0.0.1")).get("OMP_NUM_THREADS")
+            assert threads == str(math.ceil(cpu_cores(res["requests"]["cpu"]))), \
+                f"{name}/{pod.name}: OMP_NUM_THREADS={threads} should follow the CPU request {res['requests']['cpu']}"
 
 
 def test_one_place_sets_counts_port_and_image(tmp_path):
