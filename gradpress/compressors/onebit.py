@@ -54,13 +54,12 @@ class OneBit(Compressor):
     def _encode(self, x: np.ndarray, key: int, round: int) -> tuple[dict, list]:
         x = as_float32(x)
         n = x.shape[0]
+        bits = np.empty(packed_nbytes(n, 1), np.uint8)
         # the L1 sum doubles as the NaN/inf check, so it is always computed
-        l1 = norms.abs_sum(x)
+        l1 = onebit.pack_signs_and_abs_sum(x, bits)
         reject_non_finite(l1)
         l2 = norms.square_sum(x) if self.scaling == "l2" else 0.0
         scale = np.array([scale_from_norms(self.scaling, n, l1, l2)], np.float32)
-        bits = np.empty(packed_nbytes(n, 1), np.uint8)
-        onebit.pack_signs(x, bits)
         return {}, [scale, bits]
 
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:

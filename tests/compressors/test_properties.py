@@ -161,7 +161,7 @@ def test_fp16_payload_is_numpy_astype_bits_including_overflow_and_nan():
     np.testing.assert_array_equal(buffers[0], x64.astype(np.float16).view(np.uint16))
 
 
-@pytest.mark.parametrize("name", ["onebit-l1", "topk-frac", "randomk", "dither-linear-max",
+@pytest.mark.parametrize("name", ["onebit", "onebit-l1", "topk-frac", "dither-linear-max",
                                   "dither-natural-l2"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_input_is_rejected_by_norm_and_selection_codecs(name, bad):
@@ -169,6 +169,19 @@ def test_non_finite_input_is_rejected_by_norm_and_selection_codecs(name, bad):
     x[37] = bad
     with pytest.raises(ValueError, match="NaN or inf"):
         codec(name).compress(x, key=0, round=0)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_randomk_rejects_non_finite_values_it_would_send_and_ignores_the_rest(bad):
+    c = codec("randomk")
+    x = gaussian(100)
+    sent = np.flatnonzero(decompressed(c, *c.compress(x, key=0, round=0), 100))
+    unsent = np.setdiff1d(np.arange(100), sent)
+    x[unsent[0]] = bad
+    np.testing.assert_array_equal(c.compress(x, key=0, round=0)[1][0], x[sent])
+    x[sent[0]] = bad
+    with pytest.raises(ValueError, match="NaN or inf"):
+        c.compress(x, key=0, round=0)
 
 
 @pytest.mark.parametrize("name", ["none", "fp16"])

@@ -11,31 +11,36 @@ from gradpress.compressors.kernels.reduction import CHUNK, LANES, lane_tree, pai
 INF_BITS = 0x7F800000
 
 
+@njit(inline="always", nogil=True, cache=True)
+def chunk_sum(x: np.ndarray, c: int, square: bool, lanes: np.ndarray) -> float:
+    """Value of chunk ``c`` (sum of |x| or x^2); ``lanes`` is scratch of LANES float64."""
+    n = x.shape[0]
+    lanes[:] = 0.0
+    base = c * CHUNK
+    if base + CHUNK <= n:
+        # full chunk: the fixed-trip inner loop is what LLVM vectorises
+        for m in range(CHUNK // LANES):
+            offset = base + m * LANES
+            if square:
+                for j in range(LANES):
+                    v = np.float64(x[offset + j])
+                    lanes[j] += v * v
+            else:
+                for j in range(LANES):
+                    lanes[j] += abs(np.float64(x[offset + j]))
+    else:
+        for i in range(base, n):
+            v = np.float64(x[i])
+            lanes[(i - base) % LANES] += v * v if square else abs(v)
+    return lane_tree(lanes)
+
+
 @njit(nogil=True, cache=True)
 def _chunk_sums(x: np.ndarray, square: bool) -> np.ndarray:
-    n = x.shape[0]
-    chunks = (n + CHUNK - 1) // CHUNK
-    values = np.empty(chunks)
+    values = np.empty((x.shape[0] + CHUNK - 1) // CHUNK)
     lanes = np.empty(LANES)
-    for c in range(chunks):
-        lanes[:] = 0.0
-        base = c * CHUNK
-        if base + CHUNK <= n:
-            # full chunk: the fixed-trip inner loop is what LLVM vectorises
-            for m in range(CHUNK // LANES):
-                offset = base + m * LANES
-                if square:
-                    for j in range(LANES):
-                        v = np.float64(x[offset + j])
-                        lanes[j] += v * v
-                else:
-                    for j in range(LANES):
-                        lanes[j] += abs(np.float64(x[offset + j]))
-        else:
-            for i in range(base, n):
-                v = np.float64(x[i])
-                lanes[(i - base) % LANES] += v * v if square else abs(v)
-        values[c] = lane_tree(lanes)
+    for c in range(values.shape[0]):
+        values[c] = chunk_sum(x, c, square, lanes)
     return values
 
 

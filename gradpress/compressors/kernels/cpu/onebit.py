@@ -2,22 +2,38 @@
 import numpy as np
 from numba import njit
 
+from gradpress.compressors.kernels.cpu.norms import chunk_sum
+from gradpress.compressors.kernels.reduction import CHUNK, LANES, pairwise_total
 
-@njit(nogil=True, cache=True)
-def pack_signs(x: np.ndarray, bits: np.ndarray) -> None:
+
+@njit(inline="always", nogil=True, cache=True)
+def _pack_range(x: np.ndarray, bits: np.ndarray, first_byte: int, end_byte: int) -> None:
     """``bits[b]`` bit ``j`` = ``x[8b + j] < 0`` (so sign(0) = sign(-0) = +1)."""
     n = x.shape[0]
-    full = n // 8
-    for b in range(full):
+    full = min(end_byte, n // 8)
+    for b in range(first_byte, full):
         byte = np.uint8(0)
         for j in range(8):
             byte |= np.uint8(x[8 * b + j] < 0) << np.uint8(j)
         bits[b] = byte
-    if full < bits.shape[0]:
+    if full < end_byte:
         byte = np.uint8(0)
         for i in range(8 * full, n):
             byte |= np.uint8(x[i] < 0) << np.uint8(i - 8 * full)
         bits[full] = byte
+
+
+@njit(nogil=True, cache=True)
+def pack_signs_and_abs_sum(x: np.ndarray, bits: np.ndarray) -> float:
+    """Pack the signs and return sum |x| (in the reduction order) in one pass over memory:
+    each chunk is summed, then packed while it is still in cache."""
+    chunks = (x.shape[0] + CHUNK - 1) // CHUNK
+    values = np.empty(chunks)
+    lanes = np.empty(LANES)
+    for c in range(chunks):
+        values[c] = chunk_sum(x, c, False, lanes)
+        _pack_range(x, bits, c * (CHUNK // 8), min((c + 1) * (CHUNK // 8), bits.shape[0]))
+    return pairwise_total(values)
 
 
 @njit(nogil=True, cache=True)

@@ -36,13 +36,16 @@ def random_indices(n: int, k: int, stream: np.uint64) -> np.ndarray:
     return indices
 
 
+# de Bruijn sequence: (single_bit * _DE_BRUIJN) >> 58 is unique for each of the 64 bits
+_DE_BRUIJN = np.uint64(0x03F79D71B4CB0A89)
+_BIT_OF_SLOT = np.zeros(64, np.int64)
+for _bit in range(64):
+    _BIT_OF_SLOT[((np.uint64(1) << np.uint64(_bit)) * _DE_BRUIJN) >> np.uint64(58)] = _bit
+
+
 @njit(inline="always", nogil=True, cache=True)
 def _bit_position(single_bit: np.uint64) -> int:
-    position = 0
-    while single_bit > _WORD:
-        single_bit >>= _WORD
-        position += 1
-    return position
+    return _BIT_OF_SLOT[(single_bit * _DE_BRUIJN) >> np.uint64(58)]
 
 
 @njit(nogil=True, cache=True)

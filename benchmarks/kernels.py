@@ -1,0 +1,166 @@
+"""Compression kernel throughput: Numba CPU kernels against the numpy reference, against
+the machine's memory-read bandwidth, plus how long a fresh process takes to load the
+compiled kernels from Numba's cache. CUDA kernels are measured too when a real GPU is
+present (not under the simulator).
+
+    python benchmarks/kernels.py [--quick] [--reps N]
+
+Prints a table; the last line is ``RESULT {json}``.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+from numba import njit
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from gradpress.compressors import build_compressor, reference  # noqa: E402
+from gradpress.compressors.dithering import code_width  # noqa: E402
+
+KEY = 1
+CODECS = {
+    "onebit": {"compressor": "onebit", "scaling": True},
+    "topk": {"compressor": "topk", "k": 0.01},
+    "randomk": {"compressor": "randomk", "k": 0.01, "seed": 1},
+    "dithering": {"compressor": "dithering", "s": 7, "partition": "natural", "seed": 1},
+    "fp16": {"compressor": "fp16"},
+    "none": {"compressor": "none"},
+}
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _read_all(x: np.ndarray) -> float:
+    total = np.float32(0.0)
+    for i in range(x.shape[0]):
+        total += x[i]
+    return total
+
+
+def median_seconds(run, reps: int) -> float:
+    run()  # warm-up: compile, page in
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def numpy_codec(name: str, x: np.ndarray, n: int):
+    """(compress, decompress) closures of the numpy reference for codec ``name``."""
+    k = max(1, int(np.ceil(0.01 * n)))
+    width = code_width(7)
+    if name == "onebit":
+        payload = reference.onebit(x, "l1")
+        return lambda: reference.onebit(x, "l1"), lambda: reference.onebit_decode(payload, n)
+    if name == "topk":
+        payload = reference.topk(x, k)
+        return lambda: reference.topk(x, k), lambda: reference.pairs_decode(*payload, n)
+    if name == "randomk":
+        payload = reference.randomk(x, k, 1, KEY, 0, False)
+        return (lambda: reference.randomk(x, k, 1, KEY, 0, False),
+                lambda: reference.pairs_decode(reference.random_indices(n, k, 1, KEY, 0),
+                                               payload[0], n))
+    if name == "dithering":
+        args = (7, True, "max", width, 1, KEY, 0)
+        payload = reference.dithering(x, *args)
+        return (lambda: reference.dithering(x, *args),
+                lambda: reference.dithering_decode(payload, 7, True, width, n))
+    if name == "fp16":
+        payload = reference.fp16(x)
+        return lambda: reference.fp16(x), lambda: reference.fp16_decode(payload)
+    out = np.empty(n, np.float32)
+    return lambda: x.copy(), lambda: np.copyto(out, x)
+
+
+def gpu_compress_GBps(codec, x: np.ndarray, reps: int) -> float | None:
+    from numba import config
+    if config.ENABLE_CUDASIM:
+        return None
+    from numba import cuda
+    if not cuda.is_available():
+        return None
+    device_x = cuda.to_device(x)
+
+    def run():
+        codec.compress(device_x, key=KEY, round=0)
+        cuda.synchronize()
+    return x.nbytes / median_seconds(run, reps) / 1e9
+
+
+CACHE_PROBE = """
+import time, numpy as np
+import numba
+start = time.perf_counter()
+from gradpress.compressors import build_compressor
+x = np.random.default_rng(0).standard_normal(50000).astype(np.float32)
+acc = np.zeros_like(x)
+for params in {codecs}:
+    c = build_compressor(params, "server")
+    h, b = c.compress(x, key=1, round=0)
+    c.decompress(h, b, acc, key=1, round=0)
+    c.decompress_add(h, b, acc, key=1, round=0)
+print(time.perf_counter() - start)
+"""
+
+
+def cache_load_seconds() -> float:
+    """Fresh process: import gradpress.compressors and run every kernel once (numba itself
+    is imported before the clock starts)."""
+    probe = CACHE_PROBE.format(codecs=list(CODECS.values()))
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    subprocess.run([sys.executable, "-c", probe], cwd=root, check=True, capture_output=True)
+    run = subprocess.run([sys.executable, "-c", probe], cwd=root, check=True,
+                         capture_output=True, text=True)
+    return float(run.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="16M elements instead of 64M")
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    n = (16 if args.quick else 64) << 20
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    gb = x.nbytes / 1e9
+    result = {"elements": n, "read_GBps": gb / median_seconds(lambda: _read_all(x), args.reps)}
+    print(f"{n} float32 elements; memory read {result['read_GBps']:.1f} GB/s")
+    print(f"{'codec':<10} {'compress':>9} {'decomp':>9} {'np comp':>9} {'np decomp':>9} "
+          f"{'ratio':>8} {'gpu comp':>9}  (GB/s of input)")
+    out = np.empty(n, np.float32)
+    for name, params in CODECS.items():
+        codec = build_compressor(params, "server")
+        header, buffers = codec.compress(x, key=KEY, round=0)
+        row = {
+            "compress_GBps": gb / median_seconds(
+                lambda: codec.compress(x, key=KEY, round=0), args.reps),
+            "decompress_GBps": gb / median_seconds(
+                lambda: codec.decompress(header, buffers, out, key=KEY, round=0), args.reps),
+        }
+        np_compress, np_decompress = numpy_codec(name, x, n)
+        numpy_reps = max(1, args.reps // 2)
+        row["numpy_compress_GBps"] = gb / median_seconds(np_compress, numpy_reps)
+        row["numpy_decompress_GBps"] = gb / median_seconds(np_decompress, numpy_reps)
+        row["ratio"] = codec.nbytes(header, buffers) / x.nbytes
+        gpu = gpu_compress_GBps(codec, x, args.reps)
+        if gpu is not None:
+            row["gpu_compress_GBps"] = gpu
+        result.update({f"{name}_{field}": value for field, value in row.items()})
+        print(f"{name:<10} {row['compress_GBps']:9.2f} {row['decompress_GBps']:9.2f} "
+              f"{row['numpy_compress_GBps']:9.2f} {row['numpy_decompress_GBps']:9.2f} "
+              f"{row['ratio']:8.4f} {gpu if gpu is not None else float('nan'):9.2f}")
+    result["cache_load_s"] = cache_load_seconds()
+    print(f"fresh process: import + first run of every kernel from the cache "
+          f"{result['cache_load_s']:.3f} s")
+    print("RESULT " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                                  for k, v in result.items()}))
+
+
+if __name__ == "__main__":
+    main()
