@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from test_k8s_manifests import (K8S, REPO, Pod, config_map, container_env, container_port, expand, find,
-                                pod_fields, pods, render)
+                                pod_fields, pods, render, service_selecting)
 
 pytestmark = [pytest.mark.integ, pytest.mark.netns, pytest.mark.timeout(150)]
 
@@ -67,6 +67,7 @@ class Cluster:
         self.switch = f"{prefix}-sw"
         self.subnet = f"10.250.{random.randrange(256)}"
         self.namespaces: list[str] = []
+        self.made_etc_netns = not Path("/etc/netns").exists()
 
     def start(self) -> None:
         self._add_ns(self.switch)
@@ -103,6 +104,11 @@ class Cluster:
                     pass
             ip("netns", "del", ns, check=False)  # takes its veths and the bridge with it
             shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
+        if self.made_etc_netns:
+            try:
+                Path("/etc/netns").rmdir()  # only if empty: another run may be using it
+            except OSError:
+                pass
 
     def leftovers(self) -> list[str]:
         listed = ip("netns", "list", check=False).stdout
@@ -183,10 +189,9 @@ class PodProcess:
 def dns_entries(docs: list[dict], addresses: dict[str, str]) -> dict[str, str]:
     """Service DNS names -> the address of the pod behind them, as cluster DNS would answer."""
     entries = {}
-    by_pod = {p.name: p for p in pods(docs)}
     for svc in find(docs, "Service"):
         name, spec = svc["metadata"]["name"], svc["spec"]
-        selected = [p for p in by_pod.values() if _selects(docs, spec.get("selector", {}), p)]
+        selected = [p for p in pods(docs) if svc in service_selecting(docs, p)]
         assert selected, f"Service {name} selects no pod"
         if spec.get("clusterIP") == "None":  # headless: a name per pod
             targets = {f"{p.name}.{name}": addresses[p.name] for p in selected}
@@ -200,12 +205,6 @@ def dns_entries(docs: list[dict], addresses: dict[str, str]) -> dict[str, str]:
             entries[short] = entries[f"{short}.{NAMESPACE}"] = entries[f"{short}.{NAMESPACE}.svc"] = addr
             entries[f"{short}.{NAMESPACE}.svc.cluster.local"] = addr
     return entries
-
-
-def _selects(docs: list[dict], selector: dict, pod: Pod) -> bool:
-    labels = next(d["spec"]["template"]["metadata"]["labels"] for d in docs
-                  if d["kind"] in ("Deployment", "StatefulSet", "Job") and d["spec"]["template"]["spec"] is pod.spec)
-    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
 def image_workdir() -> str:
