@@ -253,7 +253,10 @@ def test_cpu_demo_job_runs_in_network_namespaces(netns_allowed, tmp_path):
         for p in scheduler + servers:
             p.start()
         wait_until(lambda: scheduler[0].probe("readinessProbe"), 30, procs, "scheduler readiness probe")
-        time.sleep(1.0)
+        # Servers that have announced themselves (the job file logs at INFO) still wait
+        # for the address book, so they must not be ready yet.
+        wait_until(lambda: scheduler[0].log.read_text().count("registered server") == len(servers), 30, procs,
+                   "the scheduler logging every server's registration")
         early = [p.pod.name for p in servers if p.probe("readinessProbe")]
         assert not early, f"{early} report ready before any worker registered"
 
