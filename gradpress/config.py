@@ -37,6 +37,7 @@ class Settings:
     scheduling_credit: int = _setting(8, "BYTEPS_SCHEDULING_CREDIT", "partitions a worker keeps in flight at once")
     server_engine_threads: int = _setting(2, "BYTEPS_SERVER_ENGINE_THREAD", "numeric engine threads per server")
     enable_async: bool = _setting(False, "BYTEPS_ENABLE_ASYNC", "asynchronous mode: pushes add into the store at once, pulls read it as it is")
+    shm: bool = _setting(True, "GRADPRESS_SHM", "a worker and a server on the same host exchange data through shared memory (/dev/shm)")
     min_compress_bytes: int = _setting(65536, "BYTEPS_MIN_COMPRESS_BYTES", "tensors smaller than this travel uncompressed")
     heartbeat_interval_s: float = _setting(1.0, "PS_HEARTBEAT_INTERVAL", "seconds between heartbeats to and from the scheduler")
     heartbeat_timeout_s: float = _setting(10.0, "PS_HEARTBEAT_TIMEOUT", "a node silent this many seconds is declared lost")
@@ -166,3 +167,13 @@ def _check_type(f: dataclasses.Field, value: Any, where: str) -> Any:
 def setting_docs() -> list[tuple[str, str, Any, str]]:
     """(environment name, field name, default, meaning) of every setting, for docs/env.md."""
     return [(f.metadata["env"], f.name, f.default, f.metadata["doc"]) for f in dataclasses.fields(Settings)]
+
+
+def env_table_markdown() -> str:
+    """The settings table of docs/env.md (``python -m gradpress.config`` prints it)."""
+    rows = [f"| `{env}` | `{name}` | `{default!r}` | {doc} |" for env, name, default, doc in setting_docs()]
+    return "\n".join(["| environment | job file key | default | meaning |", "| --- | --- | --- | --- |"] + rows)
+
+
+if __name__ == "__main__":
+    print(env_table_markdown())

@@ -56,13 +56,16 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     Op.FINISH: ({}, {}),
     Op.DECLARE: ({"name": _STR, "count": _INT, "dtype": _STR, "parts": (list,)}, {}),
     Op.DECLARED: ({"name": _STR, "tensor_id": _INT, "servers": (list,)}, {}),
+    # shm: the name of the worker's shared-memory segment for this key (same host only)
     Op.INIT_KEY: ({"key": _INT, "name": _STR, "count": _INT, "dtype": _STR},
-                  {"codec": (dict,)}),
+                  {"codec": (dict,), "shm": _STR}),
+    # shm: the data is in the segment named at INIT_KEY, not in a frame
     Op.PUSH: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
-              {"codec": _STR, "meta": (dict,), "lr": _NUM}),
+              {"codec": _STR, "meta": (dict,), "lr": _NUM, "shm": (bool,)}),
     Op.PULL: ({"key": _INT, "round": _INT}, {}),
+    # shm/slot: the aggregate is in slot `slot` of the server's segment `shm`
     Op.PULL_REPLY: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
-                    {"codec": _STR, "meta": (dict,)}),
+                    {"codec": _STR, "meta": (dict,), "shm": _STR, "slot": _INT}),
     Op.ERROR: ({"message": _STR}, {"key": _INT, "round": _INT, "name": _STR}),
 }
 
@@ -128,7 +131,7 @@ def _check_field(header: dict, name: str, types: tuple, where: str) -> None:
     if name not in header:
         raise ProtocolError(f"{where}: missing field {name!r}")
     value = header[name]
-    # bool is an int in Python; it is never a valid int field here
-    if isinstance(value, bool) or not isinstance(value, types):
+    # bool is an int in Python; it is only valid where a bool is asked for
+    if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
         raise ProtocolError(f"{where}: field {name!r} is {type(value).__name__}, expected "
                             f"{' or '.join(t.__name__ for t in types)}")

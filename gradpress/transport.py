@@ -25,8 +25,13 @@ ZERO_COPY_MIN_BYTES = 65536
 LINGER_MS = 1000
 
 
+# Two ZeroMQ I/O threads: one alone caps a server's socket throughput below what the
+# engine threads can sum.
+IO_THREADS = 2
+
+
 def context() -> zmq.Context:
-    return zmq.Context.instance()
+    return zmq.Context.instance(io_threads=IO_THREADS)
 
 
 def router(ctx: zmq.Context, host: str, port: int) -> tuple[zmq.Socket, int]:

@@ -1,4 +1,6 @@
 """push_pull across real worker and server processes: sums, averages, shapes, dtypes, async."""
+from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.integ
@@ -40,13 +42,15 @@ bps.shutdown()
 """
 
 
-@pytest.mark.parametrize("workers,servers", [(2, 1), (3, 2)])
-def test_sum_and_average_over_shapes_dtypes_and_partitions(cluster, workers, servers):
+@pytest.mark.parametrize("workers,servers,shm", [(2, 1, "1"), (3, 2, "1"), (2, 2, "0")],
+                         ids=["2w1s-shm", "3w2s-shm", "2w2s-tcp"])
+def test_sum_and_average_over_shapes_dtypes_and_partitions(cluster, workers, servers, shm):
     c = cluster(workers=workers, servers=servers, env={"BYTEPS_PARTITION_BYTES": "4096",
-                                                        "BYTEPS_SCHEDULING_CREDIT": "3"})
+                                                        "BYTEPS_SCHEDULING_CREDIT": "3", "GRADPRESS_SHM": shm})
     c.start(SHAPES_AND_DTYPES).assert_success()
     for i in range(workers):
         assert f"OK rank {i}" in c.log(f"worker {i}")
+    assert not list(Path("/dev/shm").glob("gradpress-*")), "shared-memory segments left behind"
 
 
 ASYNC = """

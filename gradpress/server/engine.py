@@ -12,8 +12,11 @@ import threading
 
 import zmq
 
+import numpy as np
+
 from .. import protocol
 from ..protocol import Op
+from ..shm import Segment
 from .store import KeyState, PushError, Reply
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,8 @@ class Engine(threading.Thread):
         self._num_workers = num_workers
         self._async = async_mode
         self.failure: BaseException | None = None
+        self.push_views: dict[tuple[bytes, int], np.ndarray] = {}  # co-located workers' pushes
+        self.segments: list[Segment] = []
 
     def run(self) -> None:
         out = self._ctx.socket(zmq.PUSH)
@@ -53,6 +58,8 @@ class Engine(threading.Thread):
             out.send_multipart([b"", b"engine-failed"])
         finally:
             out.close()
+            for seg in self.segments:
+                seg.unlink()
 
     def _handle(self, identity: bytes, header: dict, frames: list) -> list[Reply]:
         op = header["op"]
@@ -61,7 +68,9 @@ class Engine(threading.Thread):
                 return self._init_key(identity, header)
             state = self.keys[header["key"]]
             if op == Op.PUSH:
-                return state.push(identity, header["round"], state.decode(header, frames))
+                values = self._shared_push(identity, header, state) if header.get("shm") \
+                    else state.decode(header, frames)
+                return state.push(identity, header["round"], values)
             return state.pull(identity, header["round"])
         except PushError as e:
             log.warning("dropped %s from %s: %s", op.name, header["from"], e)
@@ -71,8 +80,37 @@ class Engine(threading.Thread):
     def _init_key(self, identity: bytes, h: dict) -> list[Reply]:
         state = self.keys.get(h["key"])
         if state is None:
-            self.keys[h["key"]] = KeyState(h["key"], h["name"], h["count"], h["dtype"],
-                                           self._num_workers, self._async)
+            state = self.keys[h["key"]] = KeyState(h["key"], h["name"], h["count"], h["dtype"],
+                                                   self._num_workers, self._async)
         else:
             state.check_init(h["name"], h["count"], h["dtype"])
+        if "shm" in h:
+            self._attach(identity, h, state)
         return []
+
+    def _attach(self, identity: bytes, h: dict, state: KeyState) -> None:
+        """Map a co-located worker's push segment, and share results through a segment of ours."""
+        if self._async:
+            raise PushError(f"{state.describe()}: shared memory is not used in async mode")
+        nbytes = h["count"] * np.dtype(h["dtype"]).itemsize
+        try:
+            seg = Segment(h["shm"], nbytes, create=False)
+        except (OSError, ValueError) as e:
+            raise PushError(f"{state.describe()}: cannot map the worker's shared memory {h['shm']!r} ({e}); "
+                            f"set GRADPRESS_SHM=0 where workers and servers do not share /dev/shm") from None
+        seg.unlink()  # both sides keep their mappings; nothing is left behind if either dies
+        self.push_views[(identity, h["key"])] = seg.array(h["dtype"], h["count"])
+        if state.slots is None:
+            results = Segment.create("s", h["key"], 2 * nbytes)
+            self.segments.append(results)
+            state.share_results(results.name, [results.array(h["dtype"], h["count"], i * nbytes) for i in (0, 1)])
+        state.shm_peers.add(identity)
+
+    def _shared_push(self, identity: bytes, h: dict, state: KeyState) -> np.ndarray:
+        view = self.push_views.get((identity, h["key"]))
+        if view is None:
+            raise PushError(f"{state.describe()}: a shared-memory push, but this worker named no segment")
+        if (h["dtype"], h["count"]) != (state.dtype, state.count):
+            raise PushError(f"{state.describe()}: push of {h['count']} {h['dtype']} elements; "
+                            f"the key holds {state.count} {state.dtype}")
+        return view

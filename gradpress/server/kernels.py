@@ -49,8 +49,8 @@ def accumulate(acc: np.ndarray, src: np.ndarray, first: bool) -> None:
         (_store if first else _add)(acc, src)
 
 
-def to_half(acc: np.ndarray) -> np.ndarray:
-    """The fp32 accumulator rounded to float16, exactly as numpy's astype would."""
-    bits = np.empty(acc.size, np.uint16)
-    _to_half(acc, bits)
-    return bits.view(np.float16)
+def to_half(acc: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The fp32 accumulator rounded to float16 (into ``out`` if given), exactly as numpy's astype."""
+    out = np.empty(acc.size, np.float16) if out is None else out
+    _to_half(acc, out.view(np.uint16))
+    return out

@@ -13,7 +13,7 @@ import os
 import numpy as np
 import zmq
 
-from .. import transport
+from .. import shm, transport
 from ..config import Settings
 from ..errors import JobError
 from ..node import SchedulerLink
@@ -37,6 +37,9 @@ class Server:
 
     def run(self) -> int:
         """Register, serve until the scheduler says the job is over. Returns the exit code."""
+        removed = shm.sweep_stale()
+        if removed:
+            log.info("removed %d shared-memory segment(s) left by dead processes", removed)
         try:
             book = self.link.register()
             name = self.link.name

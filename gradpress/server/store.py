@@ -45,11 +45,28 @@ class KeyState:
     waiting: list = field(default_factory=list)  # senders whose pull waits for `round`
     done_round: int = -1                    # last completed round
     result: np.ndarray | None = None        # its aggregate, in the wire dtype
+    shm_peers: set = field(default_factory=set)  # workers that read results from shared memory
+    shm_name: str = ""                      # the segment holding the two result slots
+    slots: list | None = None
+    result_slot: int = 0
 
     def __post_init__(self) -> None:
         # fp16/fp32 sum in fp32; fp64 keeps its precision
         self.acc_dtype = np.float64 if self.dtype == "float64" else np.float32
         self.acc = np.zeros(self.count, self.acc_dtype)
+
+    def share_results(self, name: str, slots: list[np.ndarray]) -> None:
+        """Keep results in two shared slots, alternating by round.
+
+        Workers keep one round of a key in flight, so round r + 2 completes only after
+        every worker has read round r: its slot is free again by then.
+        """
+        self.shm_name, self.slots = name, slots
+        if self.dtype != "float16":  # accumulate straight into the slot; no copy at the end
+            slot = self.slots[self.round % 2]
+            if self.pushed:
+                slot[:] = self.acc
+            self.acc = slot
 
     def describe(self) -> str:
         return f"key {self.key} (tensor {self.name!r})"
@@ -102,9 +119,16 @@ class KeyState:
                         f"{self.done_round} and is accumulating round {self.round}")
 
     def _complete(self) -> list[Reply]:
-        # the accumulator becomes the result, so a reply still in flight is never overwritten
-        self.result = self._wire(self.acc)
-        self.acc = np.empty(self.count, self.acc_dtype) if self.result is self.acc else self.acc
+        if self.slots is not None:
+            self.result_slot = self.round % 2
+            if self.dtype == "float16":
+                self.result = kernels.to_half(self.acc, self.slots[self.result_slot])
+            else:
+                self.result, self.acc = self.acc, self.slots[1 - self.result_slot]
+        else:
+            # the accumulator becomes the result, so a reply still in flight is never overwritten
+            self.result = self._wire(self.acc)
+            self.acc = np.empty(self.count, self.acc_dtype) if self.result is self.acc else self.acc
         self.done_round, self.round = self.round, self.round + 1
         self.pushed = set()
         replies = [self._reply(s, self.done_round, self.result) for s in self.waiting]
@@ -120,5 +144,7 @@ class KeyState:
         return acc if self.async_mode is False else acc.copy()
 
     def _reply(self, to: bytes, rnd: int, values: np.ndarray) -> Reply:
-        return Reply(to, Op.PULL_REPLY, {"key": self.key, "round": rnd, "dtype": self.dtype,
-                                         "count": self.count}, [values])
+        fields = {"key": self.key, "round": rnd, "dtype": self.dtype, "count": self.count}
+        if to in self.shm_peers and values is self.result:
+            return Reply(to, Op.PULL_REPLY, dict(fields, shm=self.shm_name, slot=self.result_slot), [])
+        return Reply(to, Op.PULL_REPLY, fields, [values])

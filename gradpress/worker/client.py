@@ -13,12 +13,13 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
 
-from .. import transport
+from .. import shm, transport
 from ..config import Settings
 from ..errors import JobError, NodeLostError, OpTimeoutError, TensorMismatchError
 from ..node import AddressBook, SchedulerLink
@@ -85,6 +86,13 @@ class WorkerClient:
         self._in_flight: dict[tuple[int, int], PartitionOp] = {}
         self._rounds: dict[int, int] = {}
         self._inited: set[int] = set()
+        # one round per key in flight: a server's shared result slots rely on it
+        self._busy_keys: set[int] = set()
+        self._held: dict[int, deque] = {}
+        self._local: list[bool] = []                   # per server: same host, use shared memory
+        self._push_views: dict[int, np.ndarray] = {}   # key -> our shared push segment
+        self._own_segments: list[shm.Segment] = []
+        self._result_segments: dict[str, shm.Segment] = {}
         self._barriers: dict[tuple[str, int], Future] = {}
         self._barrier_seq = 0
         self._finish: Future | None = None
@@ -178,6 +186,8 @@ class WorkerClient:
             self.book = self.link.register()
             identity = self.link.sock.getsockopt(zmq.IDENTITY)
             self.servers = [transport.dealer(self.ctx, n.host, n.port, identity) for n in self.book.servers]
+            use_shm = self.s.shm and not self.s.enable_async and shm.available()
+            self._local = [use_shm and n.host == self.link.host for n in self.book.servers]
             self._ready.set()
             self._loop()
         except JobError as e:
@@ -189,6 +199,8 @@ class WorkerClient:
             self._ready.set()
             for sock in self.servers:
                 sock.close()
+            for seg in self._own_segments:
+                seg.unlink()  # normally the server already did, once it mapped them
             if self.link is not None:
                 self.link.close()
             os.close(self._wake_r)
@@ -250,23 +262,50 @@ class WorkerClient:
         while (op := self._queue.take()) is not None:
             t = op.job.tensor
             op.key = make_key(t.tensor_id, op.index)
-            op.server = t.servers[op.index]
-            sock = self.servers[op.server]
-            name = self.link.name
-            if op.key not in self._inited:
-                transport.send(sock, Op.INIT_KEY, name, key=op.key, name=t.name,
-                               count=t.parts[op.index], dtype=t.dtype)
-                self._inited.add(op.key)
-            op.round = self._rounds.get(op.key, 0)
-            self._rounds[op.key] = op.round + 1
-            lo = t.offsets[op.index]
-            chunk = op.job.src[lo:lo + t.parts[op.index]]
-            transport.send(sock, Op.PUSH, name, [chunk], key=op.key, round=op.round,
-                           dtype=t.dtype, count=chunk.size)
-            transport.send(sock, Op.PULL, name, key=op.key, round=op.round)
-            self.bytes_pushed += chunk.nbytes
-            op.deadline = time.monotonic() + self.s.op_timeout_s
-            self._in_flight[(op.key, op.round)] = op
+            if op.key in self._busy_keys:  # its previous round is still out: wait for it
+                self._held.setdefault(op.key, deque()).append(op)
+                self._queue.release()
+                continue
+            self._send(op)
+
+    def _send(self, op: PartitionOp) -> None:
+        t = op.job.tensor
+        op.server = t.servers[op.index]
+        sock, local, name = self.servers[op.server], self._local[op.server], self.link.name
+        lo = t.offsets[op.index]
+        chunk = op.job.src[lo:lo + t.parts[op.index]]
+        if op.key not in self._inited:
+            extra = {}
+            if local:
+                seg = shm.Segment.create("w", op.key, chunk.nbytes)
+                self._own_segments.append(seg)
+                self._push_views[op.key] = seg.array(t.dtype, chunk.size)
+                extra["shm"] = seg.name
+            transport.send(sock, Op.INIT_KEY, name, key=op.key, name=t.name, count=chunk.size, dtype=t.dtype,
+                           **extra)
+            self._inited.add(op.key)
+        op.round = self._rounds.get(op.key, 0)
+        self._rounds[op.key] = op.round + 1
+        if local:
+            np.copyto(self._push_views[op.key], chunk)
+            transport.send(sock, Op.PUSH, name, key=op.key, round=op.round, dtype=t.dtype, count=chunk.size,
+                           shm=True)
+        else:
+            transport.send(sock, Op.PUSH, name, [chunk], key=op.key, round=op.round, dtype=t.dtype,
+                           count=chunk.size)
+        transport.send(sock, Op.PULL, name, key=op.key, round=op.round)
+        self.bytes_pushed += chunk.nbytes
+        op.deadline = time.monotonic() + self.s.op_timeout_s
+        self._in_flight[(op.key, op.round)] = op
+        self._busy_keys.add(op.key)
+
+    def _done(self, op: PartitionOp) -> None:
+        """The op left flight (landed or failed): free its credit and its key."""
+        self._queue.release()
+        self._busy_keys.discard(op.key)
+        held = self._held.get(op.key)
+        if held:
+            self._queue.put(held.popleft(), priority=1 << 62)  # it has waited: it goes next
 
     def _from_server(self, rank: int, sock: zmq.Socket) -> None:
         _, h, frames = transport.recv(sock, routed=False)
@@ -277,15 +316,17 @@ class WorkerClient:
             if op is None:
                 log.warning("dropped a pull reply for key %d round %d that nothing waits for", h["key"], h["round"])
                 return
-            self._queue.release()
-            self._land(op, h, frames)
+            try:
+                self._land(op, h, frames)
+            finally:
+                self._done(op)
         elif h["op"] == Op.ERROR:
             ops = [o for (k, r), o in self._in_flight.items()
                    if k == h.get("key") and ("round" not in h or r == h["round"])]
             log.error("server %d: %s", rank, h["message"])
             for o in ops:
                 del self._in_flight[(o.key, o.round)]
-                self._queue.release()
+                self._done(o)
                 o.job.future.fail(JobError(f"push_pull of tensor {o.job.tensor.name!r}: server {rank}: {h['message']}"))
         else:
             log.warning("dropped unexpected %s from server %d", h["op"].name, rank)
@@ -293,21 +334,40 @@ class WorkerClient:
     def _land(self, op: PartitionOp, h: dict, frames: list) -> None:
         job, t = op.job, op.job.tensor
         n = t.parts[op.index]
-        if h["dtype"] != t.dtype or h["count"] != n or len(frames) != 1 \
-                or len(frames[0].buffer) != n * job.out.itemsize:
-            job.future.fail(JobError(f"push_pull of tensor {t.name!r}: malformed pull reply for key {op.key}"))
+        try:
+            if h["dtype"] != t.dtype or h["count"] != n:
+                raise ValueError(f"{h['count']} {h['dtype']} elements, expected {n} {t.dtype}")
+            summed = self._shared_result(h, n, t.dtype) if "shm" in h else self._frame_result(frames, n, t.dtype)
+        except (ValueError, OSError) as e:
+            job.future.fail(JobError(f"push_pull of tensor {t.name!r}: bad pull reply for key {op.key}: {e}"))
             return
         if job.future.done():
             return  # the job already failed; its late partitions are dropped
         lo = t.offsets[op.index]
         dst = job.out[lo:lo + n]
-        np.copyto(dst, np.frombuffer(frames[0].buffer, dtype=t.dtype))
         if job.divisor != 1:
-            dst /= job.divisor
+            np.divide(summed, job.divisor, out=dst)  # average while copying: one pass
+        else:
+            np.copyto(dst, summed)
         self.bytes_pulled += dst.nbytes
         job.remaining -= 1
         if job.remaining == 0:
             job.future.set(job.out)
+
+    @staticmethod
+    def _frame_result(frames: list, n: int, dtype: str) -> np.ndarray:
+        if len(frames) != 1 or len(frames[0].buffer) != n * np.dtype(dtype).itemsize:
+            raise ValueError(f"expected one frame of {n} {dtype} elements")
+        return np.frombuffer(frames[0].buffer, dtype=dtype)
+
+    def _shared_result(self, h: dict, n: int, dtype: str) -> np.ndarray:
+        nbytes = n * np.dtype(dtype).itemsize
+        if h.get("slot") not in (0, 1):
+            raise ValueError(f"result slot {h.get('slot')!r} is not 0 or 1")
+        seg = self._result_segments.get(h["shm"])
+        if seg is None:
+            seg = self._result_segments[h["shm"]] = shm.Segment(h["shm"], 2 * nbytes, create=False)
+        return seg.array(dtype, n, offset=h["slot"] * nbytes)
 
     def _from_scheduler(self) -> None:
         _, h, _ = transport.recv(self.link.sock, routed=False)
@@ -344,7 +404,7 @@ class WorkerClient:
         for (key, rnd), op in list(self._in_flight.items()):
             if now > op.deadline:
                 del self._in_flight[(key, rnd)]
-                self._queue.release()
+                self._done(op)
                 op.job.future.fail(OpTimeoutError(
                     f"push_pull of tensor {op.job.tensor.name!r}: partition {op.index} (key {key}, round {rnd}) "
                     f"on server {op.server}: no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s"))

@@ -1,0 +1,122 @@
+"""The server's round rules, without sockets."""
+import numpy as np
+import pytest
+
+from gradpress.protocol import Op
+from gradpress.server.store import KeyState, PushError
+
+A, B, C = b"A", b"B", b"C"
+
+
+def key(workers=3, dtype="float32", count=5, async_mode=False):
+    return KeyState(key=1 << 16, name="w", count=count, dtype=dtype, num_workers=workers, async_mode=async_mode)
+
+
+def arr(v, n=5, dtype=np.float32):
+    return np.full(n, v, dtype)
+
+
+def test_round_completes_when_all_pushed_and_answers_early_and_late_pulls():
+    k = key()
+    assert k.push(A, 0, arr(1)) == [] and k.pull(A, 0) == []  # early pull waits
+    assert k.push(B, 0, arr(2)) == []
+    replies = k.push(C, 0, arr(4))
+    assert [r.to for r in replies] == [A] and replies[0].op == Op.PULL_REPLY
+    assert np.all(replies[0].buffers[0] == 7) and replies[0].fields["round"] == 0
+    late = k.pull(B, 0)
+    assert late[0].buffers[0] is replies[0].buffers[0]  # every puller gets the same bytes
+
+
+def test_next_round_push_before_completion_never_mixes():
+    k = key(workers=2)
+    k.push(A, 0, arr(1))
+    k.push(A, 1, arr(100))  # A races ahead to round 1
+    r0 = k.push(B, 0, arr(2))
+    assert r0 == [] and np.all(k.pull(A, 0)[0].buffers[0] == 3)
+    r1 = k.pull(B, 1)
+    assert r1 == []
+    out = k.push(B, 1, arr(200))
+    assert np.all(out[0].buffers[0] == 300) and out[0].fields["round"] == 1
+
+
+def test_a_reply_in_flight_is_never_overwritten_by_the_next_round():
+    k = key(workers=1)
+    first = k.push(A, 0, arr(1)) or k.pull(A, 0)
+    held = first[0].buffers[0]
+    k.push(A, 1, arr(50))
+    assert np.all(held == 1)
+
+
+def _finish_round0(k):
+    """Complete round 0 from whatever state a rejected message left; returns its sum."""
+    out = []
+    for sender, v in ((A, 1), (B, 2)):
+        if sender not in k.pushed:
+            out += k.push(sender, 0, arr(v))
+    out += k.pull(C, 0)
+    return out[-1].buffers[0]
+
+
+@pytest.mark.parametrize("action,match", [
+    (lambda k: (k.push(A, 0, arr(1)), k.push(A, 0, arr(1))), "second push of round 0"),
+    (lambda k: k.push(A, 5, arr(1)), "push for round 5"),
+    (lambda k: k.pull(A, 3), "pull for round 3"),
+    (lambda k: (k.push(A, 1, arr(1)), k.push(A, 1, arr(1))), "third round in flight"),
+])
+def test_protocol_violations_are_errors_and_do_not_corrupt_the_sum(action, match):
+    k = key(workers=2)
+    with pytest.raises(PushError, match=match):
+        action(k)
+    assert np.all(_finish_round0(k) == 3), "a rejected message changed the sum"
+
+
+def test_decode_checks_size_dtype_and_frames():
+    k = key(count=4)
+    good = np.arange(4, dtype=np.float32)
+    assert np.array_equal(k.decode({"dtype": "float32", "count": 4}, [good.tobytes()]), good)
+    for header, frames, why in [
+        ({"dtype": "float32", "count": 5}, [good.tobytes()], "push of 5"),
+        ({"dtype": "float64", "count": 4}, [good.tobytes()], "float64"),
+        ({"dtype": "float32", "count": 4}, [good.tobytes()[:-1]], "15 bytes"),
+        ({"dtype": "float32", "count": 4}, [], "0 data frames"),
+    ]:
+        with pytest.raises(PushError, match=why):
+            k.decode(header, frames)
+
+
+def test_init_key_disagreement_names_the_tensor():
+    with pytest.raises(PushError, match="'w'"):
+        key(count=5).check_init("w", 6, "float32")
+
+
+def test_fp16_sums_in_fp32_and_rounds_once():
+    # 1024 plus 63 quarters: in float16 each quarter is lost next to 1024 (spacing 1.0)
+    n = 64
+    k = key(workers=n, dtype="float16", count=1)
+    out = k.push(bytes([0]), 0, np.array([1024], np.float16))
+    for i in range(1, n):
+        out += k.push(bytes([i]), 0, np.array([0.25], np.float16))
+    got = (out + k.pull(A, 0))[-1].buffers[0]
+    assert got.dtype == np.float16 and got[0] == np.float16(1024 + 63 * 0.25) == 1040
+    naive = np.float16(1024)
+    for _ in range(n - 1):
+        naive = np.float16(naive + np.float16(0.25))
+    assert naive == 1024, "the example no longer shows fp16 accumulation losing terms"
+
+
+def test_float64_keeps_its_precision():
+    k = key(workers=2, dtype="float64", count=1)
+    k.push(A, 0, np.array([1.0], np.float64))
+    r = k.push(B, 0, np.array([1e-12], np.float64)) + k.pull(A, 0)
+    assert r[0].buffers[0][0] == 1.0 + 1e-12
+
+
+def test_async_mode_adds_at_once_and_pulls_read_the_store():
+    k = key(workers=2, async_mode=True)
+    assert k.push(A, 0, arr(1)) == []
+    assert np.all(k.pull(A, 0)[0].buffers[0] == 1)
+    k.push(A, 1, arr(1)); k.push(B, 0, arr(3))
+    snapshot = k.pull(B, 0)[0].buffers[0]
+    assert np.all(snapshot == 5)
+    k.push(B, 1, arr(1))
+    assert np.all(snapshot == 5), "a pulled snapshot must not change under later pushes"
