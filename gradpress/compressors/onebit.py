@@ -56,8 +56,9 @@ class OneBit(Compressor):
         n = x.shape[0]
         bits = np.empty(packed_nbytes(n, 1), np.uint8)
         # the L1 sum doubles as the NaN/inf check, so it is always computed
-        l1 = onebit.pack_signs_and_abs_sum(x, bits)
+        l1 = norms.abs_sum(x)
         reject_non_finite(l1)
+        onebit.pack_signs(x, bits)
         l2 = norms.square_sum(x) if self.scaling == "l2" else 0.0
         scale = np.array([scale_from_norms(self.scaling, n, l1, l2)], np.float32)
         return {}, [scale, bits]

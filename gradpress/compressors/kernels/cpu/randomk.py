@@ -40,7 +40,7 @@ def random_indices(n: int, k: int, stream: np.uint64) -> np.ndarray:
 _DE_BRUIJN = np.uint64(0x03F79D71B4CB0A89)
 _BIT_OF_SLOT = np.zeros(64, np.int64)
 for _bit in range(64):
-    _BIT_OF_SLOT[((np.uint64(1) << np.uint64(_bit)) * _DE_BRUIJN) >> np.uint64(58)] = _bit
+    _BIT_OF_SLOT[(((1 << _bit) * int(_DE_BRUIJN)) & ((1 << 64) - 1)) >> 58] = _bit
 
 
 @njit(inline="always", nogil=True, cache=True)
