@@ -25,13 +25,13 @@ def half_bits_to_float(h):
         bits = sign | uint32(0x7F800000) | (mant << uint32(13))
     else:
         bits = sign | ((exp + uint32(112)) << uint32(23)) | (mant << uint32(13))
-    return np.array([bits], dtype=np.uint32).view(np.float32)[0]
+    return np.uint32(bits).view(np.float32)  # a scalar bit cast: no allocation
 
 
 @njit(uint16(float32), nogil=True, cache=True, inline="always")
 def float_to_half_bits(f):
     """Bit pattern of ``f`` rounded to binary16, ties to even (numpy's rule)."""
-    x = np.array([f], dtype=np.float32).view(np.uint32)[0]
+    x = np.float32(f).view(np.uint32)
     sign = (x >> uint32(16)) & uint32(0x8000)
     exp = (x >> uint32(23)) & uint32(0xFF)
     mant = x & uint32(0x7FFFFF)
