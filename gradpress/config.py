@@ -23,6 +23,7 @@ def _setting(default: Any, env: str, doc: str) -> Any:
 
 @dataclass(frozen=True)
 class Settings:
+    config_file: str = _setting("", "GRADPRESS_CONFIG", "TOML job file read before the environment (gradpress-launch --config sets it)")
     role: str = _setting("worker", "DMLC_ROLE", "this process's role: scheduler, server or worker")
     num_worker: int = _setting(1, "DMLC_NUM_WORKER", "number of worker machines (each runs BYTEPS_LOCAL_SIZE workers)")
     num_server: int = _setting(1, "DMLC_NUM_SERVER", "number of server processes")
@@ -92,6 +93,7 @@ class Settings:
         path = config_file or environ.get("GRADPRESS_CONFIG", "")
         if path:
             values.update(settings_from_toml(path))
+            values["config_file"] = path
         for f in dataclasses.fields(cls):
             raw = environ.get(f.metadata["env"])
             if raw is not None and raw != "":
@@ -126,7 +128,7 @@ def settings_from_toml(path: str) -> dict[str, Any]:
     fields = {f.name: f for f in dataclasses.fields(Settings)}
     values = {}
     for key, value in table.items():
-        if key not in fields:
+        if key not in fields or key == "config_file":
             raise ValueError(f"config file {path}: unknown setting {key!r}; accepted: {', '.join(sorted(fields))}")
         values[key] = _check_type(fields[key], value, f"config file {path}: {key}")
     return values

@@ -54,7 +54,7 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     Op.NODE_LOST: ({"role": _STR, "rank": _INT, "reason": _STR}, {}),
     Op.SHUTDOWN: ({"reason": _STR}, {}),
     Op.FINISH: ({}, {}),
-    Op.DECLARE: ({"name": _STR, "count": _INT, "dtype": _STR, "parts": (list,)}, {}),
+    Op.DECLARE: ({"name": _STR, "count": _INT, "dtype": _STR, "parts": (list,)}, {"codec": (dict,)}),
     Op.DECLARED: ({"name": _STR, "tensor_id": _INT, "servers": (list,)}, {}),
     # shm: the name of the worker's shared-memory segment for this key (same host only)
     Op.INIT_KEY: ({"key": _INT, "name": _STR, "count": _INT, "dtype": _STR},

@@ -86,7 +86,7 @@ def test_decode_checks_size_dtype_and_frames():
 
 def test_init_key_disagreement_names_the_tensor():
     with pytest.raises(PushError, match="'w'"):
-        key(count=5).check_init("w", 6, "float32")
+        key(count=5).check_init("w", 6, "float32", None)
 
 
 def test_fp16_sums_in_fp32_and_rounds_once():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import json
+
 import numpy as np
 
 from ..placement import KeyPlacement
@@ -19,7 +21,7 @@ from ..protocol import Op
 @dataclass
 class Declaration:
     name: str
-    spec: tuple[int, str, tuple[int, ...]]  # (count, dtype, partition element counts)
+    spec: tuple[int, str, tuple[int, ...], str]  # (count, dtype, partition element counts, codec)
     tensor_id: int
     servers: list[int]
     first_rank: int
@@ -36,13 +38,13 @@ class Declarations:
         self.tensors: dict[str, Declaration] = {}
 
     def declare(self, identity: bytes, rank: int, name: str, count: int, dtype: str,
-                parts: list, now: float) -> list[tuple[list[bytes], Op, dict]]:
+                parts: list, now: float, codec: dict | None = None) -> list[tuple[list[bytes], Op, dict]]:
         """Record worker ``rank``'s declaration; returns the messages to send."""
         if not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts) \
                 or sum(parts) != count or not parts:
             return [([identity], Op.ERROR, {"name": name, "message":
                     f"tensor {name!r}: partition sizes {parts} do not add up to {count} elements"})]
-        spec = (count, dtype, tuple(parts))
+        spec = (count, dtype, tuple(parts), json.dumps(codec, sort_keys=True) if codec else "uncompressed")
         d = self.tensors.get(name)
         if d is None:
             itemsize = np.dtype(dtype).itemsize
@@ -83,6 +85,6 @@ class Declarations:
         return {"name": d.name, "tensor_id": d.tensor_id, "servers": d.servers}
 
 
-def _describe(spec: tuple[int, str, tuple[int, ...]]) -> str:
-    count, dtype, parts = spec
-    return f"{count} {dtype} elements in {len(parts)} partition(s)"
+def _describe(spec: tuple[int, str, tuple[int, ...], str]) -> str:
+    count, dtype, parts, codec = spec
+    return f"{count} {dtype} elements in {len(parts)} partition(s), {codec}"

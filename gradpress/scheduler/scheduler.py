@@ -109,7 +109,8 @@ class Scheduler:
             self._barrier(member, h["group"], h["seq"])
         elif op == Op.DECLARE and member.role == "worker":
             for identities, op_out, kwargs in self.declarations.declare(
-                    identity, member.rank, h["name"], h["count"], h["dtype"], h["parts"], time.monotonic()):
+                    identity, member.rank, h["name"], h["count"], h["dtype"], h["parts"], time.monotonic(),
+                    h.get("codec")):
                 self._send_each(identities, op_out, **kwargs)
         elif op == Op.FINISH and member.role == "worker":
             member.finished = True

@@ -17,6 +17,7 @@ import numpy as np
 from .. import protocol
 from ..protocol import Op
 from ..shm import Segment
+from ..trace import Tracer
 from .store import KeyState, PushError, Reply
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ STOP = object()
 
 class Engine(threading.Thread):
     def __init__(self, index: int, ctx: zmq.Context, reply_addr: str, sender_name: str,
-                 num_workers: int, async_mode: bool):
+                 num_workers: int, async_mode: bool, tracer: Tracer):
         super().__init__(name=f"gp-engine-{index}", daemon=True)
         self.index = index
         self.inbox: queue.Queue = queue.Queue()
@@ -36,6 +37,7 @@ class Engine(threading.Thread):
         self._sender_name = sender_name
         self._num_workers = num_workers
         self._async = async_mode
+        self._tracer = tracer
         self.failure: BaseException | None = None
         self.push_views: dict[tuple[bytes, int], np.ndarray] = {}  # co-located workers' pushes
         self.segments: list[Segment] = []
@@ -66,11 +68,13 @@ class Engine(threading.Thread):
         try:
             if op == Op.INIT_KEY:
                 return self._init_key(identity, header)
-            state = self.keys[header["key"]]
+            state = self.keys.get(header["key"])
+            if state is None:
+                raise PushError(f"key {header['key']}: its INIT_KEY was refused, so it takes no pushes or pulls")
             if op == Op.PUSH:
                 values = self._shared_push(identity, header, state) if header.get("shm") \
                     else state.decode(header, frames)
-                return state.push(identity, header["round"], values)
+                return state.push(identity, header["round"], values, header.get("lr"))
             return state.pull(identity, header["round"])
         except PushError as e:
             log.warning("dropped %s from %s: %s", op.name, header["from"], e)
@@ -81,9 +85,9 @@ class Engine(threading.Thread):
         state = self.keys.get(h["key"])
         if state is None:
             state = self.keys[h["key"]] = KeyState(h["key"], h["name"], h["count"], h["dtype"],
-                                                   self._num_workers, self._async)
+                                                   self._num_workers, self._async, h.get("codec"), self._tracer)
         else:
-            state.check_init(h["name"], h["count"], h["dtype"])
+            state.check_init(h["name"], h["count"], h["dtype"], h.get("codec"))
         if "shm" in h:
             self._attach(identity, h, state)
         return []

@@ -17,6 +17,7 @@ from .. import shm, transport
 from ..config import Settings
 from ..errors import JobError
 from ..node import SchedulerLink
+from ..trace import Tracer
 from ..protocol import Op
 from .engine import STOP, Engine
 
@@ -33,6 +34,7 @@ class Server:
         self.replies = self.ctx.socket(zmq.PULL)
         self.replies.bind(self._reply_addr)
         self.engines: list[Engine] = []
+        self.tracer = Tracer(settings.trace)
         self.key_engine: dict[int, Engine] = {}
 
     def run(self) -> int:
@@ -43,8 +45,8 @@ class Server:
         try:
             book = self.link.register()
             name = self.link.name
-            self.engines = [Engine(i, self.ctx, self._reply_addr, name, book.num_workers, self.s.enable_async)
-                            for i in range(self.s.server_engine_threads)]
+            self.engines = [Engine(i, self.ctx, self._reply_addr, name, book.num_workers, self.s.enable_async,
+                                   self.tracer) for i in range(self.s.server_engine_threads)]
             for e in self.engines:
                 e.start()
             log.info("%s serving on port %d with %d engine thread(s)", name, self.port, len(self.engines))
@@ -60,6 +62,7 @@ class Server:
             self.replies.close()
             self.sock.close()
             self.link.close()
+            self.tracer.write(self.link.name)
 
     def _loop(self) -> int:
         poller = zmq.Poller()

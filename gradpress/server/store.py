@@ -7,6 +7,11 @@ arrives early waits; a push for round r+1 that arrives before r completes is
 held aside and applied after, so rounds never mix. Async mode: a push is added
 into the store at once and a pull reads the store as it is.
 
+A compressed key decompresses every push into the fp32 sum and, once the round
+is complete, compresses the sum with the server's own error feedback
+(s = sum_i D(c_i) + e_s; c_s = C(s); e_s = s - D(c_s)). Every worker of a round
+receives those same bytes, so parameters never drift apart.
+
 Methods return the replies to send as ``Reply`` tuples; the engine sends them.
 """
 from __future__ import annotations
@@ -16,7 +21,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..compressors import build_compressor
 from ..protocol import Op
+from ..trace import Tracer
 from . import kernels
 
 
@@ -31,6 +38,15 @@ class PushError(ValueError):
     """A push or pull this key cannot accept; the message names why."""
 
 
+class Payload(NamedTuple):
+    """A compressed push: the codec's header and its buffers."""
+    meta: dict
+    buffers: list
+
+
+_NO_TRACE = Tracer("")
+
+
 @dataclass
 class KeyState:
     key: int
@@ -39,12 +55,18 @@ class KeyState:
     dtype: str
     num_workers: int
     async_mode: bool = False
+    codec_params: dict | None = None        # BytePS compression_params; None: uncompressed
+    tracer: Tracer = _NO_TRACE
     round: int = 0                          # the round being accumulated
     pushed: set = field(default_factory=set)
-    early: dict = field(default_factory=dict)   # sender -> (round, array) of round + 1
+    early: dict = field(default_factory=dict)   # sender -> values or Payload of round + 1
     waiting: list = field(default_factory=list)  # senders whose pull waits for `round`
     done_round: int = -1                    # last completed round
-    result: np.ndarray | None = None        # its aggregate, in the wire dtype
+    result: np.ndarray | None = None        # its aggregate, in the wire dtype (uncompressed keys)
+    result_fields: dict = field(default_factory=dict)  # codec/meta of a compressed aggregate
+    result_buffers: list = field(default_factory=list)
+    failure: str = ""                       # why the last round produced no aggregate
+    lr: float | None = None                 # learning rate pushed with this round
     shm_peers: set = field(default_factory=set)  # workers that read results from shared memory
     shm_name: str = ""                      # the segment holding the two result slots
     slots: list | None = None
@@ -54,6 +76,14 @@ class KeyState:
         # fp16/fp32 sum in fp32; fp64 keeps its precision
         self.acc_dtype = np.float64 if self.dtype == "float64" else np.float32
         self.acc = np.zeros(self.count, self.acc_dtype)
+        self.codec = None
+        if self.codec_params is not None:
+            if self.dtype != "float32":
+                raise PushError(f"{self.describe()}: only float32 tensors are compressed, not {self.dtype}")
+            try:
+                self.codec = build_compressor(self.codec_params, "server")
+            except ValueError as e:
+                raise PushError(f"{self.describe()}: {e}") from None
 
     def share_results(self, name: str, slots: list[np.ndarray]) -> None:
         """Keep results in two shared slots, alternating by round.
@@ -61,6 +91,8 @@ class KeyState:
         Workers keep one round of a key in flight, so round r + 2 completes only after
         every worker has read round r: its slot is free again by then.
         """
+        if self.codec is not None:
+            raise PushError(f"{self.describe()}: compressed keys travel in frames, not shared memory")
         self.shm_name, self.slots = name, slots
         if self.dtype != "float16":  # accumulate straight into the slot; no copy at the end
             slot = self.slots[self.round % 2]
@@ -71,45 +103,58 @@ class KeyState:
     def describe(self) -> str:
         return f"key {self.key} (tensor {self.name!r})"
 
-    def check_init(self, name: str, count: int, dtype: str) -> None:
+    def check_init(self, name: str, count: int, dtype: str, codec_params: dict | None) -> None:
         if (name, count, dtype) != (self.name, self.count, self.dtype):
             raise PushError(f"{self.describe()}: INIT_KEY for {name!r} with {count} {dtype} elements; "
                             f"the key holds {self.count} {self.dtype} elements of {self.name!r}")
+        if codec_params != self.codec_params:
+            raise PushError(f"{self.describe()}: workers disagree on its compression: "
+                            f"{codec_params} against {self.codec_params}")
 
-    def decode(self, header: dict, frames: list) -> np.ndarray:
-        """The pushed values as an array, after checking they fit this key."""
+    def decode(self, header: dict, frames: list) -> np.ndarray | Payload:
+        """The pushed values (an array, or a Payload for a compressed key), checked against the key."""
         if header["dtype"] != self.dtype or header["count"] != self.count:
             raise PushError(f"{self.describe()}: push of {header['count']} {header['dtype']} elements; "
                             f"the key holds {self.count} {self.dtype}")
-        if len(frames) != 1:
-            raise PushError(f"{self.describe()}: push has {len(frames)} data frames, expected 1")
-        buf = frames[0].buffer if hasattr(frames[0], "buffer") else frames[0]
+        bufs = [f.buffer if hasattr(f, "buffer") else f for f in frames]
+        if self.codec is not None:
+            if header.get("codec") != self.codec.name or "meta" not in header:
+                raise PushError(f"{self.describe()}: push encoded as {header.get('codec', 'raw values')!r}; "
+                                f"the key is compressed with {self.codec.name!r}")
+            return Payload(header["meta"], bufs)
+        if "codec" in header:
+            raise PushError(f"{self.describe()}: a {header['codec']!r} push for an uncompressed key")
+        if len(bufs) != 1:
+            raise PushError(f"{self.describe()}: push has {len(bufs)} data frames, expected 1")
         expected = self.count * np.dtype(self.dtype).itemsize
-        if len(buf) != expected:
-            raise PushError(f"{self.describe()}: push carries {len(buf)} bytes, expected {expected}")
-        return np.frombuffer(buf, dtype=self.dtype)
+        if len(bufs[0]) != expected:
+            raise PushError(f"{self.describe()}: push carries {len(bufs[0])} bytes, expected {expected}")
+        return np.frombuffer(bufs[0], dtype=self.dtype)
 
-    def push(self, sender: bytes, rnd: int, values: np.ndarray) -> list[Reply]:
+    def push(self, sender: bytes, rnd: int, values: np.ndarray | Payload, lr: float | None = None) -> list[Reply]:
         if self.async_mode:
-            kernels.accumulate(self.acc, values, first=False)
+            self._absorb(values, rnd, first=False)
             return []
         if rnd == self.round:
             if sender in self.pushed:
                 raise PushError(f"{self.describe()}: second push of round {rnd} from the same worker")
-            kernels.accumulate(self.acc, values, first=not self.pushed)
+            self._absorb(values, rnd, first=not self.pushed)
             self.pushed.add(sender)
+            if lr is not None:
+                self.lr = lr
             return self._complete() if len(self.pushed) == self.num_workers else []
         if rnd == self.round + 1:
             if sender in self.early:
                 raise PushError(f"{self.describe()}: a third round in flight from one worker (round {rnd})")
-            # the frame's memory may be reused by ZeroMQ only after we drop it; copy to be safe
-            self.early[sender] = values.copy()
+            # the frames' memory belongs to ZeroMQ messages we do not keep: copy
+            self.early[sender] = (Payload(values.meta, [bytes(b) for b in values.buffers])
+                                  if isinstance(values, Payload) else values.copy(), lr)
             return []
         raise PushError(f"{self.describe()}: push for round {rnd}, but the key is at round {self.round}")
 
     def pull(self, sender: bytes, rnd: int) -> list[Reply]:
         if self.async_mode:
-            return [self._reply(sender, rnd, self._wire(self.acc))]
+            return [self._reply(sender, rnd, self._wire(self.acc).copy())]
         if rnd == self.done_round:
             return [self._reply(sender, rnd, self.result)]
         if rnd == self.round:
@@ -118,8 +163,24 @@ class KeyState:
         raise PushError(f"{self.describe()}: pull for round {rnd}; the key completed round "
                         f"{self.done_round} and is accumulating round {self.round}")
 
+    def _absorb(self, values: np.ndarray | Payload, rnd: int, first: bool) -> None:
+        if isinstance(values, Payload):
+            with self.tracer.span("server sum", key=self.key, round=rnd):
+                try:
+                    decode = self.codec.decompress if first else self.codec.decompress_add
+                    decode(values.meta, values.buffers, self.acc, key=self.key, round=rnd)
+                # the codec checks a payload before it writes: the sum is intact
+                except (ValueError, TypeError, KeyError, IndexError) as e:
+                    raise PushError(f"{self.describe()}: malformed {self.codec.name} payload: {e}") from None
+        else:
+            with self.tracer.span("server sum", key=self.key, round=rnd):
+                kernels.accumulate(self.acc, values, first=first)
+
     def _complete(self) -> list[Reply]:
-        if self.slots is not None:
+        self.failure = ""
+        if self.codec is not None:
+            self._compress_aggregate()
+        elif self.slots is not None:
             self.result_slot = self.round % 2
             if self.dtype == "float16":
                 self.result = kernels.to_half(self.acc, self.slots[self.result_slot])
@@ -134,17 +195,30 @@ class KeyState:
         replies = [self._reply(s, self.done_round, self.result) for s in self.waiting]
         self.waiting = []
         early, self.early = self.early, {}
-        for sender, values in early.items():
-            replies += self.push(sender, self.round, values)
+        for sender, (values, lr) in early.items():
+            replies += self.push(sender, self.round, values, lr)
         return replies
 
+    def _compress_aggregate(self) -> None:
+        with self.tracer.span("server compress", key=self.key, round=self.round):
+            try:
+                meta, buffers = self.codec.compress(self.acc, key=self.key, round=self.round, lr=self.lr)
+            except ValueError as e:
+                self.failure = f"{self.describe()}: the aggregate of round {self.round} cannot be compressed: {e}"
+                return
+        # the next round overwrites the accumulator while this reply may still be on its way
+        self.result_buffers = [np.array(b, copy=True) if np.shares_memory(b, self.acc) else b for b in buffers]
+        self.result_fields = {"codec": self.codec.name, "meta": meta}
+
     def _wire(self, acc: np.ndarray) -> np.ndarray:
-        if self.dtype == "float16":
-            return kernels.to_half(acc)
-        return acc if self.async_mode is False else acc.copy()
+        return kernels.to_half(acc) if self.dtype == "float16" else acc
 
     def _reply(self, to: bytes, rnd: int, values: np.ndarray) -> Reply:
+        if self.failure and not self.async_mode:
+            return Reply(to, Op.ERROR, {"message": self.failure, "key": self.key, "round": rnd}, [])
         fields = {"key": self.key, "round": rnd, "dtype": self.dtype, "count": self.count}
+        if self.codec is not None and not self.async_mode:
+            return Reply(to, Op.PULL_REPLY, dict(fields, **self.result_fields), self.result_buffers)
         if to in self.shm_peers and values is self.result:
             return Reply(to, Op.PULL_REPLY, dict(fields, shm=self.shm_name, slot=self.result_slot), [])
         return Reply(to, Op.PULL_REPLY, fields, [values])

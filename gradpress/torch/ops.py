@@ -114,28 +114,39 @@ def declare(name: str, **_ignored) -> None:
 
 
 def push_pull_async(tensor: torch.Tensor, average: bool = True, name: str | None = None,
-                    version: int = 0, priority: int = 0) -> int:
-    """Start summing ``tensor`` over all workers into a new tensor; returns a handle."""
-    return _start(tensor, torch.empty_like(tensor), average, name, priority)
+                    version: int = 0, priority: int = 0, *, compression_params: dict | None = None,
+                    lr: float | None = None) -> int:
+    """Start summing ``tensor`` over all workers into a new tensor; returns a handle.
+
+    ``compression_params`` (BytePS's keys: compressor, ef, momentum, k, ...) compress the
+    tensor both ways, per partition, with error feedback on workers and servers; ``lr``
+    is the current learning rate, which corrected error feedback needs.
+    """
+    return _start(tensor, torch.empty_like(tensor), average, name, priority, compression_params, lr)
 
 
 def push_pull_async_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,
-                            version: int = 0, priority: int = 0) -> int:
+                            version: int = 0, priority: int = 0, *, compression_params: dict | None = None,
+                            lr: float | None = None) -> int:
     """Start summing ``tensor`` over all workers in place; returns a handle."""
-    return _start(tensor, tensor, average, name, priority)
+    return _start(tensor, tensor, average, name, priority, compression_params, lr)
 
 
 def push_pull(tensor: torch.Tensor, average: bool = True, name: str | None = None, version: int = 0,
-              priority: int = 0, compression=Compression.none) -> torch.Tensor:
+              priority: int = 0, compression=Compression.none, *, compression_params: dict | None = None,
+              lr: float | None = None) -> torch.Tensor:
     """Sum (or average) ``tensor`` over all workers; returns a new tensor."""
     compressed, ctx = compression.compress(tensor)
-    out = synchronize(push_pull_async(compressed, average, name, version, priority))
+    out = synchronize(push_pull_async(compressed, average, name, version, priority,
+                                      compression_params=compression_params, lr=lr))
     return compression.decompress(out, ctx)
 
 
 def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,
-                      version: int = 0, priority: int = 0) -> torch.Tensor:
-    return synchronize(push_pull_async_inplace(tensor, average, name, version, priority))
+                      version: int = 0, priority: int = 0, *, compression_params: dict | None = None,
+                      lr: float | None = None) -> torch.Tensor:
+    return synchronize(push_pull_async_inplace(tensor, average, name, version, priority,
+                                               compression_params=compression_params, lr=lr))
 
 
 def poll(handle: int) -> bool:
@@ -163,23 +174,32 @@ def _lookup(handle: int) -> _Pending:
 
 
 def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str | None,
-           priority: int) -> int:
+           priority: int, codec: dict | None = None, lr: float | None = None) -> int:
     client = _require()
     if name is None:
         name = f"push_pull.noname.{next(_noname)}"
+    if codec is not None and tensor.dtype != torch.float32:
+        raise ValueError(f"push_pull of {name!r}: compression_params apply to float32 tensors, "
+                         f"not {tensor.dtype}")
     divisor = client.size if average else 1
+    contiguous = tensor.is_contiguous() and output.is_contiguous()
+    on_gpu = codec is not None and tensor.is_cuda and output.is_cuda and contiguous
     direct = (tensor.device.type == "cpu" and output.device.type == "cpu" and tensor.dtype in _WIRE
-              and _WIRE[tensor.dtype] == tensor.dtype and tensor.is_contiguous() and output.is_contiguous())
-    if direct:
+              and _WIRE[tensor.dtype] == tensor.dtype and contiguous)
+    finish = None
+    if on_gpu:  # CUDA kernels compress straight from device memory
+        src = tensor.detach().reshape(-1)
+        out = src if output is tensor else output.detach().reshape(-1)
+        future = client.push_pull_async(name, src, out, divisor, priority, codec, lr)
+    elif direct:
         src = tensor.detach().reshape(-1).numpy()
         out = src if output is tensor else output.detach().reshape(-1).numpy()
-        future = client.push_pull_async(name, src, out, divisor, priority)
-        finish = None
+        future = client.push_pull_async(name, src, out, divisor, priority, codec, lr)
     else:
         wire = _WIRE.get(tensor.dtype, torch.float64)  # integers: exact below 2**53
         staging = tensor.detach().to("cpu", wire, copy=True).contiguous().reshape(-1)
         arr = staging.numpy()
-        future = client.push_pull_async(name, arr, arr, divisor, priority)
+        future = client.push_pull_async(name, arr, arr, divisor, priority, codec, lr)
 
         def finish(staging=staging, output=output) -> None:
             with torch.no_grad():

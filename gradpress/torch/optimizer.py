@@ -12,12 +12,14 @@ from contextlib import contextmanager
 
 import torch
 
+from ..compression_policy import CompressionPolicy
 from . import ops
 from .compression import Compression
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step,
+                 compression_params=None, compression_rules=None):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
@@ -45,6 +47,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._gp_delay = {id(p): backward_passes_per_step for p in self._gp_params}
         self._gp_handles: dict[int, tuple[torch.Tensor, int, object]] = {}
         self._gp_should_sync = True
+        self._gp_group = {id(p): group for group in self.param_groups for p in group["params"]}
+        self._gp_codec = self._gp_compression(compression_params, compression_rules)
         self._gp_hooks = [p.register_post_accumulate_grad_hook(self._gp_hook) for p in self._gp_params]
         for p in self._gp_params:
             ops.declare("Gradient." + self._gp_names[id(p)])
@@ -58,10 +62,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._gp_delay[key] == 0:
             self._gp_start(p)
 
+    def _gp_compression(self, default, rules) -> dict:
+        """Each parameter's compression_params (None: uncompressed), from the job file and the arguments.
+
+        As in BytePS, when the gradients carry Nesterov momentum the wrapped optimizer's own
+        momentum is turned off (it would be applied twice) and its coefficient is used.
+        """
+        settings = ops.settings()
+        policy = CompressionPolicy.from_job_file(settings.config_file, settings.min_compress_bytes) \
+            .overridden_by(default, rules)
+        codecs = {}
+        for p in self._gp_params:
+            codec = policy.for_tensor(self._gp_names[id(p)], p.numel() * p.element_size(),
+                                      str(p.dtype).replace("torch.", ""))
+            group = self._gp_group[id(p)]
+            if codec and codec.get("momentum") and group.get("momentum"):
+                codec = dict(codec, mu=codec.get("mu", group["momentum"]))
+                group["momentum"] = 0
+            codecs[id(p)] = codec
+        return codecs
+
     def _gp_start(self, p: torch.Tensor) -> None:
         compressed, ctx = self._compression.compress(p.grad)
+        codec = self._gp_codec[id(p)] if compressed.dtype == torch.float32 else None
         handle = ops.push_pull_async_inplace(compressed, average=True, name="Gradient." + self._gp_names[id(p)],
-                                             priority=self._gp_priority[id(p)])
+                                             priority=self._gp_priority[id(p)], compression_params=codec,
+                                             lr=self._gp_group[id(p)]["lr"] if codec else None)
         self._gp_handles[id(p)] = (p, handle, ctx)
 
     def synchronize(self) -> None:
@@ -106,7 +132,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
                          compression=Compression.none, backward_passes_per_step: int = 1,
-                         staleness: int = 0):
+                         staleness: int = 0, compression_params: dict | None = None,
+                         compression_rules: list[tuple[str, dict]] | None = None):
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged over all workers.
 
     Args:
@@ -116,10 +143,18 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         compression: ``Compression.none`` or ``Compression.fp16``.
         backward_passes_per_step: backward passes accumulated locally before a push_pull.
         staleness: accepted for BytePS compatibility; only 0 (synchronous) is supported.
+        compression_params: BytePS's dict (compressor, ef, momentum, k, seed, ...): every
+            float32 gradient of at least BYTEPS_MIN_COMPRESS_BYTES is compressed both ways,
+            with error feedback on workers and servers. The learning rate of each
+            parameter's group travels with its push (corrected error feedback needs it).
+        compression_rules: ``[(pattern, params), ...]``: fnmatch patterns on parameter
+            names, first match wins over ``compression_params`` (``{"compressor": "none"}``
+            exempts). The job file's ``[compression]`` table applies below both.
     """
     if staleness != 0:
         raise ValueError(f"staleness={staleness}: only synchronous training (staleness=0) is supported")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step={backward_passes_per_step}: must be at least 1")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               compression_params, compression_rules)

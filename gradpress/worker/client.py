@@ -20,6 +20,8 @@ import numpy as np
 import zmq
 
 from .. import shm, transport
+from ..compressors import build_compressor
+from ..trace import Tracer, now_us
 from ..config import Settings
 from ..errors import JobError, NodeLostError, OpTimeoutError, TensorMismatchError
 from ..node import AddressBook, SchedulerLink
@@ -40,10 +42,13 @@ class Tensor:
     tensor_id: int
     parts: list[int]
     servers: list[int]
+    codec: dict | None = None     # compression_params; None: uncompressed
     offsets: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
         self.offsets = list(np.cumsum([0] + self.parts[:-1]))
+        # Momentum(ErrorFeedback(codec)); its state is kept per partition key
+        self.compressor = build_compressor(self.codec, "worker") if self.codec else None
 
 
 @dataclass
@@ -55,6 +60,7 @@ class PushPull:
     divisor: int
     future: Future
     remaining: int
+    lr: float | None = None
 
 
 @dataclass
@@ -65,6 +71,7 @@ class PartitionOp:
     round: int = 0
     server: int = 0
     deadline: float = 0.0
+    sent_us: float = 0.0
 
 
 class WorkerClient:
@@ -73,8 +80,9 @@ class WorkerClient:
         self.ctx = transport.context()
         self.book: AddressBook | None = None
         self.fatal: JobError | None = None
-        self.bytes_pushed = 0
+        self.bytes_pushed = 0   # payload bytes pushed (compressed size where compressed)
         self.bytes_pulled = 0
+        self.tracer = Tracer(settings.trace)
         self._commands: queue.Queue = queue.Queue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -118,29 +126,35 @@ class WorkerClient:
     def size(self) -> int:
         return self.book.num_workers
 
-    def declare(self, name: str, count: int, dtype: str) -> Tensor:
+    def declare(self, name: str, count: int, dtype: str, codec: dict | None = None) -> Tensor:
         """Declare a tensor (once per name; waits for every worker to declare it alike)."""
         t = self._tensors.get(name)
         if t is not None:
-            if (t.count, t.dtype) != (count, dtype):
-                raise TensorMismatchError(f"tensor {name!r} was declared with {t.count} {t.dtype} elements; "
-                                          f"now used with {count} {dtype}")
+            if (t.count, t.dtype, t.codec) != (count, dtype, codec):
+                raise TensorMismatchError(f"tensor {name!r} was declared with {t.count} {t.dtype} elements "
+                                          f"({t.codec or 'uncompressed'}); now used with {count} {dtype} "
+                                          f"({codec or 'uncompressed'})")
             return t
+        if codec is not None:
+            build_compressor(codec, "worker")  # a bad config fails here, in the caller, with its message
         fut = Future(f"declare tensor {name!r}")
         parts = partition_counts(count, np.dtype(dtype).itemsize, self.s.partition_bytes)
-        self._submit(("declare", name, (count, dtype, parts), fut))
+        self._submit(("declare", name, (count, dtype, parts, codec), fut))
         return fut.result(self.s.op_timeout_s + 5)
 
-    def push_pull_async(self, name: str, src: np.ndarray, out: np.ndarray, divisor: int,
-                        priority: int) -> Future:
+    def push_pull_async(self, name: str, src, out, divisor: int, priority: int,
+                        codec: dict | None = None, lr: float | None = None) -> Future:
         """Start summing ``src`` over all workers into ``out`` (divided by ``divisor``).
 
         ``src`` and ``out`` are 1-D contiguous arrays of the same dtype and size (they may
-        be the same array); neither may be touched until the returned future is done.
+        be the same array; torch CUDA tensors where ``codec`` compresses on the GPU);
+        neither may be touched until the returned future is done. ``codec`` is the
+        tensor's compression_params, ``lr`` the learning rate for corrected error feedback.
         """
-        tensor = self.declare(name, src.size, src.dtype.name)
+        dtype = src.dtype.name if isinstance(src, np.ndarray) else str(src.dtype).replace("torch.", "")
+        tensor = self.declare(name, int(src.numel() if hasattr(src, "numel") else src.size), dtype, codec)
         fut = Future(f"push_pull of tensor {name!r}")
-        job = PushPull(tensor, src, out, divisor, fut, len(tensor.parts))
+        job = PushPull(tensor, src, out, divisor, fut, len(tensor.parts), lr)
         self._submit(("push_pull", job, priority))
         return fut
 
@@ -202,6 +216,8 @@ class WorkerClient:
             for seg in self._own_segments:
                 seg.unlink()  # normally the server already did, once it mapped them
             if self.link is not None:
+                self.tracer.write(self.link.name)
+            if self.link is not None:
                 self.link.close()
             os.close(self._wake_r)
 
@@ -242,8 +258,9 @@ class WorkerClient:
             waiters = self._declaring.setdefault(name, [])
             waiters.append((fut, spec))
             if len(waiters) == 1:
-                count, dtype, parts = spec
-                self.link.send(Op.DECLARE, name=name, count=count, dtype=dtype, parts=parts)
+                count, dtype, parts, codec = spec
+                extra = {"codec": codec} if codec else {}
+                self.link.send(Op.DECLARE, name=name, count=count, dtype=dtype, parts=parts, **extra)
                 self._deadlines.append((now + self.s.op_timeout_s + 2, fut))
         elif kind == "push_pull":
             _, job, priority = cmd
@@ -271,30 +288,46 @@ class WorkerClient:
     def _send(self, op: PartitionOp) -> None:
         t = op.job.tensor
         op.server = t.servers[op.index]
-        sock, local, name = self.servers[op.server], self._local[op.server], self.link.name
+        sock, name = self.servers[op.server], self.link.name
+        local = self._local[op.server] and t.compressor is None  # compressed payloads are small
         lo = t.offsets[op.index]
         chunk = op.job.src[lo:lo + t.parts[op.index]]
+        n = t.parts[op.index]
         if op.key not in self._inited:
-            extra = {}
+            extra = {"codec": t.codec} if t.codec else {}
             if local:
-                seg = shm.Segment.create("w", op.key, chunk.nbytes)
+                seg = shm.Segment.create("w", op.key, n * np.dtype(t.dtype).itemsize)
                 self._own_segments.append(seg)
-                self._push_views[op.key] = seg.array(t.dtype, chunk.size)
+                self._push_views[op.key] = seg.array(t.dtype, n)
                 extra["shm"] = seg.name
-            transport.send(sock, Op.INIT_KEY, name, key=op.key, name=t.name, count=chunk.size, dtype=t.dtype,
-                           **extra)
+            transport.send(sock, Op.INIT_KEY, name, key=op.key, name=t.name, count=n, dtype=t.dtype, **extra)
             self._inited.add(op.key)
         op.round = self._rounds.get(op.key, 0)
         self._rounds[op.key] = op.round + 1
-        if local:
+        fields = {"key": op.key, "round": op.round, "dtype": t.dtype, "count": n}
+        if op.job.lr is not None:
+            fields["lr"] = float(op.job.lr)
+        if t.compressor is not None:
+            start = now_us()
+            try:
+                meta, buffers = t.compressor.compress(chunk, key=op.key, round=op.round, lr=op.job.lr)
+            except ValueError as e:  # NaN/inf gradients: fail this push_pull, keep the state intact
+                self._rounds[op.key] = op.round  # the round never went out
+                self._done(op)
+                op.job.future.fail(JobError(f"push_pull of tensor {t.name!r}: {e}"))
+                return
+            self.tracer.add("compress", start, now_us(), key=op.key, round=op.round)
+            transport.send(sock, Op.PUSH, name, buffers, codec=t.compressor.name, meta=meta, **fields)
+            self.bytes_pushed += sum(b.nbytes for b in buffers)
+        elif local:
             np.copyto(self._push_views[op.key], chunk)
-            transport.send(sock, Op.PUSH, name, key=op.key, round=op.round, dtype=t.dtype, count=chunk.size,
-                           shm=True)
+            transport.send(sock, Op.PUSH, name, shm=True, **fields)
+            self.bytes_pushed += chunk.nbytes
         else:
-            transport.send(sock, Op.PUSH, name, [chunk], key=op.key, round=op.round, dtype=t.dtype,
-                           count=chunk.size)
+            transport.send(sock, Op.PUSH, name, [chunk], **fields)
+            self.bytes_pushed += chunk.nbytes
         transport.send(sock, Op.PULL, name, key=op.key, round=op.round)
-        self.bytes_pushed += chunk.nbytes
+        op.sent_us = now_us()
         op.deadline = time.monotonic() + self.s.op_timeout_s
         self._in_flight[(op.key, op.round)] = op
         self._busy_keys.add(op.key)
@@ -334,22 +367,33 @@ class WorkerClient:
     def _land(self, op: PartitionOp, h: dict, frames: list) -> None:
         job, t = op.job, op.job.tensor
         n = t.parts[op.index]
-        try:
-            if h["dtype"] != t.dtype or h["count"] != n:
-                raise ValueError(f"{h['count']} {h['dtype']} elements, expected {n} {t.dtype}")
-            summed = self._shared_result(h, n, t.dtype) if "shm" in h else self._frame_result(frames, n, t.dtype)
-        except (ValueError, OSError) as e:
-            job.future.fail(JobError(f"push_pull of tensor {t.name!r}: bad pull reply for key {op.key}: {e}"))
-            return
+        self.tracer.add("push to reply", op.sent_us, now_us(), key=op.key, round=op.round)
         if job.future.done():
             return  # the job already failed; its late partitions are dropped
         lo = t.offsets[op.index]
         dst = job.out[lo:lo + n]
-        if job.divisor != 1:
-            np.divide(summed, job.divisor, out=dst)  # average while copying: one pass
-        else:
-            np.copyto(dst, summed)
-        self.bytes_pulled += dst.nbytes
+        start = now_us()
+        try:
+            if h["dtype"] != t.dtype or h["count"] != n:
+                raise ValueError(f"{h['count']} {h['dtype']} elements, expected {n} {t.dtype}")
+            if t.compressor is not None:
+                if h.get("codec") != t.compressor.name or "meta" not in h:
+                    raise ValueError(f"encoded as {h.get('codec', 'raw values')!r}, expected {t.compressor.name!r}")
+                t.compressor.decompress(h["meta"], [f.buffer for f in frames], dst, key=op.key, round=op.round)
+                if job.divisor != 1:
+                    dst /= job.divisor
+            else:
+                summed = self._shared_result(h, n, t.dtype) if "shm" in h else self._frame_result(frames, n, t.dtype)
+                if job.divisor != 1:
+                    np.divide(summed, job.divisor, out=dst)  # average while copying: one pass
+                else:
+                    np.copyto(dst, summed)
+        except (ValueError, OSError, TypeError, KeyError) as e:
+            job.future.fail(JobError(f"push_pull of tensor {t.name!r}: bad pull reply for key {op.key}: {e}"))
+            return
+        if t.compressor is not None:
+            self.tracer.add("decompress", start, now_us(), key=op.key, round=op.round)
+        self.bytes_pulled += sum(len(f.buffer) for f in frames)
         job.remaining -= 1
         if job.remaining == 0:
             job.future.set(job.out)
@@ -381,8 +425,8 @@ class WorkerClient:
             waiters = self._declaring.pop(h["name"], [])
             if not waiters:
                 return
-            count, dtype, parts = waiters[0][1]
-            t = Tensor(h["name"], count, dtype, h["tensor_id"], parts, h["servers"])
+            count, dtype, parts, codec = waiters[0][1]
+            t = Tensor(h["name"], count, dtype, h["tensor_id"], parts, h["servers"], codec)
             self._tensors[t.name] = t
             for fut, _ in waiters:
                 fut.set(t)
