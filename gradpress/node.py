@@ -83,6 +83,8 @@ class SchedulerLink:
                 _, header, _ = transport.recv(self.sock, routed=False)
                 if header is not None:
                     self.handle(header)
+            if self.book is None and time.monotonic() - self._last_sent >= s.heartbeat_interval_s:
+                self._send(Op.HEARTBEAT)  # still here: the scheduler hears from us while others register
         self.health.ready(f"{self.name} registered")
         return self.book
 

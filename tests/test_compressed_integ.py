@@ -224,3 +224,30 @@ def test_bad_compression_is_a_clear_error(cluster):
     c = cluster(workers=2, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "3"})
     c.start(BAD).assert_success(60)
     assert "OK 0" in c.log("worker 0") and "OK 1" in c.log("worker 1")
+
+
+JOB_FILE_WORKER = """
+import sys, torch, gradpress.torch as bps
+from gradpress.torch import ops
+sys.path.insert(0, "examples")
+from train_digits import DigitsCNN
+bps.init()
+model = DigitsCNN()
+opt = bps.DistributedOptimizer(torch.optim.Adam(model.parameters()), named_parameters=model.named_parameters())
+model(torch.randn(4, 1, 8, 8)).sum().backward()
+opt.step()
+codecs = {name: t.codec for name, t in ops._require()._tensors.items()}
+assert codecs["Gradient.fc1.weight"]["compressor"] == "onebit", codecs
+assert codecs["Gradient.fc1.bias"] is None, codecs      # below BYTEPS_MIN_COMPRESS_BYTES
+assert codecs["Gradient.conv2.weight"] is None, codecs  # the default: none
+print("OK job file", flush=True)
+bps.shutdown()
+"""
+
+
+def test_the_job_files_compression_table_applies_to_the_optimizer(cluster):
+    from pathlib import Path
+    demo = Path(__file__).parent.parent / "configs" / "demo.toml"
+    c = cluster(workers=2, servers=1, env={"GRADPRESS_CONFIG": str(demo), "BYTEPS_LOG_LEVEL": "WARNING"})
+    c.start(JOB_FILE_WORKER).assert_success()
+    assert "OK job file" in c.log("worker 0")

@@ -101,10 +101,10 @@ class Scheduler:
         op = h["op"]
         if op == Op.REGISTER:
             self._register(identity, h)
+        elif op == Op.HEARTBEAT and member is not None:
+            pass  # liveness was refreshed on receipt
         elif member is None or not self.registered:
             log.warning("dropped %s from unregistered peer %r", op.name, h["from"])
-        elif op == Op.HEARTBEAT:
-            pass
         elif op == Op.BARRIER:
             self._barrier(member, h["group"], h["seq"])
         elif op == Op.DECLARE and member.role == "worker":
@@ -176,6 +176,9 @@ class Scheduler:
         self.declarations = Declarations(len(workers), KeyPlacement(self.s.num_server), self.s.op_timeout_s)
 
     def _send_address_book(self) -> None:
+        now = time.monotonic()
+        for m in self.members.values():
+            m.last_seen = now  # liveness counts from the job's start, not from each registration
         nodes = [{"role": m.role, "rank": m.rank, "host": m.host, "port": m.port}
                  for m in self.members.values()]
         workers = sum(m.role == "worker" for m in self.members.values())

@@ -1,0 +1,51 @@
+"""Which tensors get which compression."""
+import pytest
+
+from gradpress.compression_policy import CompressionPolicy
+
+ONEBIT = {"compressor": "onebit", "ef": "vanilla"}
+TOPK = {"compressor": "topk", "k": 0.01}
+
+
+def test_rules_first_match_then_default_then_size_and_dtype():
+    p = CompressionPolicy(ONEBIT, [("*.bias", {"compressor": "none"}), ("fc*", TOPK), ("fc1.*", ONEBIT)],
+                          min_bytes=1000)
+    assert p.for_tensor("conv1.weight", 4000, "float32") == ONEBIT
+    assert p.for_tensor("fc1.weight", 4000, "float32") == TOPK  # first match wins
+    assert p.for_tensor("fc1.bias", 4000, "float32") is None
+    assert p.for_tensor("conv1.weight", 999, "float32") is None  # below BYTEPS_MIN_COMPRESS_BYTES
+    assert p.for_tensor("conv1.weight", 4000, "float16") is None  # only float32 is compressed
+    assert CompressionPolicy().for_tensor("x", 10**6, "float32") is None
+
+
+def test_code_overrides_the_job_file(tmp_path):
+    f = tmp_path / "job.toml"
+    f.write_text('[compression.default]\ncompressor = "onebit"\n\n[[compression.rules]]\npattern = "emb*"\n'
+                 'compressor = "topk"\nk = 0.1\n')
+    file_policy = CompressionPolicy.from_job_file(str(f), 0)
+    assert file_policy.for_tensor("emb.weight", 100, "float32") == {"compressor": "topk", "k": 0.1}
+    assert file_policy.for_tensor("fc.weight", 100, "float32") == {"compressor": "onebit"}
+    both = file_policy.overridden_by(TOPK, [("fc*", ONEBIT)])
+    assert both.for_tensor("fc.weight", 100, "float32") == ONEBIT
+    assert both.for_tensor("other", 100, "float32") == TOPK
+    assert both.for_tensor("emb.weight", 100, "float32") == {"compressor": "topk", "k": 0.1}
+
+
+@pytest.mark.parametrize("default,rules,match", [
+    ({"compressor": "gzip"}, None, "gzip.*accepted"),
+    (None, [("x", {"compressor": "topk", "k": -1})], "rule 'x'"),
+    ("onebit", None, "expected a dict"),
+])
+def test_bad_settings_name_what_is_wrong(default, rules, match):
+    with pytest.raises(ValueError, match=match):
+        CompressionPolicy(default, rules)
+
+
+def test_bad_job_file_tables(tmp_path):
+    f = tmp_path / "job.toml"
+    f.write_text('[compression]\ndefaults = {}\n')
+    with pytest.raises(ValueError, match="unknown key.*defaults"):
+        CompressionPolicy.from_job_file(str(f), 0)
+    f.write_text('[[compression.rules]]\ncompressor = "onebit"\n')
+    with pytest.raises(ValueError, match="needs a string 'pattern'"):
+        CompressionPolicy.from_job_file(str(f), 0)
