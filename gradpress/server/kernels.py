@@ -8,7 +8,7 @@ Numba's CPU target has no float16.
 import numpy as np
 from numba import njit
 
-from ..kernels.halfprec import float_to_half_bits, half_bits_to_float
+from ..kernels.halfprec import float_bits_to_half_bits, half_bits_to_float
 
 
 @njit(nogil=True, cache=True)
@@ -36,9 +36,9 @@ def _add_half(acc, bits):
 
 
 @njit(nogil=True, cache=True)
-def _to_half(acc, bits):
-    for i in range(acc.size):
-        bits[i] = float_to_half_bits(acc[i])
+def _to_half(acc_bits, bits):
+    for i in range(acc_bits.size):
+        bits[i] = float_bits_to_half_bits(acc_bits[i])
 
 
 def accumulate(acc: np.ndarray, src: np.ndarray, first: bool) -> None:
@@ -52,5 +52,5 @@ def accumulate(acc: np.ndarray, src: np.ndarray, first: bool) -> None:
 def to_half(acc: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The fp32 accumulator rounded to float16 (into ``out`` if given), exactly as numpy's astype."""
     out = np.empty(acc.size, np.float16) if out is None else out
-    _to_half(acc, out.view(np.uint16))
+    _to_half(acc.view(np.uint32), out.view(np.uint16))
     return out
