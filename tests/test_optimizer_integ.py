@@ -23,7 +23,8 @@ r = bps.rank()
 passes = int(os.environ["GP_PASSES"])
 model = make_model()
 opt = getattr(torch.optim, os.environ["GP_OPT"])(model.parameters(), lr=0.05)
-opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(), backward_passes_per_step=passes)
+opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(), backward_passes_per_step=passes,
+                               compression=getattr(bps.Compression, os.environ["GP_COMPRESSION"]))
 for step in range(6):
     opt.zero_grad()
     for x, y in batch(r, step, passes):
@@ -34,10 +35,12 @@ bps.shutdown()
 """
 
 
-@pytest.mark.parametrize("opt_name,passes", [("SGD", 1), ("Adam", 1), ("Adam", 2)])
-def test_distributed_optimizer_equals_one_process_on_the_union_of_batches(cluster, opt_name, passes):
+@pytest.mark.parametrize("opt_name,passes,compression", [("SGD", 1, "none"), ("Adam", 1, "none"),
+                                                          ("Adam", 2, "none"), ("SGD", 1, "fp16")])
+def test_distributed_optimizer_equals_one_process_on_the_union_of_batches(cluster, opt_name, passes, compression):
     c = cluster(workers=2, servers=1)
-    c.start(TRAIN, worker_env={"GP_OPT": opt_name, "GP_PASSES": str(passes)}).assert_success()
+    c.start(TRAIN, worker_env={"GP_OPT": opt_name, "GP_PASSES": str(passes),
+                               "GP_COMPRESSION": compression}).assert_success()
     p0 = torch.load(c.tmp / "params0.pt")
     p1 = torch.load(c.tmp / "params1.pt")
     for k in p0:
@@ -54,8 +57,12 @@ def test_distributed_optimizer_equals_one_process_on_the_union_of_batches(cluste
                 # mean over workers of each worker's loss = the loss of the union of the batches
                 (torch.nn.functional.cross_entropy(model(x), y) / passes / 2).backward()
         opt.step()
+    # fp16 rounds each gradient once on the way out and once on the way back
+    tol = dict(rtol=1e-5, atol=1e-6) if compression == "none" else dict(rtol=2e-3, atol=2e-4)
     for k, v in model.state_dict().items():
-        torch.testing.assert_close(p0[k], v, rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(p0[k], v, **tol, msg=lambda m: f"{k}: {m}")
+    if compression == "fp16":  # and it really travelled as fp16: not bit-equal to the fp32 run
+        assert any(not torch.equal(p0[k], v) for k, v in model.state_dict().items())
 
 
 BROADCAST = """
@@ -71,6 +78,11 @@ if r == 1:  # the root has stepped (and carries state); the others have none
     opt.param_groups[0]["lr"] = 0.123
 bps.broadcast_parameters(model.state_dict(), root_rank=1)
 bps.broadcast_optimizer_state(opt, root_rank=1)
+other = nn.Linear(3, 3)  # named_parameters() (a generator) is accepted too
+with torch.no_grad():
+    other.weight.fill_(float(r + 10))
+bps.broadcast_parameters(other.named_parameters(), root_rank=1, prefix="Other.")
+assert torch.all(other.weight == 11), other.weight
 obj = bps.broadcast_object({"epoch": 3, "name": "run", "t": (1, 2.5), "a": torch.arange(3) if r == 1 else None} if r == 1 else None, root_rank=1)
 sd = opt.state_dict()
 torch.save({"model": model.state_dict(), "opt": sd, "obj": obj}, os.path.join(os.environ["GP_TEST_DIR"], f"b{r}.pt"))
