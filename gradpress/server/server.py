@@ -16,6 +16,7 @@ import zmq
 from .. import shm, transport
 from ..config import Settings
 from ..errors import JobError
+from ..kernels.warmup import warm_up
 from ..node import SchedulerLink
 from ..trace import Tracer
 from ..protocol import Op
@@ -42,6 +43,7 @@ class Server:
         removed = shm.sweep_stale()
         if removed:
             log.info("removed %d shared-memory segment(s) left by dead processes", removed)
+        warm_up("server")  # before registering: compiling later would silence the heartbeats
         try:
             book = self.link.register()
             name = self.link.name

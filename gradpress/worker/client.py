@@ -24,6 +24,7 @@ from ..compressors import build_compressor
 from ..trace import Tracer, now_us
 from ..config import Settings
 from ..errors import JobError, NodeLostError, OpTimeoutError, TensorMismatchError
+from ..kernels.warmup import warm_up
 from ..node import AddressBook, SchedulerLink
 from ..placement import make_key, partition_counts
 from ..protocol import Op
@@ -110,6 +111,7 @@ class WorkerClient:
     # ---- calls from any thread ------------------------------------------
 
     def start(self) -> AddressBook:
+        warm_up("worker")  # before registering: compiling later would silence the heartbeats
         self._thread.start()
         self._ready.wait(self.s.connect_timeout_s + 5)
         if self.fatal:
@@ -141,6 +143,10 @@ class WorkerClient:
         parts = partition_counts(count, np.dtype(dtype).itemsize, self.s.partition_bytes)
         self._submit(("declare", name, (count, dtype, parts, codec), fut))
         return fut.result(self.s.op_timeout_s + 5)
+
+    def tensor(self, name: str) -> Tensor | None:
+        """The declared tensor ``name`` (keys, partitions, compressor state), or None."""
+        return self._tensors.get(name)
 
     def push_pull_async(self, name: str, src, out, divisor: int, priority: int,
                         codec: dict | None = None, lr: float | None = None) -> Future:

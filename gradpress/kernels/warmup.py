@@ -1,0 +1,54 @@
+"""Load (or, the first time on a machine, compile) every Numba kernel a node may use.
+
+Numba compiles on first call and holds the GIL meanwhile: seconds per codec on a
+cold cache. Done inside a server's engine thread or a worker's communication
+thread, that would silence the node's heartbeats, so nodes call this before they
+register, where no liveness clock runs yet. From a warm cache it takes a fraction
+of a second.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+# one configuration per codec and option that selects a different kernel
+_CONFIGS = [
+    {"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov", "scaling": True},
+    {"compressor": "onebit", "ef": "corrected", "scaling": "l2"},
+    {"compressor": "topk", "k": 0.25, "ef": "vanilla"},
+    {"compressor": "randomk", "k": 0.25, "ef": "vanilla", "seed": 1, "scaling": True},
+    {"compressor": "dithering", "s": 7, "partition": "natural", "normalize": "max", "ef": "vanilla", "seed": 1},
+    {"compressor": "dithering", "s": 3, "partition": "linear", "normalize": "l2", "seed": 1},
+    {"compressor": "fp16", "ef": "vanilla"},
+]
+
+
+def warm_up(role: str) -> float:
+    """Run every kernel ``role`` (worker or server) can call once, on tiny arrays; returns seconds."""
+    from ..compressors import build_compressor
+    from ..server import kernels as server_kernels
+
+    start = time.perf_counter()
+    x = np.linspace(-1.0, 1.0, 257, dtype=np.float32)
+    for params in _CONFIGS:
+        c = build_compressor(params, role)
+        for rnd in range(2):  # the second round takes the error-feedback and momentum paths
+            header, buffers = c.compress(x, key=1, round=rnd, lr=0.1)
+            frames = [bytes(memoryview(np.ascontiguousarray(b)).cast("B")) for b in buffers]  # read-only, as received
+            out = np.empty_like(x)
+            c.decompress(header, frames, out, key=1, round=rnd)
+            c.decompress_add(header, frames, out, key=1, round=rnd)
+    if role == "server":
+        for dtype in (np.float16, np.float32, np.float64):
+            src = np.frombuffer(x.astype(dtype).tobytes(), dtype)
+            acc = np.empty(x.size, np.float64 if dtype == np.float64 else np.float32)
+            server_kernels.accumulate(acc, src, first=True)
+            server_kernels.accumulate(acc, src, first=False)
+        server_kernels.to_half(np.ascontiguousarray(x))
+    seconds = time.perf_counter() - start
+    log.info("kernels ready in %.2f s", seconds)
+    return seconds
