@@ -1,5 +1,4 @@
 """DistributedOptimizer and broadcasts across real worker processes."""
-import json
 
 import pytest
 import torch

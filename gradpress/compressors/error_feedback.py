@@ -9,19 +9,19 @@ overflow such as fp16 beyond 65504), compress raises ValueError and no state cha
 Returned buffers may alias this wrapper's scratch memory: they stay valid until the next
 ``compress`` of the same key.
 """
-from typing import Any, Sequence
+from typing import Any
 
 from gradpress.compressors.array_ops import check_same_layout, ops_for, to_host
+from gradpress.compressors.wrapper import Wrapper
 from gradpress.compressors.base import Compressor, Header, Buffers
 
 
-class ErrorFeedback:
+class ErrorFeedback(Wrapper):
     """Wraps a stateless ``Compressor``; offers the same compress/decompress interface."""
 
     def __init__(self, inner: Compressor, corrected: bool = False) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.corrected = corrected
-        self.name = inner.name
         self._residuals: dict = {}  # key -> e
         self._spares: dict = {}  # key -> (p scratch, D(c) scratch)
         self._lrs: dict = {}  # key -> learning rate of the key's previous step
@@ -59,17 +59,6 @@ class ErrorFeedback:
         if lr is not None:
             self._lrs[key] = lr
         return header, buffers
-
-    def decompress(self, header: Header, buffers: Sequence[Any], out: Any, key: int,
-                   round: int) -> None:
-        self.inner.decompress(header, buffers, out, key, round)
-
-    def decompress_add(self, header: Header, buffers: Sequence[Any], acc: Any, key: int,
-                       round: int) -> None:
-        self.inner.decompress_add(header, buffers, acc, key, round)
-
-    def nbytes(self, header: Header, buffers: Sequence[Any]) -> int:
-        return self.inner.nbytes(header, buffers)
 
     def residual(self, key: int) -> Any:
         """The current residual of ``key`` (None before its first step)."""

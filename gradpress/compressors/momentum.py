@@ -4,21 +4,21 @@ m = mu * m + g; p = mu * m + g; push C(p) through the wrapped compressor.
 The first step of a key starts from m = 0. NaN/inf in m raises ValueError and leaves the
 momentum unchanged; so does any error of the wrapped compressor.
 """
-from typing import Any, Sequence
+from typing import Any
 
 from gradpress.compressors.array_ops import check_same_layout, ops_for, to_host
+from gradpress.compressors.wrapper import Wrapper
 from gradpress.compressors.base import Header, Buffers
 
 
-class Momentum:
+class Momentum(Wrapper):
     """Wraps ErrorFeedback (or a bare codec); same compress/decompress interface."""
 
     def __init__(self, inner: Any, mu: float = 0.9) -> None:
         if not 0.0 <= mu < 1.0:
             raise ValueError(f"momentum mu must be in [0, 1), got {mu}")
-        self.inner = inner
+        super().__init__(inner)
         self.mu = mu
-        self.name = inner.name
         self._momenta: dict = {}  # key -> m
         self._spares: dict = {}  # key -> (m scratch, p scratch)
 
@@ -43,17 +43,6 @@ class Momentum:
         self._momenta[key] = m_new
         self._spares[key] = (momentum if momentum is not None else ops.empty_like(g), p)
         return header, buffers
-
-    def decompress(self, header: Header, buffers: Sequence[Any], out: Any, key: int,
-                   round: int) -> None:
-        self.inner.decompress(header, buffers, out, key, round)
-
-    def decompress_add(self, header: Header, buffers: Sequence[Any], acc: Any, key: int,
-                       round: int) -> None:
-        self.inner.decompress_add(header, buffers, acc, key, round)
-
-    def nbytes(self, header: Header, buffers: Sequence[Any]) -> int:
-        return self.inner.nbytes(header, buffers)
 
     def state_dict(self) -> dict:
         """Momenta (numpy copies) per key, and the wrapped compressor's state."""

@@ -2,7 +2,7 @@
 ValueError that says what is accepted. Values may be given as strings (as BytePS's
 environment-style configuration does)."""
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")

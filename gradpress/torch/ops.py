@@ -186,7 +186,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
     on_gpu = codec is not None and tensor.is_cuda and output.is_cuda and contiguous
     direct = (tensor.device.type == "cpu" and output.device.type == "cpu" and tensor.dtype in _WIRE
               and _WIRE[tensor.dtype] == tensor.dtype and contiguous)
-    finish = None
+    finish: Callable[[], None] | None = None
     if on_gpu:  # CUDA kernels compress straight from device memory
         src = tensor.detach().reshape(-1)
         out = src if output is tensor else output.detach().reshape(-1)
@@ -201,9 +201,10 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
         arr = staging.numpy()
         future = client.push_pull_async(name, arr, arr, divisor, priority, codec, lr)
 
-        def finish(staging=staging, output=output) -> None:
+        def copy_back(staging=staging, output=output) -> None:
             with torch.no_grad():
                 output.copy_(staging.view(output.shape))
+        finish = copy_back
     handle = next(_handle_ids)
     _handles[handle] = _Pending(future, output, finish)
     return handle
