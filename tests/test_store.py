@@ -120,3 +120,32 @@ def test_async_mode_adds_at_once_and_pulls_read_the_store():
     assert np.all(snapshot == 5)
     k.push(B, 1, arr(1))
     assert np.all(snapshot == 5), "a pulled snapshot must not change under later pushes"
+
+
+def test_compressed_key_sums_decoded_pushes_and_refuses_malformed_payloads_intact():
+    from gradpress.compressors import build_compressor
+    from gradpress.server.store import Payload
+    params = {"compressor": "onebit", "ef": "vanilla", "scaling": True}
+    k = KeyState(key=5, name="w", count=64, dtype="float32", num_workers=2, codec_params=params)
+    worker = build_compressor(params, "worker")
+    xa, xb = np.linspace(-1, 1, 64, dtype=np.float32), np.linspace(2, -2, 64, dtype=np.float32)
+    ma, ba = worker.compress(xa, key=5, round=0)
+    mb, bb = worker.compress(xb, key=5, round=0)
+    k.push(A, 0, Payload(ma, [np.asarray(b).tobytes() for b in ba]))
+    before = k.acc.copy()
+    for meta, bufs in [(mb, [np.asarray(bb[0]).tobytes()]),           # a buffer missing
+                       (mb, [b"\x00" * 3, np.asarray(bb[1]).tobytes()]),  # a scale of 3 bytes
+                       ({"codec": "onebit", "n": 65}, [np.asarray(b).tobytes() for b in bb])]:  # wrong length
+        with pytest.raises(PushError, match="malformed onebit payload"):
+            k.push(B, 0, Payload(meta, bufs))
+        assert np.array_equal(k.acc, before), "a refused payload changed the sum"
+    with pytest.raises(PushError, match="encoded as"):
+        k.decode({"dtype": "float32", "count": 64}, [xb.tobytes()])  # raw values for a compressed key
+    k.push(B, 0, Payload(mb, [np.asarray(b).tobytes() for b in bb]))
+    [reply] = k.pull(A, 0)
+    assert reply.fields["codec"] == "onebit" and reply.buffers, reply.fields
+    out = np.empty(64, np.float32)
+    worker.decompress(reply.fields["meta"], reply.buffers, out, key=5, round=0)
+    total = np.abs(xa).mean() * np.where(xa < 0, -1, 1) + np.abs(xb).mean() * np.where(xb < 0, -1, 1)
+    want = np.abs(total).mean() * np.where(total < 0, -1, 1)  # the server compresses the sum again
+    np.testing.assert_allclose(out, want, rtol=1e-6)
