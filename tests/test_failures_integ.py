@@ -202,3 +202,13 @@ def test_nodes_that_register_early_are_not_lost_while_the_rest_arrive(cluster):
     for i in range(2):
         c._spawn(f"worker {i}", [sys.executable, str(script)], DMLC_ROLE="worker", DMLC_WORKER_ID=str(i))
     c.assert_success(60)
+
+
+def test_a_worker_that_finishes_early_waits_for_the_others_without_losing_the_scheduler(cluster):
+    c = cluster(workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S)})
+    c.start("import time, torch, gradpress.torch as bps\nbps.init()\n"
+            "bps.push_pull(torch.ones(3), name='x')\n"
+            "if bps.rank() == 1: time.sleep(3 * %s)\n"
+            "bps.shutdown()\nprint('done', flush=True)\n" % HEARTBEAT_TIMEOUT_S)
+    c.assert_success(60)
+    assert "done" in c.log("worker 0")

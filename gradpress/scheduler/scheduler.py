@@ -232,7 +232,8 @@ class Scheduler:
         if now - self._last_beat < self.s.heartbeat_interval_s:
             return
         self._last_beat = now
-        self._send_each([m.identity for m in self.members.values() if not m.finished], Op.HEARTBEAT)
+        # finished workers too: they wait for SHUTDOWN and would otherwise think us dead
+        self._send_each([m.identity for m in self.members.values()], Op.HEARTBEAT)
 
     def _end(self, code: int, reason: str) -> None:
         self._send_each([m.identity for m in self.members.values()], Op.SHUTDOWN, reason=reason)
