@@ -3,9 +3,10 @@ from .broadcast import broadcast_object, broadcast_optimizer_state, broadcast_pa
 from .compression import Compression
 from .ops import (declare, init, local_rank, local_size, poll, push_pull, push_pull_async,
                   push_pull_async_inplace, push_pull_inplace, rank, shutdown, size, synchronize)
+from .onebit_adam import OneBitAdam
 from .optimizer import DistributedOptimizer
 
 __all__ = ["init", "shutdown", "rank", "size", "local_rank", "local_size", "declare",
            "push_pull", "push_pull_async", "push_pull_inplace", "push_pull_async_inplace",
-           "poll", "synchronize", "DistributedOptimizer", "Compression",
+           "poll", "synchronize", "DistributedOptimizer", "OneBitAdam", "Compression",
            "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object"]

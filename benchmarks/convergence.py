@@ -1,0 +1,280 @@
+"""Convergence of Adam-family training with compressed push/pull, on real data, real processes.
+
+    python benchmarks/convergence.py [--quick] [--tasks digits,lm] [--settings adam,onebit,...]
+                                     [--seeds 0,1,2] [--define NAME=JSON]
+
+For each task (digits CNN; byte-level transformer LM on the stdlib's sources, see
+``convergence_models.py``) and each setting, a job of 2 workers + 1 server is started with
+``gradpress-launch --local``; both workers use the same seed, recipe and number of steps.
+Settings (``SETTINGS``): uncompressed Adam; Adam on two-way onebit + error feedback; on
+topk 1% + EF; on randomk at about 333x against fp16 + EF; 1-bit Adam (``OneBitAdam``).
+
+Reported per run: final validation accuracy (digits) or loss (lm), payload bytes on the
+wire per step per worker (pushed + pulled, counted by the worker client over the training
+steps only) and the compression ratio against fp32 and fp16 (the same parameters pushed
+and pulled as 4 or 2 bytes per element). Charts: ``docs/convergence_<task>.png``. The last
+line is ``RESULT {json}`` with ``digits_<setting>_acc``, ``lm_<setting>_loss`` and
+``<setting>_ratio_fp16`` (from the digits runs when there are any), averaged over seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# What a setting sends. "params"/"rules": DistributedOptimizer's compression_params and
+# compression_rules (None: uncompressed); "optimizer": "onebit_adam" selects OneBitAdam;
+# "env": settings of the job (e.g. BYTEPS_PARTITION_BYTES, the block of a onebit scale).
+# Every compressed setting runs with BYTEPS_MIN_COMPRESS_BYTES=0: the rules alone decide
+# what is exempt, so the bytes counted are what the settings say.
+SMALL = [("*bias", {"compressor": "none"}), ("*norm*", {"compressor": "none"})]
+SETTINGS = {
+    "adam": {"params": None},
+    "onebit": {"params": {"compressor": "onebit", "scaling": "l2", "ef": "corrected"}, "rules": SMALL},
+    "topk": {"params": {"compressor": "topk", "k": 0.01, "ef": "corrected"}, "rules": SMALL},
+    "randomk": {"params": {"compressor": "randomk", "k": 0.0014, "seed": 1, "ef": "corrected"}},
+    "onebit_adam": {"optimizer": "onebit_adam", "freeze": 0.25, "eps": 1e-8, "variance_floor": 0.1,
+                    "params": {"compressor": "onebit", "scaling": "l2", "ef": "vanilla"}, "rules": SMALL},
+}
+# The same recipe for every setting of a task: Adam, lr with a linear warm-up over
+# `warmup` of the steps then cosine decay to 10%; batch per worker.
+RECIPES = {
+    "digits": {"steps": 600, "batch": 32, "lr": 2e-3, "warmup": 0.05, "eval_every": 25},
+    "lm": {"steps": 400, "batch": 16, "lr": 2e-3, "warmup": 0.05, "eval_every": 25},
+}
+QUICK = {"digits": 150, "lm": 100}
+
+
+# ---- one worker of one run ------------------------------------------------------------
+
+def lr_factor(step: int, steps: int, warmup: float) -> float:
+    w = max(1, int(warmup * steps))
+    if step < w:
+        return (step + 1) / w
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - w) / max(1, steps - w)))
+
+
+def run_worker(args) -> None:
+    import torch
+    import gradpress.torch as bps
+    from gradpress.torch import ops
+    from convergence_models import TASKS
+
+    torch.set_num_threads(1)
+    spec = json.loads(args.spec)
+    recipe = json.loads(args.recipe)
+    bps.init()
+    rank, size = bps.rank(), bps.size()
+    task = TASKS[args.task](args.seed)
+    torch.manual_seed(args.seed)
+    model = task.model()
+    named = list(model.named_parameters())
+    steps = recipe["steps"]
+    rules = [tuple(r) for r in spec.get("rules") or []]
+    if spec.get("optimizer") == "onebit_adam":
+        freeze = max(1, int(spec["freeze"] * steps))
+        opt = bps.OneBitAdam(model.parameters(), lr=recipe["lr"], eps=spec["eps"], freeze_step=freeze,
+                             compression_params=spec.get("params"), compression_rules=rules,
+                             named_parameters=named, variance_floor=spec["variance_floor"])
+    else:
+        freeze = None
+        opt = bps.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=recipe["lr"]),
+                                       named_parameters=named, compression_params=spec.get("params"),
+                                       compression_rules=rules)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, recipe["warmup"]))
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    client = ops._require()
+    start = (client.bytes_pushed, client.bytes_pulled)
+    at_freeze = None
+    batches = task.batches(rank, size, recipe["batch"], args.seed)
+    losses, evals = [], []
+    t0 = time.perf_counter()
+    for step in range(steps):
+        if freeze is not None and step == freeze:
+            at_freeze = (client.bytes_pushed, client.bytes_pulled)
+        x, y = next(batches)
+        opt.zero_grad()
+        loss = task.loss(model, x, y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if rank == 0 and ((step + 1) % recipe["eval_every"] == 0 or step + 1 == steps):
+            evals.append({"step": step + 1, **task.evaluate(model)})
+    seconds = time.perf_counter() - t0
+    end = (client.bytes_pushed, client.bytes_pulled)
+    # sanity: every worker holds the same parameters (after the byte count)
+    digest = float(sum(p.detach().double().sum() * (i + 1) for i, p in enumerate(model.parameters())))
+    digests = [bps.broadcast_object(digest, root_rank=r, name=f"digest.{r}") for r in range(size)]
+    if rank == 0:
+        d = sum(p.numel() for p in model.parameters())
+        out = {"task": args.task, "setting": args.setting, "seed": args.seed, "steps": steps,
+               "params": d, "seconds": seconds, "train_loss": losses, "evals": evals,
+               "final": evals[-1], "identical": len(set(digests)) == 1,
+               "pushed_per_step": (end[0] - start[0]) / steps, "pulled_per_step": (end[1] - start[1]) / steps}
+        if at_freeze is not None:
+            out["frozen_per_step"] = (end[0] - at_freeze[0] + end[1] - at_freeze[1]) / (steps - freeze)
+        with open(args.out, "w") as fh:
+            json.dump(out, fh)
+    bps.shutdown()
+
+
+# ---- the driver -------------------------------------------------------------------------
+
+def launch(task: str, setting: str, spec: dict, recipe: dict, seed: int, tmp: str) -> dict:
+    out = os.path.join(tmp, f"{task}_{setting}_{seed}.json")
+    # GRADPRESS_SHM=0: results travel in frames, so the client counts pulled bytes too
+    # BYTEPS_SCHEDULING_CREDIT large: with more tensors than credit, two workers whose gradient
+    # hooks fire at different times can fill their credit with disjoint keys and wait forever
+    # (seen with the LM's 30 tensors; see docs/convergence.md)
+    env = dict(os.environ, OMP_NUM_THREADS="1", GRADPRESS_SHM="0", BYTEPS_SCHEDULING_CREDIT="4096", PYTHONPATH=os.pathsep.join([ROOT, HERE]),
+               BYTEPS_MIN_COMPRESS_BYTES="0" if spec.get("params") else os.environ.get(
+                   "BYTEPS_MIN_COMPRESS_BYTES", "65536"), **spec.get("env", {}))
+    cmd = [sys.executable, "-m", "gradpress.launcher", "--local", "--workers", "2", "--servers", "1", "--",
+           sys.executable, os.path.abspath(__file__), "--worker", "--task", task, "--setting", setting,
+           "--seed", str(seed), "--spec", json.dumps(spec), "--recipe", json.dumps(recipe), "--out", out]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0 or not os.path.exists(out):
+        raise RuntimeError(f"{task}/{setting} seed {seed} failed (exit {proc.returncode}):\n"
+                           f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    with open(out) as fh:
+        return json.load(fh)
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Mean over seeds of the final metrics and the bytes per step."""
+    first = runs[0]
+    wire = sum(r["pushed_per_step"] + r["pulled_per_step"] for r in runs) / len(runs)
+    d = first["params"]
+    s = {"acc": sum(r["final"]["acc"] for r in runs) / len(runs),
+         "loss": sum(r["final"]["loss"] for r in runs) / len(runs),
+         "acc_runs": [r["final"]["acc"] for r in runs], "loss_runs": [r["final"]["loss"] for r in runs],
+         "bytes": wire, "ratio_fp32": 2 * 4 * d / wire, "ratio_fp16": 2 * 2 * d / wire,
+         "seconds": sum(r["seconds"] for r in runs) / len(runs),
+         "identical": all(r["identical"] for r in runs)}
+    if "frozen_per_step" in first:
+        frozen = sum(r["frozen_per_step"] for r in runs) / len(runs)
+        s["frozen_bytes"] = frozen
+        s["frozen_ratio_fp16"] = 2 * 2 * d / frozen
+    return s
+
+
+def chart(task: str, results: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    metric = "acc" if task == "digits" else "loss"
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for setting, runs in results.items():
+        losses = runs[0]["train_loss"]
+        ema, smooth = losses[0], []
+        for v in losses:
+            ema = 0.95 * ema + 0.05 * v
+            smooth.append(ema)
+        line, = left.plot(range(1, len(smooth) + 1), smooth, label=setting)
+        steps = [e["step"] for e in runs[0]["evals"]]
+        right.plot(steps, [sum(r["evals"][i][metric] for r in runs) / len(runs) for i in range(len(steps))],
+                   color=line.get_color(), label=setting)
+    left.set(xlabel="step", ylabel="training loss (worker 0, EMA 0.95)", title=f"{task}: training loss")
+    left.set_yscale("log")
+    right.set(xlabel="step", ylabel="validation " + ("accuracy" if metric == "acc" else "loss"),
+              title=f"{task}: validation {'accuracy' if metric == 'acc' else 'loss'} (mean of seeds)")
+    if metric == "acc":
+        right.set_ylim(0.8, 1.0)
+    else:
+        right.set_ylim(top=min(4.0, right.get_ylim()[1]))
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a quarter of the steps, the first seed")
+    p.add_argument("--tasks", default="digits,lm")
+    p.add_argument("--settings", default=",".join(SETTINGS))
+    p.add_argument("--seeds", default="0,1", help="comma-separated seeds; metrics are averaged")
+    p.add_argument("--define", action="append", default=[], metavar="NAME=JSON",
+                   help="add or replace a setting, e.g. 'onebit_l1={\"params\": {...}}'")
+    p.add_argument("--steps", type=int, help="override every task's steps")
+    p.add_argument("--charts", default=os.path.join(ROOT, "docs"), help="folder for the PNGs ('' for none)")
+    p.add_argument("--json", help="also write all runs here")
+    # worker mode (started by the launcher)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    for name in ("task", "setting", "spec", "recipe", "out"):
+        p.add_argument("--" + name, help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return run_worker(args)
+
+    settings = dict(SETTINGS)
+    for d in args.define:
+        name, _, spec = d.partition("=")
+        settings[name] = json.loads(spec)
+    names = [s for s in args.settings.split(",") if s]
+    unknown = [s for s in names if s not in settings]
+    if unknown:
+        p.error(f"unknown settings {unknown}; known: {', '.join(settings)}")
+    seeds = [int(s) for s in args.seeds.split(",")][:1 if args.quick else None]
+    tasks = [t for t in args.tasks.split(",") if t]
+    results, summary, everything = {}, {}, []
+    t_start = time.time()
+    with tempfile.TemporaryDirectory(prefix="gp-convergence-") as tmp:
+        for task in tasks:
+            recipe = dict(RECIPES[task])
+            if args.quick:
+                recipe["steps"] = QUICK[task]
+            if args.steps:
+                recipe["steps"] = args.steps
+            results[task] = {}
+            for setting in names:
+                runs = [launch(task, setting, settings[setting], recipe, seed, tmp) for seed in seeds]
+                results[task][setting] = runs
+                everything += runs
+                s = summary[(task, setting)] = summarise(runs)
+                print(f"{task:6s} {setting:14s} acc {s['acc']:.4f} loss {s['loss']:.4f} "
+                      f"bytes/step {s['bytes']:10.0f} x{s['ratio_fp32']:7.1f} fp32 x{s['ratio_fp16']:7.1f} fp16"
+                      + (f" (after freeze x{s['frozen_ratio_fp16']:.1f} fp16)" if "frozen_ratio_fp16" in s else "")
+                      + f"  {s['seconds']:.1f} s/run" + ("" if s["identical"] else "  WORKERS DIFFER"),
+                      flush=True)
+            if args.charts:
+                chart(task, results[task], os.path.join(args.charts, f"convergence_{task}.png"))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"runs": everything, "summary": {f"{t}_{s}": v for (t, s), v in summary.items()}}, fh)
+    print(f"\n| setting | " + " | ".join(f"{t} {'accuracy' if t == 'digits' else 'val loss'}" for t in tasks)
+          + " | bytes/step/worker (" + ", ".join(tasks) + ") | ratio vs fp32 | ratio vs fp16 |")
+    print("| --- " * (4 + len(tasks)) + "|")
+    for setting in names:
+        cells = [f"{summary[(t, setting)]['acc' if t == 'digits' else 'loss']:.4f}" for t in tasks]
+        wire = ", ".join(f"{summary[(t, setting)]['bytes']:.0f}" for t in tasks)
+        r32 = ", ".join(f"{summary[(t, setting)]['ratio_fp32']:.1f}" for t in tasks)
+        r16 = ", ".join(f"{summary[(t, setting)]['ratio_fp16']:.1f}" for t in tasks)
+        print(f"| {setting} | " + " | ".join(cells) + f" | {wire} | {r32} | {r16} |")
+    result = {}
+    for setting in names:
+        if "digits" in tasks:
+            result[f"digits_{setting}_acc"] = round(summary[("digits", setting)]["acc"], 4)
+        if "lm" in tasks:
+            result[f"lm_{setting}_loss"] = round(summary[("lm", setting)]["loss"], 4)
+        ratio_task = "digits" if "digits" in tasks else tasks[0]
+        result[f"{setting}_ratio_fp16"] = round(summary[(ratio_task, setting)]["ratio_fp16"], 1)
+    print(f"total {time.time() - t_start:.0f} s")
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
