@@ -35,7 +35,7 @@ class Settings:
     local_rank: int = _setting(0, "BYTEPS_LOCAL_RANK", "index of this worker process on its machine")
     local_size: int = _setting(1, "BYTEPS_LOCAL_SIZE", "number of worker processes on this machine")
     partition_bytes: int = _setting(4096000, "BYTEPS_PARTITION_BYTES", "tensors are split into partitions of at most this many bytes")
-    scheduling_credit: int = _setting(8, "BYTEPS_SCHEDULING_CREDIT", "partitions a worker keeps in flight at once")
+    scheduling_credit: int = _setting(8, "BYTEPS_SCHEDULING_CREDIT", "partition pushes a worker keeps on the wire (not yet acknowledged by a server)")
     server_engine_threads: int = _setting(2, "BYTEPS_SERVER_ENGINE_THREAD", "numeric engine threads per server")
     enable_async: bool = _setting(False, "BYTEPS_ENABLE_ASYNC", "asynchronous mode: pushes add into the store at once, pulls read it as it is")
     shm: bool = _setting(True, "GRADPRESS_SHM", "a worker and a server on the same host exchange data through shared memory (/dev/shm)")

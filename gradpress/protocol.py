@@ -38,6 +38,7 @@ class Op(IntEnum):
     PULL = 13          # worker -> server: ask for a round's aggregate of a key
     PULL_REPLY = 14    # server -> worker: the aggregate
     ERROR = 15         # any -> any: what went wrong, with the key/tensor concerned
+    PUSH_ACK = 16      # server -> worker: a push was taken (frees the worker's credit)
 
 
 # Schema: op -> (required fields, optional fields), each field name -> accepted types.
@@ -67,6 +68,7 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     Op.PULL_REPLY: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
                     {"codec": _STR, "meta": (dict,), "shm": _STR, "slot": _INT}),
     Op.ERROR: ({"message": _STR}, {"key": _INT, "round": _INT, "name": _STR}),
+    Op.PUSH_ACK: ({"key": _INT, "round": _INT}, {}),
 }
 
 # Common fields every header carries.

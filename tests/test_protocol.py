@@ -22,6 +22,7 @@ VALID = {
     Op.PULL: dict(key=7, round=2),
     Op.PULL_REPLY: dict(key=7, round=2, dtype="float32", count=9),
     Op.ERROR: dict(message="bad", key=7, round=2, name="w"),
+    Op.PUSH_ACK: dict(key=7, round=2),
 }
 
 

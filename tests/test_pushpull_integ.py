@@ -75,3 +75,26 @@ def test_async_mode_adds_pushes_at_once_and_pulls_read_the_store(cluster):
     c = cluster(workers=2, servers=1, env={"BYTEPS_ENABLE_ASYNC": "1"})
     c.start(ASYNC).assert_success()
     assert "OK async" in c.log("worker 0")
+
+
+CROSSED_ORDER = """
+import torch, gradpress.torch as bps
+bps.init()
+r = bps.rank()
+names = [f"t{i}" for i in range(6)]
+for n in names:  # declared alike, then started in opposite orders, as gradient hooks may fire
+    bps.push_pull(torch.zeros(1000), name=n)
+order = names if r == 0 else names[::-1]
+handles = {n: bps.push_pull_async(torch.full((1000,), float(r + 1)), average=False, name=n) for n in order}
+for n, h in handles.items():
+    assert torch.all(bps.synchronize(h) == 3), n
+print("OK crossed", flush=True)
+bps.shutdown()
+"""
+
+
+def test_credit_never_deadlocks_workers_that_start_tensors_in_different_orders(cluster):
+    # credit counts pushes on the wire, not rounds waiting for the other workers' pushes
+    c = cluster(workers=2, servers=1, env={"BYTEPS_SCHEDULING_CREDIT": "1", "GRADPRESS_OP_TIMEOUT_S": "10"})
+    c.start(CROSSED_ORDER).assert_success(60)
+    assert "OK crossed" in c.log("worker 0")

@@ -74,7 +74,11 @@ class Engine(threading.Thread):
             if op == Op.PUSH:
                 values = self._shared_push(identity, header, state) if header.get("shm") \
                     else state.decode(header, frames)
-                return state.push(identity, header["round"], values, header.get("lr"))
+                replies = state.push(identity, header["round"], values, header.get("lr"))
+                # the ack frees the worker's credit now, not when every worker has pushed:
+                # credit held until then deadlocks workers that start keys in different orders
+                ack = Reply(identity, Op.PUSH_ACK, {"key": header["key"], "round": header["round"]}, [])
+                return [ack] + replies
             return state.pull(identity, header["round"])
         except PushError as e:
             log.warning("dropped %s from %s: %s", op.name, header["from"], e)

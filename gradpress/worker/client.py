@@ -73,6 +73,7 @@ class PartitionOp:
     server: int = 0
     deadline: float = 0.0
     sent_us: float = 0.0
+    acked: bool = False   # the server took the push: its credit is free again
 
 
 class WorkerClient:
@@ -339,8 +340,9 @@ class WorkerClient:
         self._busy_keys.add(op.key)
 
     def _done(self, op: PartitionOp) -> None:
-        """The op left flight (landed or failed): free its credit and its key."""
-        self._queue.release()
+        """The op left flight (landed or failed): free its credit (if no ack did) and its key."""
+        if not op.acked:
+            self._queue.release()
         self._busy_keys.discard(op.key)
         held = self._held.get(op.key)
         if held:
@@ -350,7 +352,12 @@ class WorkerClient:
         _, h, frames = transport.recv(sock, routed=False)
         if h is None:
             return
-        if h["op"] == Op.PULL_REPLY:
+        if h["op"] == Op.PUSH_ACK:
+            op = self._in_flight.get((h["key"], h["round"]))
+            if op is not None and not op.acked:
+                op.acked = True
+                self._queue.release()
+        elif h["op"] == Op.PULL_REPLY:
             op = self._in_flight.pop((h["key"], h["round"]), None)
             if op is None:
                 log.warning("dropped a pull reply for key %d round %d that nothing waits for", h["key"], h["round"])

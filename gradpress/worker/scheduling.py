@@ -1,8 +1,11 @@
 """Which partition goes next: highest priority first, limited by credit.
 
 As in ByteScheduler, the parameters the next forward pass needs first get the
-highest priority, and only ``credit`` partitions are in flight at once, so an
-urgent partition never queues behind a long backlog already on the wire.
+highest priority, and only ``credit`` pushes are on the wire at once, so an
+urgent partition never queues behind a long backlog. A push's credit returns when
+the server acknowledges it, not when its round completes: rounds wait for every
+worker, and workers whose hooks fire in different orders would otherwise each hold
+their credit for rounds only the other can complete.
 """
 from __future__ import annotations
 
