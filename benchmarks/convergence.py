@@ -132,10 +132,7 @@ def run_worker(args) -> None:
 def launch(task: str, setting: str, spec: dict, recipe: dict, seed: int, tmp: str) -> dict:
     out = os.path.join(tmp, f"{task}_{setting}_{seed}.json")
     # GRADPRESS_SHM=0: results travel in frames, so the client counts pulled bytes too
-    # BYTEPS_SCHEDULING_CREDIT large: with more tensors than credit, two workers whose gradient
-    # hooks fire at different times can fill their credit with disjoint keys and wait forever
-    # (seen with the LM's 30 tensors; see docs/convergence.md)
-    env = dict(os.environ, OMP_NUM_THREADS="1", GRADPRESS_SHM="0", BYTEPS_SCHEDULING_CREDIT="4096", PYTHONPATH=os.pathsep.join([ROOT, HERE]),
+    env = dict(os.environ, OMP_NUM_THREADS="1", GRADPRESS_SHM="0", PYTHONPATH=os.pathsep.join([ROOT, HERE]),
                BYTEPS_MIN_COMPRESS_BYTES="0" if spec.get("params") else os.environ.get(
                    "BYTEPS_MIN_COMPRESS_BYTES", "65536"), **spec.get("env", {}))
     cmd = [sys.executable, "-m", "gradpress.launcher", "--local", "--workers", "2", "--servers", "1", "--",
