@@ -14,7 +14,6 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
@@ -29,51 +28,10 @@ from ..node import AddressBook, SchedulerLink
 from ..placement import make_key, partition_counts
 from ..protocol import Op
 from .future import Future
+from .jobs import PartitionOp, PushPull, Tensor
 from .scheduling import CreditQueue
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Tensor:
-    """A declared tensor: its id and, per partition, size, offset and server."""
-    name: str
-    count: int
-    dtype: str
-    tensor_id: int
-    parts: list[int]
-    servers: list[int]
-    codec: dict | None = None     # compression_params; None: uncompressed
-    offsets: list[int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.offsets = list(np.cumsum([0] + self.parts[:-1]))
-        # Momentum(ErrorFeedback(codec)); its state is kept per partition key
-        self.compressor = build_compressor(self.codec, "worker") if self.codec else None
-
-
-@dataclass
-class PushPull:
-    """One push_pull of a whole tensor: src is pushed, the aggregate lands in out."""
-    tensor: Tensor
-    src: np.ndarray
-    out: np.ndarray
-    divisor: int
-    future: Future
-    remaining: int
-    lr: float | None = None
-
-
-@dataclass
-class PartitionOp:
-    job: PushPull
-    index: int
-    key: int = 0
-    round: int = 0
-    server: int = 0
-    deadline: float = 0.0
-    sent_us: float = 0.0
-    acked: bool = False   # the server took the push: its credit is free again
 
 
 class WorkerClient:
