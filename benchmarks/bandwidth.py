@@ -173,7 +173,10 @@ def run_once(cluster: netns.Cluster, system: str, warmup: int, iters: int, port:
     worker_cmd = [sys.executable, str(Path(__file__).resolve()), "_train", system, str(warmup), str(iters)]
     try:
         if system.startswith("gp_"):
-            common = dict(DMLC_PS_ROOT_URI=cluster.addr("sched"), DMLC_PS_ROOT_PORT=str(port),
+            # the caller's gradpress settings apply (e.g. BYTEPS_SCHEDULING_CREDIT); the job's wiring wins
+            passed = {k: v for k, v in os.environ.items() if k.startswith(("BYTEPS_", "GRADPRESS_"))}
+            common = dict(**passed)
+            common.update(DMLC_PS_ROOT_URI=cluster.addr("sched"), DMLC_PS_ROOT_PORT=str(port),
                           DMLC_NUM_WORKER=str(NUM_WORKERS), DMLC_NUM_SERVER=str(NUM_SERVERS),
                           GRADPRESS_OP_TIMEOUT_S=str(int(deadline_s)), GRADPRESS_SHM="0")
             role = [sys.executable, "-m", "gradpress.launcher"]
