@@ -39,6 +39,8 @@ class Op(IntEnum):
     PULL_REPLY = 14    # server -> worker: the aggregate
     ERROR = 15         # any -> any: what went wrong, with the key/tensor concerned
     PUSH_ACK = 16      # server -> worker: a push was taken (frees the worker's credit)
+    STATE_GET = 17     # worker -> server: send me this key's error-feedback state (checkpoints)
+    STATE = 18         # both ways: a key's error-feedback state (reply, or install before a push)
 
 
 # Schema: op -> (required fields, optional fields), each field name -> accepted types.
@@ -69,6 +71,9 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
                     {"codec": _STR, "meta": (dict,), "shm": _STR, "slot": _INT}),
     Op.ERROR: ({"message": _STR}, {"key": _INT, "round": _INT, "name": _STR}),
     Op.PUSH_ACK: ({"key": _INT, "round": _INT}, {}),
+    Op.STATE_GET: ({"key": _INT}, {}),
+    # the residual travels as one float32 frame; none when the key has no residual yet
+    Op.STATE: ({"key": _INT}, {"lr": _NUM}),
 }
 
 # Common fields every header carries.

@@ -23,6 +23,8 @@ VALID = {
     Op.PULL_REPLY: dict(key=7, round=2, dtype="float32", count=9),
     Op.ERROR: dict(message="bad", key=7, round=2, name="w"),
     Op.PUSH_ACK: dict(key=7, round=2),
+    Op.STATE_GET: dict(key=7),
+    Op.STATE: dict(key=7, lr=0.01),
 }
 
 

@@ -71,6 +71,18 @@ class Engine(threading.Thread):
             state = self.keys.get(header["key"])
             if state is None:
                 raise PushError(f"key {header['key']}: its INIT_KEY was refused, so it takes no pushes or pulls")
+            if op == Op.STATE_GET:
+                residual, lr = state.server_state()
+                fields = {"key": header["key"]} if lr is None else {"key": header["key"], "lr": lr}
+                return [Reply(identity, Op.STATE, fields, [] if residual is None else [residual])]
+            if op == Op.STATE:
+                if len(frames) != 1:
+                    raise PushError(f"{state.describe()}: a state to restore carries {len(frames)} frames, expected 1")
+                buf = frames[0].buffer if hasattr(frames[0], "buffer") else frames[0]
+                if len(buf) % 4:
+                    raise PushError(f"{state.describe()}: a restored residual of {len(buf)} bytes")
+                state.load_server_state(np.frombuffer(buf, np.float32), header.get("lr"))
+                return []
             if op == Op.PUSH:
                 values = self._shared_push(identity, header, state) if header.get("shm") \
                     else state.decode(header, frames)
@@ -82,8 +94,10 @@ class Engine(threading.Thread):
             return state.pull(identity, header["round"])
         except PushError as e:
             log.warning("dropped %s from %s: %s", op.name, header["from"], e)
-            return [Reply(identity, Op.ERROR, {"message": str(e), "key": header["key"],
-                                               "round": header.get("round", 0)}, [])]
+            fields = {"message": str(e), "key": header["key"]}
+            if "round" in header:
+                fields["round"] = header["round"]
+            return [Reply(identity, Op.ERROR, fields, [])]
 
     def _init_key(self, identity: bytes, h: dict) -> list[Reply]:
         state = self.keys.get(h["key"])

@@ -92,7 +92,7 @@ class Server:
             if header is None:
                 continue
             op = header["op"]
-            if op not in (Op.INIT_KEY, Op.PUSH, Op.PULL):
+            if op not in (Op.INIT_KEY, Op.PUSH, Op.PULL, Op.STATE_GET, Op.STATE):
                 log.warning("dropped unexpected %s from %s", op.name, header["from"])
                 continue
             engine = self.key_engine.get(header["key"])

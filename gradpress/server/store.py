@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..compressors import build_compressor
+from ..compressors import ErrorFeedback, build_compressor
 from ..protocol import Op
 from ..trace import Tracer
 from . import kernels
@@ -99,6 +99,23 @@ class KeyState:
             if self.pushed:
                 slot[:] = self.acc
             self.acc = slot
+
+    def server_state(self) -> tuple[np.ndarray | None, float | None]:
+        """This key's error-feedback residual and last learning rate (None, None without EF)."""
+        if not isinstance(self.codec, ErrorFeedback):
+            return None, None
+        state = self.codec.state_dict()
+        return state["residuals"].get(self.key), state["lrs"].get(self.key)
+
+    def load_server_state(self, residual: np.ndarray, lr: float | None) -> None:
+        """Install a checkpointed residual (used at the next completed round)."""
+        if not isinstance(self.codec, ErrorFeedback):
+            raise PushError(f"{self.describe()}: it has no server error feedback to restore")
+        if residual.dtype != np.float32 or residual.size != self.count:
+            raise PushError(f"{self.describe()}: a restored residual of {residual.size} {residual.dtype} "
+                            f"values; the key holds {self.count} float32")
+        self.codec.load_state_dict({"residuals": {self.key: residual.copy()},
+                                    "lrs": {} if lr is None else {self.key: lr}})
 
     def describe(self) -> str:
         return f"key {self.key} (tensor {self.name!r})"

@@ -23,8 +23,9 @@ problem by hand, for rows known to get no gradient); ``variance_floor=0`` turns 
 Checkpoints: ``state_dict()`` holds the step count (hence the phase), ``m``, the frozen
 ``v`` and this worker's error-feedback residuals (by tensor name and partition, so they
 survive a new job whose keys differ). The residuals differ between workers: every worker
-saves and loads its own. The servers' residuals are not in it (they live on the servers
-and no protocol operation reads them): after a restore they restart from zero.
+saves and loads its own. The servers' residuals are in it too (read from the servers with
+STATE_GET, sent back ahead of each key's first push after the restore), so a resumed run
+continues bit for bit where the checkpoint left off.
 """
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ class OneBitAdam(torch.optim.Optimizer):
         self._codec = {id(p): policy.for_tensor(self._names[id(p)], p.numel() * p.element_size(),
                                                 str(p.dtype).replace("torch.", "")) for p in all_params}
         self._pending_residuals: dict[str, dict] = {}  # name -> checkpointed EF state, installed at first push
+        self._pending_server_residuals: dict[str, dict] = {}  # name -> the servers' side, sent with it
 
     # ---- the step -----------------------------------------------------------
 
@@ -189,15 +191,21 @@ class OneBitAdam(torch.optim.Optimizer):
                               for i in range(len(t.parts)) if make_key(t.tensor_id, i) in ef["residuals"]},
                 "lrs": {i: ef["lrs"][make_key(t.tensor_id, i)]
                         for i in range(len(t.parts)) if make_key(t.tensor_id, i) in ef["lrs"]}}
+        servers = dict(self._pending_server_residuals)
+        for name in self._names.values():
+            t = client.tensor(MOMENTUM_PREFIX + name)
+            if t is not None and t.compressor is not None and name not in servers:
+                servers[name] = {i: (None if r is None else torch.from_numpy(r), lr)
+                                 for i, (r, lr) in client.server_state(t.name).items()}
         sd["onebit"] = {"freeze_step": self.freeze_step, "variance_floor": self.variance_floor,
-                        "worker_residuals": residuals}
+                        "worker_residuals": residuals, "server_residuals": servers}
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore ``state_dict()``: phase, moments and (if present) this worker's residuals.
 
         The residuals are installed into the communication layer at the momentum's next
-        push; the servers' residuals start from zero.
+        push, and the servers' residuals go back to the servers just ahead of it.
         """
         state_dict = dict(state_dict)
         extra = state_dict.pop("onebit", None)
@@ -209,6 +217,7 @@ class OneBitAdam(torch.optim.Optimizer):
             self.freeze_step = extra["freeze_step"]
             self.variance_floor = extra["variance_floor"]
             self._pending_residuals = dict(extra["worker_residuals"])
+            self._pending_server_residuals = dict(extra.get("server_residuals", {}))
 
     def _install_residuals(self, name: str, buf: torch.Tensor, codec: dict) -> None:
         saved = self._pending_residuals.pop(name)
@@ -222,6 +231,8 @@ class OneBitAdam(torch.optim.Optimizer):
         state["residuals"].update({keys[i]: r.numpy() for i, r in saved["residuals"].items()})
         state["lrs"].update({keys[i]: lr for i, lr in saved["lrs"].items()})
         t.compressor.load_state_dict(state)
+        servers = self._pending_server_residuals.pop(name, {})
+        client.load_server_state(t.name, {i: (r.numpy(), lr) for i, (r, lr) in servers.items() if r is not None})
 
     def _all_params(self) -> list[torch.Tensor]:
         return [p for group in self.param_groups for p in group["params"]]

@@ -61,6 +61,8 @@ class WorkerClient:
         self._push_views: dict[int, np.ndarray] = {}   # key -> our shared push segment
         self._own_segments: list[shm.Segment] = []
         self._result_segments: dict[str, shm.Segment] = {}
+        self._state_requests: dict[int, tuple[int, dict, Future]] = {}  # key -> (partition, results, future)
+        self._state_to_load: dict[int, tuple[np.ndarray, float | None]] = {}  # key -> sent before its next push
         self._barriers: dict[tuple[str, int], Future] = {}
         self._barrier_seq = 0
         self._finish: Future | None = None
@@ -106,6 +108,30 @@ class WorkerClient:
     def tensor(self, name: str) -> Tensor | None:
         """The declared tensor ``name`` (keys, partitions, compressor state), or None."""
         return self._tensors.get(name)
+
+    def server_state(self, name: str) -> dict[int, tuple[np.ndarray | None, float | None]]:
+        """The servers' error-feedback state of tensor ``name``, per partition (for checkpoints).
+
+        Call it between steps: a key's state changes only when one of its rounds completes.
+        """
+        t = self._tensors.get(name)
+        if t is None:
+            raise ValueError(f"tensor {name!r} was never declared on this worker")
+        fut = Future(f"server state of tensor {name!r}")
+        self._submit(("state_get", t, fut))
+        return fut.result(self.s.op_timeout_s + 5)
+
+    def load_server_state(self, name: str, states: dict[int, tuple[np.ndarray, float | None]]) -> None:
+        """Restore the servers' state of ``name`` (per partition); it reaches each server
+        just before the key's next push."""
+        t = self._tensors.get(name)
+        if t is None:
+            raise ValueError(f"tensor {name!r} was never declared on this worker")
+        for i, (residual, _) in states.items():
+            if not 0 <= i < len(t.parts) or residual.size != t.parts[i]:
+                raise ValueError(f"tensor {name!r}: a server state for partition {i} of {residual.size} values "
+                                 f"does not fit its {len(t.parts)} partition(s) {t.parts}")
+        self._submit(("state_load", t, states))
 
     def push_pull_async(self, name: str, src, out, divisor: int, priority: int,
                         codec: dict | None = None, lr: float | None = None) -> Future:
@@ -236,6 +262,18 @@ class WorkerClient:
             self._barrier_seq += 1
             self._barriers[(group, self._barrier_seq)] = fut
             self.link.send(Op.BARRIER, group=group, seq=self._barrier_seq)
+        elif kind == "state_get":
+            _, t, fut = cmd
+            results: dict = {}
+            for i in range(len(t.parts)):
+                key = make_key(t.tensor_id, i)
+                self._state_requests[key] = (i, results, fut)
+                transport.send(self.servers[t.servers[i]], Op.STATE_GET, self.link.name, key=key)
+            self._deadlines.append((now + self.s.op_timeout_s, fut))
+        elif kind == "state_load":
+            _, t, states = cmd
+            for i, state in states.items():
+                self._state_to_load[make_key(t.tensor_id, i)] = state
         elif kind == "finish":
             self._finish = cmd[1]
             self.link.send(Op.FINISH)
@@ -267,6 +305,11 @@ class WorkerClient:
                 extra["shm"] = seg.name
             transport.send(sock, Op.INIT_KEY, name, key=op.key, name=t.name, count=n, dtype=t.dtype, **extra)
             self._inited.add(op.key)
+        restore = self._state_to_load.pop(op.key, None)
+        if restore is not None:  # a checkpointed server state goes just ahead of the push
+            residual, lr = restore
+            transport.send(sock, Op.STATE, self.link.name, [np.ascontiguousarray(residual, np.float32)],
+                           key=op.key, **({} if lr is None else {"lr": float(lr)}))
         op.round = self._rounds.get(op.key, 0)
         self._rounds[op.key] = op.round + 1
         fields = {"key": op.key, "round": op.round, "dtype": t.dtype, "count": n}
@@ -315,6 +358,16 @@ class WorkerClient:
             if op is not None and not op.acked:
                 op.acked = True
                 self._queue.release()
+        elif h["op"] == Op.STATE:
+            request = self._state_requests.pop(h["key"], None)
+            if request is None:
+                log.warning("dropped a server state for key %d that nothing asked for", h["key"])
+                return
+            partition, results, fut = request
+            residual = np.frombuffer(frames[0].buffer, np.float32).copy() if frames else None
+            results[partition] = (residual, h.get("lr"))
+            if not any(r[2] is fut for r in self._state_requests.values()):
+                fut.set(results)
         elif h["op"] == Op.PULL_REPLY:
             op = self._in_flight.pop((h["key"], h["round"]), None)
             if op is None:
@@ -328,6 +381,9 @@ class WorkerClient:
             ops = [o for (k, r), o in self._in_flight.items()
                    if k == h.get("key") and ("round" not in h or r == h["round"])]
             log.error("server %d: %s", rank, h["message"])
+            request = self._state_requests.pop(h.get("key"), None) if "round" not in h else None
+            if request is not None:
+                request[2].fail(JobError(f"server {rank}: {h['message']}"))
             for o in ops:
                 del self._in_flight[(o.key, o.round)]
                 self._done(o)
