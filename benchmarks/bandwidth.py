@@ -4,7 +4,7 @@
         [--systems gp_none,gp_onebit,gp_topk,gp_randomk,ddp,ddp_powersgd] [--iters N]
         [--warmup N] [--quick] [--chart docs/bandwidth.png] [--trace DIR] [--json FILE]
 
-Needs root. Every node gets a network namespace of its own (benchmarks/netns.py): a
+Needs root. Every node gets a network namespace of its own (gradpress/testing/netns.py): a
 scheduler, 2 servers and 2 workers for gradpress, the 2 workers' namespaces for DDP. Each
 node's link is limited by ``tc tbf`` to the rate, in both directions; traffic stays in a
 private 10.251.x.0/24 with no route out, and the namespaces are removed at the end, on
@@ -44,8 +44,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-import netns  # noqa: E402
+
+from gradpress.testing import netns  # noqa: E402
 
 SYSTEMS = ["gp_none", "gp_onebit", "gp_topk", "gp_randomk", "ddp", "ddp_powersgd"]
 COMPRESSION = {

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from gradpress.testing.netns import Cluster, ip
 from test_k8s_manifests import (K8S, REPO, Pod, config_map, container_env, container_port, expand, find,
                                 pod_fields, pods, render, service_selecting)
 
@@ -45,10 +46,6 @@ JOB_DEADLINE_S = 90.0
 NAMESPACE = "default"  # the manifests name none; kubectl applies them to the current one
 
 
-def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
-
-
 @pytest.fixture
 def netns_allowed():
     if os.geteuid() != 0:
@@ -57,63 +54,6 @@ def netns_allowed():
         pytest.skip("needs iproute2's `ip` to create network namespaces")
     if not (VENV_BIN / "gradpress-launch").exists():
         pytest.skip(f"needs the project venv at {VENV_BIN.parent} (make setup)")
-
-
-class Cluster:
-    """Network namespaces, one per pod, on a bridge in a namespace of its own."""
-
-    def __init__(self, prefix: str):
-        self.prefix = prefix
-        self.switch = f"{prefix}-sw"
-        self.subnet = f"10.250.{random.randrange(256)}"
-        self.namespaces: list[str] = []
-        self.made_etc_netns = not Path("/etc/netns").exists()
-
-    def start(self) -> None:
-        self._add_ns(self.switch)
-        ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-        ip("-n", self.switch, "link", "set", "br0", "up")
-
-    def add_pod(self, i: int) -> tuple[str, str]:
-        """A namespace wired to the bridge; returns its name and address."""
-        ns, addr = f"{self.prefix}-p{i}", f"{self.subnet}.{i + 2}"
-        self._add_ns(ns)
-        ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}", "netns", self.switch)
-        ip("-n", self.switch, "link", "set", f"p{i}", "master", "br0", "up")
-        ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-        ip("-n", ns, "link", "set", "eth0", "up")
-        ip("-n", ns, "link", "set", "lo", "up")
-        return ns, addr
-
-    def hosts(self, ns: str, entries: dict[str, str]) -> None:
-        d = Path("/etc/netns") / ns
-        d.mkdir(parents=True, exist_ok=True)
-        lines = ["127.0.0.1 localhost"] + [f"{addr} {name}" for name, addr in entries.items()]
-        (d / "hosts").write_text("\n".join(lines) + "\n")
-
-    def _add_ns(self, ns: str) -> None:
-        self.namespaces.append(ns)  # before creating: cleanup must see a half-made one
-        ip("netns", "add", ns)
-
-    def remove(self) -> None:
-        for ns in reversed(self.namespaces):
-            for pid in ip("netns", "pids", ns, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            ip("netns", "del", ns, check=False)  # takes its veths and the bridge with it
-            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
-        if self.made_etc_netns:
-            try:
-                Path("/etc/netns").rmdir()  # only if empty: another run may be using it
-            except OSError:
-                pass
-
-    def leftovers(self) -> list[str]:
-        listed = ip("netns", "list", check=False).stdout
-        return [ns for ns in self.namespaces
-                if re.search(rf"^{re.escape(ns)}\b", listed, re.M) or (Path("/etc/netns") / ns).exists()]
 
 
 class PodProcess:
@@ -229,19 +169,18 @@ def test_cpu_demo_job_runs_in_network_namespaces(netns_allowed, tmp_path):
     assert roles == ["scheduler", "server", "server", "worker", "worker"], \
         f"the CPU demo overlay should be 1 scheduler, 2 servers, 2 workers; it is {roles}"
 
-    cluster = Cluster(f"gpk{os.getpid() % 100000}{secrets.token_hex(2)}")
+    cluster = Cluster(f"gpk{os.getpid() % 100000}{secrets.token_hex(2)}", subnet=f"10.250.{random.randrange(256)}")
     procs: list[PodProcess] = []
     try:
         try:
             cluster.start()
         except subprocess.CalledProcessError as e:
             pytest.skip(f"cannot create network namespaces here: {e.stderr.strip()}")
-        placed = {p.name: cluster.add_pod(i) for i, p in enumerate(job_pods)}
-        addresses = {name: addr for name, (_, addr) in placed.items()}
+        addresses = {p.name: cluster.add_node(p.name) for p in job_pods}
         hosts = dns_entries(docs, addresses)
         for pod in job_pods:
-            ns, addr = placed[pod.name]
-            cluster.hosts(ns, hosts)
+            ns, addr = cluster.ns(pod.name), addresses[pod.name]
+            cluster.hosts(pod.name, hosts)
             assert not ip("-n", ns, "route", "show", "default").stdout.strip(), f"{ns} has a route out"
             procs.append(PodProcess(pod, docs, ns, addr, tmp_path, image_workdir()))
         scheduler = [p for p in procs if p.pod.role == "scheduler"]

@@ -1,4 +1,4 @@
-"""A cluster of Linux network namespaces with rate-limited links, for benchmarks.
+"""A cluster of Linux network namespaces with rate-limited links, for tests and benchmarks.
 
 One namespace per node, each with one interface ``eth0`` joined by a veth pair to a
 bridge that lives in a namespace of its own, so nothing touches the host's network and
@@ -74,11 +74,15 @@ class Cluster:
         self.rate: str | None = None
 
     def __enter__(self) -> "Cluster":
+        self.start()
+        return self
+
+    def start(self) -> None:
+        """The bridge's namespace (raises CalledProcessError where namespaces cannot be made)."""
         self._add_ns(self.switch)
         ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         ip("-n", self.switch, "link", "set", "br0", "up")
         ip("-n", self.switch, "link", "set", "lo", "up")
-        return self
 
     def __exit__(self, *exc) -> None:
         self.remove()
@@ -103,6 +107,13 @@ class Cluster:
 
     def addr(self, name: str) -> str:
         return self.nodes[name][1]
+
+    def hosts(self, name: str, entries: dict[str, str]) -> None:
+        """Names the node resolves (``ip netns exec`` mounts /etc/netns/<ns>/hosts as /etc/hosts)."""
+        d = Path("/etc/netns") / self.ns(name)
+        d.mkdir(parents=True, exist_ok=True)
+        lines = ["127.0.0.1 localhost"] + [f"{addr} {host}" for host, addr in entries.items()]
+        (d / "hosts").write_text("\n".join(lines) + "\n")
 
     def shape(self, rate: str) -> None:
         """Limit every node's link to ``rate`` in both directions (replacing earlier limits)."""
