@@ -252,7 +252,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"runs": everything, "summary": {f"{t}_{s}": v for (t, s), v in summary.items()}}, fh)
-    print(f"\n| setting | " + " | ".join(f"{t} {'accuracy' if t == 'digits' else 'val loss'}" for t in tasks)
+    print("\n| setting | " + " | ".join(f"{t} {'accuracy' if t == 'digits' else 'val loss'}" for t in tasks)
           + " | bytes/step/worker (" + ", ".join(tasks) + ") | ratio vs fp32 | ratio vs fp16 |")
     print("| --- " * (4 + len(tasks)) + "|")
     for setting in names:

@@ -9,7 +9,6 @@ call by the user.
 import json
 
 import pytest
-import torch
 
 pytestmark = pytest.mark.integ
 STEPS = 40
