@@ -15,7 +15,7 @@ import torch
 from gradpress.compressors import reference as ref
 from gradpress.compressors.dithering import code_width
 from gradpress.compressors.params import keep_count
-from gradpress.compression_policy import CompressionPolicy
+from gradpress.compressors.policy import CompressionPolicy
 from gradpress.placement import make_key
 
 pytestmark = pytest.mark.integ

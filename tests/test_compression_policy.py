@@ -1,7 +1,7 @@
 """Which tensors get which compression."""
 import pytest
 
-from gradpress.compression_policy import CompressionPolicy
+from gradpress.compressors.policy import CompressionPolicy
 
 ONEBIT = {"compressor": "onebit", "ef": "vanilla"}
 TOPK = {"compressor": "topk", "k": 0.01}

@@ -1,6 +1,6 @@
 """The scheduler's tensor declarations, without sockets."""
 from gradpress.placement import KeyPlacement
-from gradpress.protocol import Op
+from gradpress.net.protocol import Op
 from gradpress.scheduler.declarations import Declarations
 
 

@@ -11,8 +11,8 @@ import msgpack
 import pytest
 import zmq
 
-from gradpress import protocol
-from gradpress.protocol import Op
+from gradpress.net import protocol
+from gradpress.net.protocol import Op
 
 pytestmark = pytest.mark.integ
 HEARTBEAT_TIMEOUT_S = 2.0

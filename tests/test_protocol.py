@@ -2,8 +2,8 @@
 import msgpack
 import pytest
 
-from gradpress import protocol
-from gradpress.protocol import Op, ProtocolError
+from gradpress.net import protocol
+from gradpress.net.protocol import Op, ProtocolError
 
 VALID = {
     Op.REGISTER: dict(role="worker", host="10.0.0.1", port=0, worker_id=-1, local_rank=0, local_size=1, pid=42),

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from gradpress.server import kernels
+from gradpress.kernels.cpu import server_sum as kernels
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
@@ -26,7 +26,7 @@ def test_to_half_is_numpys_rounding():
 
 def test_warm_up_runs_every_codec_for_both_roles():
     from gradpress.compressors import COMPRESSORS
-    from gradpress.kernels.warmup import _CONFIGS, warm_up
+    from gradpress.compressors.warmup import _CONFIGS, warm_up
     assert {c["compressor"] for c in _CONFIGS} | {"none"} == set(COMPRESSORS), "a codec is missing from warm-up"
     for role in ("worker", "server"):
         assert warm_up(role) >= 0

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from gradpress.protocol import Op
+from gradpress.net.protocol import Op
 from gradpress.server.store import KeyState, PushError
 
 A, B, C = b"A", b"B", b"C"

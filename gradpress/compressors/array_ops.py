@@ -5,7 +5,7 @@ from typing import Any
 import numpy as np
 
 from gradpress.compressors.arrays import as_float32, check_vector, is_device_array
-from gradpress.compressors.kernels.cpu import elementwise
+from gradpress.kernels.cpu import elementwise
 
 
 class HostOps:
@@ -34,7 +34,7 @@ class HostOps:
 def ops_for(x: Any):
     """HostOps for numpy arrays, the device counterpart for CUDA arrays."""
     if is_device_array(x):
-        from gradpress.compressors.kernels.cuda.elementwise import DeviceOps
+        from gradpress.kernels.cuda.elementwise import DeviceOps
         return DeviceOps
     return HostOps
 
@@ -42,7 +42,7 @@ def ops_for(x: Any):
 def to_host(array: Any) -> np.ndarray:
     """A numpy copy of a state array (for ``state_dict``)."""
     if is_device_array(array):
-        from gradpress.compressors.kernels.cuda import device
+        from gradpress.kernels.cuda import device
         return device.to_host(array)
     return np.array(array, copy=True)
 

@@ -3,23 +3,10 @@ and recognising device (CUDA) arrays without importing numba.cuda for host array
 from typing import Any
 
 import numpy as np
-from numba import njit
 
-from gradpress.kernels.halfprec import float_to_half_bits, half_bits_to_float
+from gradpress.kernels.cpu import fp16
 
 ACCEPTED_DTYPES = (np.float16, np.float32, np.float64)
-
-
-@njit(nogil=True, cache=True)
-def _widen_half(bits: np.ndarray, out: np.ndarray) -> None:
-    for i in range(bits.shape[0]):
-        out[i] = half_bits_to_float(bits[i])
-
-
-@njit(nogil=True, cache=True)
-def _narrow_to_half(x: np.ndarray, bits: np.ndarray) -> None:
-    for i in range(x.shape[0]):
-        bits[i] = float_to_half_bits(x[i])
 
 
 def is_device_array(x: Any) -> bool:
@@ -45,7 +32,7 @@ def as_float32(x: np.ndarray) -> np.ndarray:
         return x
     if x.dtype == np.float16:
         out = np.empty(x.shape[0], np.float32)
-        _widen_half(x.view(np.uint16), out)
+        fp16.from_half_bits(x.view(np.uint16), out)
         return out
     return x.astype(np.float32)
 
@@ -53,6 +40,6 @@ def as_float32(x: np.ndarray) -> np.ndarray:
 def store_float32(values: np.ndarray, out: np.ndarray) -> None:
     """``out[:] = values`` rounding as numpy's astype does."""
     if out.dtype == np.float16:
-        _narrow_to_half(values, out.view(np.uint16))
+        fp16.to_half_bits(np.ascontiguousarray(values, np.float32), out.view(np.uint16))
     else:
         out[:] = values

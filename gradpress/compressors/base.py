@@ -83,7 +83,7 @@ class Compressor(ABC):
         return {"codec": self.name, "n": x.shape[0], **fields}, buffers
 
     def _compress_device(self, x: Any, key: int, round: int) -> tuple[Header, Buffers]:
-        from gradpress.compressors.kernels.cuda import device  # numba.cuda only when needed
+        from gradpress.kernels.cuda import device  # numba.cuda only when needed
         n, itemsize = device.length(x), device.itemsize(x)
         if self.encoded_nbytes(n, itemsize) >= n * itemsize:
             fields, buffers = raw_payload(device.to_host(x))
@@ -96,7 +96,7 @@ class Compressor(ABC):
         """Overwrite all of ``out`` (numpy float16/32/64, or a CUDA array) with D(payload).
         Raises ValueError for a malformed payload, before writing anything."""
         if is_device_array(out):
-            from gradpress.compressors.kernels.cuda import device
+            from gradpress.kernels.cuda import device
             host = np.empty(device.length(out), np.float32)
             self._decode_checked(header, buffers, host, False, key, round)
             device.copy_from_host(host, out)

@@ -10,10 +10,11 @@ import numpy as np
 
 from gradpress.compressors.arrays import as_float32
 from gradpress.compressors.base import Compressor
-from gradpress.compressors.kernels.bitlayout import packed_nbytes
-from gradpress.compressors.kernels.cpu import dithering, norms
-from gradpress.compressors.kernels.quantize import code_table
-from gradpress.compressors.kernels.rng import stream_id
+from gradpress.kernels.bitlayout import packed_nbytes
+from gradpress.kernels.cpu import dithering, norms
+from gradpress.kernels.quantize import code_table
+from gradpress.kernels.rng import stream_id
+from gradpress.kernels.scaling import norm_from
 from gradpress.compressors.params import choice, number
 from gradpress.compressors.payload import (
     buffer_array, expect_buffer_count, finite_scale, header_choice, header_int)
@@ -28,13 +29,6 @@ def code_width(s: int) -> int:
     """Bits per code: sign + level, rounded up to 2, 4 or 8 so codes never straddle bytes."""
     bits = 1 + math.ceil(math.log2(s + 1))
     return next(width for width in (2, 4, 8) if width >= bits)
-
-
-def norm_from(normalize: str, square_sum: float, max_bits: int) -> np.float32:
-    """float32 norm; |x_i| <= norm holds after rounding (rounding is monotone)."""
-    if normalize == "l2":
-        return np.float32(math.sqrt(square_sum))
-    return np.array([max_bits], np.uint32).view(np.float32)[0]
 
 
 @register
@@ -75,7 +69,7 @@ class Dithering(Compressor):
         return self._fields(), [np.array([norm], np.float32), codes]
 
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
-        from gradpress.compressors.kernels.cuda import dithering as gpu_dithering
+        from gradpress.kernels.cuda import dithering as gpu_dithering
         norm, codes = gpu_dithering.encode(x, self, stream_id(self.seed, key, round))
         return self._fields(), [np.array([norm], np.float32), codes]
 

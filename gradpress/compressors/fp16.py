@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gradpress.compressors.base import Compressor
-from gradpress.compressors.kernels.cpu import fp16
+from gradpress.kernels.cpu import fp16
 from gradpress.compressors.payload import buffer_array, expect_buffer_count
 from gradpress.compressors.registry import register
 
@@ -30,7 +30,7 @@ class Fp16(Compressor):
         return {}, [bits]
 
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
-        from gradpress.compressors.kernels.cuda import fp16 as gpu_fp16
+        from gradpress.kernels.cuda import fp16 as gpu_fp16
         return {}, [gpu_fp16.to_half_bits(x)]
 
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,

@@ -23,7 +23,7 @@ class NoCompression(Compressor):
         return raw_payload(x)
 
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
-        from gradpress.compressors.kernels.cuda import device
+        from gradpress.kernels.cuda import device
         return raw_payload(device.to_host(x))
 
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,

@@ -1,34 +1,20 @@
 """``onebit``: scaled sign. D(C(x)) = s * sign(x) with sign(0) = +1; s = ||x||_1 / n with
 ``scaling`` (BytePS), ||x||_2 / sqrt(n) with ``scaling: l2`` (1-bit Adam), else 1.
 Payload: [float32 scale (1)], [sign bits, 1 = negative (ceil(n/8) bytes)]."""
-import math
 from typing import Any, Sequence
 
 import numpy as np
 
 from gradpress.compressors.arrays import as_float32
 from gradpress.compressors.base import Compressor
-from gradpress.compressors.kernels.bitlayout import packed_nbytes
-from gradpress.compressors.kernels.cpu import norms, onebit
+from gradpress.kernels.bitlayout import packed_nbytes
+from gradpress.kernels.cpu import norms, onebit
+from gradpress.kernels.scaling import reject_non_finite, scale_from_norms
 from gradpress.compressors.params import choice, flag
 from gradpress.compressors.payload import buffer_array, expect_buffer_count, finite_scale
 from gradpress.compressors.registry import register
 
 SCALINGS = ("none", "l1", "l2")
-
-
-def scale_from_norms(scaling: str, n: int, abs_sum: float, square_sum: float) -> np.float32:
-    """The float32 scale for the chosen norm (shared by the CPU and GPU paths)."""
-    if scaling == "l1":
-        return np.float32(abs_sum / n)
-    if scaling == "l2":
-        return np.float32(math.sqrt(square_sum / n))
-    return np.float32(1.0)
-
-
-def reject_non_finite(total: float) -> None:
-    if not math.isfinite(total):
-        raise ValueError("onebit input contains NaN or inf")
 
 
 @register
@@ -64,7 +50,7 @@ class OneBit(Compressor):
         return {}, [scale, bits]
 
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
-        from gradpress.compressors.kernels.cuda import onebit as gpu_onebit
+        from gradpress.kernels.cuda import onebit as gpu_onebit
         return gpu_onebit.encode(x, self.scaling)
 
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,

@@ -10,8 +10,8 @@ import numpy as np
 
 from gradpress.compressors.arrays import as_float32
 from gradpress.compressors.base import Compressor
-from gradpress.compressors.kernels.cpu import randomk
-from gradpress.compressors.kernels.rng import stream_id
+from gradpress.kernels.cpu import randomk
+from gradpress.kernels.rng import stream_id
 from gradpress.compressors.params import flag, keep_count, number
 from gradpress.compressors.payload import expect_buffer_count, header_choice, header_int
 from gradpress.compressors.registry import register
@@ -52,7 +52,7 @@ class RandomK(Compressor):
         return self._fields(k), [values]
 
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
-        from gradpress.compressors.kernels.cuda import randomk as gpu_randomk
+        from gradpress.kernels.cuda import randomk as gpu_randomk
         n, k = x.shape[0], keep_count(self.k, x.shape[0])
         values = gpu_randomk.gather_scaled(x, chosen_indices(n, k, self.seed, key, round),
                                            n / k if self.scaling else 1.0)

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from gradpress.compressors.kernels.reduction import CHUNK, LANES
-from gradpress.compressors.kernels.rng import below_py, draw_bits_py, stream_id
+from gradpress.kernels.reduction import CHUNK, LANES
+from gradpress.kernels.rng import below_py, draw_bits_py, stream_id
 
 
 def ordered_sum(values: np.ndarray) -> float:

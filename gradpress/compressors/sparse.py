@@ -4,7 +4,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gradpress.compressors.kernels.cpu import norms, sparse
+from gradpress.kernels.cpu import norms, sparse
 from gradpress.compressors.params import fraction_or_count
 from gradpress.compressors.payload import buffer_array
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from gradpress.compressors.arrays import as_float32
 from gradpress.compressors.base import Compressor
-from gradpress.compressors.kernels.cpu import topk
+from gradpress.kernels.cpu import topk
 from gradpress.compressors.payload import buffer_array, expect_buffer_count, header_int
 from gradpress.compressors.params import keep_count
 from gradpress.compressors.registry import register
@@ -39,7 +39,7 @@ class TopK(Compressor):
         return {"k": k}, [indices, values]
 
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
-        from gradpress.compressors.kernels.cuda import topk as gpu_topk
+        from gradpress.kernels.cuda import topk as gpu_topk
         k = keep_count(self.k, x.shape[0])
         indices, values = gpu_topk.select_topk(x, k)
         return {"k": k}, [indices, values]

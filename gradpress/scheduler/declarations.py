@@ -15,7 +15,7 @@ import json
 import numpy as np
 
 from ..placement import KeyPlacement
-from ..protocol import Op
+from ..net.protocol import Op
 
 
 @dataclass

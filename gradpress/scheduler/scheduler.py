@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from .. import transport
+from ..net import transport
 from ..config import Settings
 from ..health import HealthFile
 from ..placement import KeyPlacement
-from ..protocol import Op
+from ..net.protocol import Op
 from .declarations import Declarations
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ import zmq
 
 import numpy as np
 
-from .. import protocol
-from ..protocol import Op
-from ..shm import Segment
+from ..net import protocol
+from ..net.protocol import Op
+from ..net.shm import Segment
 from ..trace import Tracer
 from .store import KeyState, PushError, Reply
 

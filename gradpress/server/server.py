@@ -13,13 +13,13 @@ import os
 import numpy as np
 import zmq
 
-from .. import shm, transport
+from ..net import shm, transport
 from ..config import Settings
 from ..errors import JobError
-from ..kernels.warmup import warm_up
-from ..node import SchedulerLink
+from ..compressors.warmup import warm_up
+from ..net.node import SchedulerLink
 from ..trace import Tracer
-from ..protocol import Op
+from ..net.protocol import Op
 from .engine import STOP, Engine
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..compressors import ErrorFeedback, build_compressor
-from ..protocol import Op
+from ..net.protocol import Op
 from ..trace import Tracer
-from . import kernels
+from ..kernels.cpu import server_sum as kernels
 
 
 class Reply(NamedTuple):

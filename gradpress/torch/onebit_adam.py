@@ -33,7 +33,7 @@ from typing import Iterable
 
 import torch
 
-from ..compression_policy import CompressionPolicy
+from ..compressors.policy import CompressionPolicy
 from ..placement import make_key
 from . import ops
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..compression_policy import CompressionPolicy
+from ..compressors.policy import CompressionPolicy
 from . import ops
 from .compression import Compression
 

@@ -18,15 +18,15 @@ from collections import deque
 import numpy as np
 import zmq
 
-from .. import shm, transport
+from ..net import shm, transport
 from ..compressors import build_compressor
 from ..trace import Tracer, now_us
 from ..config import Settings
 from ..errors import JobError, NodeLostError, OpTimeoutError, TensorMismatchError
-from ..kernels.warmup import warm_up
-from ..node import AddressBook, SchedulerLink
+from ..compressors.warmup import warm_up
+from ..net.node import AddressBook, SchedulerLink
 from ..placement import make_key, partition_counts
-from ..protocol import Op
+from ..net.protocol import Op
 from .future import Future
 from .jobs import PartitionOp, PushPull, Tensor
 from .scheduling import CreditQueue

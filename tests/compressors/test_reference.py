@@ -4,7 +4,7 @@ import pytest
 
 from gradpress.compressors import build_compressor, reference
 from gradpress.compressors.dithering import code_width
-from gradpress.compressors.kernels.cpu import norms
+from gradpress.kernels.cpu import norms
 from tests.compressors.cases import decompressed, gaussian
 
 LENGTHS = [2, 7, 9, 64, 1000, 4096, 4097, 3 * 4096 + 17]

@@ -2,8 +2,7 @@
 import numpy as np
 from numba import njit
 
-from gradpress.compressors.kernels.selection import (
-    HIGH_BINS, LOW_BINS, bin_holding_rank, threshold_from_histograms)
+from gradpress.kernels.selection import HIGH_BINS, LOW_BINS, bin_holding_rank, threshold_from_histograms
 
 _ABS = np.uint32(0x7FFFFFFF)
 

@@ -3,7 +3,7 @@ even, as numpy does (NaN payload bits may differ)."""
 import numpy as np
 from numba import cuda
 
-from gradpress.compressors.kernels.cuda.device import THREADS, blocks
+from gradpress.kernels.cuda.device import THREADS, blocks
 
 
 @cuda.jit

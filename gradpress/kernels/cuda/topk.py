@@ -4,11 +4,10 @@ elements, counts what it keeps, and after a host-side prefix sum writes its pair
 import numpy as np
 from numba import cuda
 
-from gradpress.compressors.kernels.cpu.norms import INF_BITS
-from gradpress.compressors.kernels.cuda import norms
-from gradpress.compressors.kernels.cuda.device import THREADS, blocks
-from gradpress.compressors.kernels.selection import (
-    HIGH_BINS, LOW_BINS, bin_holding_rank, threshold_from_histograms)
+from gradpress.kernels.cpu.norms import INF_BITS
+from gradpress.kernels.cuda import norms
+from gradpress.kernels.cuda.device import THREADS, blocks
+from gradpress.kernels.selection import HIGH_BINS, LOW_BINS, bin_holding_rank, threshold_from_histograms
 
 SEGMENT = 256
 _ABS = np.uint32(0x7FFFFFFF)

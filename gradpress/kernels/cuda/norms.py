@@ -3,9 +3,8 @@
 import numpy as np
 from numba import cuda
 
-from gradpress.compressors.kernels.cuda.device import THREADS, blocks
-from gradpress.compressors.kernels.reduction import (
-    CHUNK, LANES, chunk_count, finish_lane_sums)
+from gradpress.kernels.cuda.device import THREADS, blocks
+from gradpress.kernels.reduction import CHUNK, LANES, chunk_count, finish_lane_sums
 
 
 @cuda.jit

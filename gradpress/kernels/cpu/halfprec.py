@@ -7,7 +7,7 @@ NaN stays NaN) and free of data-dependent loops, so LLVM vectorises the kernels
 that call them (about 7x numpy's astype on this machine).
 """
 import numpy as np
-from numba import njit, float32, uint16, uint32
+from numba import float32, njit, uint16, uint32
 
 _HALF_BIAS_SHIFT = uint32(112 << 23)       # (127 - 15) << 23: re-bias the exponent
 _MAGIC_SUBNORMAL = np.float32(2.0 ** -14)  # 113 << 23 as a float: renormalises subnormals
@@ -41,9 +41,3 @@ def float_bits_to_half_bits(u):
         odd = (u >> uint32(13)) & uint32(1)
         half = (u + uint32(0xC8000FFF) + odd) >> uint32(13)  # re-bias, round to nearest even
     return uint16(half | (sign >> uint32(16)))
-
-
-@njit(uint16(float32), nogil=True, cache=True, inline="always")
-def float_to_half_bits(f):
-    """Bit pattern of ``f`` rounded to binary16, ties to even (numpy's rule)."""
-    return float_bits_to_half_bits(np.float32(f).view(np.uint32))

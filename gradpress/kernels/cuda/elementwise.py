@@ -4,9 +4,9 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from gradpress.compressors.kernels.cpu.norms import INF_BITS
-from gradpress.compressors.kernels.cuda import device, norms
-from gradpress.compressors.kernels.cuda.device import THREADS, blocks
+from gradpress.kernels.cpu.norms import INF_BITS
+from gradpress.kernels.cuda import device, norms
+from gradpress.kernels.cuda.device import THREADS, blocks
 
 
 @cuda.jit

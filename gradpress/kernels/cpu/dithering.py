@@ -4,8 +4,8 @@ with a non-zero level)."""
 import numpy as np
 from numba import njit
 
-from gradpress.compressors.kernels.quantize import level
-from gradpress.compressors.kernels.rng import draw_bits, uniform24
+from gradpress.kernels.quantize import level
+from gradpress.kernels.rng import draw_bits, uniform24
 
 
 @njit(nogil=True, cache=True)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import zmq
 
 from . import transport
-from .config import Settings
-from .errors import JobError, NodeLostError, OpTimeoutError
-from .health import HealthFile
+from ..config import Settings
+from ..errors import JobError, NodeLostError, OpTimeoutError
+from ..health import HealthFile
 from .protocol import Op
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ A non-finite input makes the L1 and L2 sums non-finite and the abs-bits maximum 
 import numpy as np
 from numba import njit
 
-from gradpress.compressors.kernels.reduction import CHUNK, LANES, lane_tree, pairwise_total
+from gradpress.kernels.reduction import CHUNK, LANES, lane_tree, pairwise_total
 
 INF_BITS = 0x7F800000
 

@@ -13,7 +13,7 @@ import fnmatch
 import tomllib
 from typing import Any
 
-from .compressors import build_compressor
+from . import build_compressor
 
 NONE = "none"
 

@@ -9,7 +9,7 @@ yields the indices sorted. O(k) draws, O(n/64) words to clear and scan.
 import numpy as np
 from numba import njit
 
-from gradpress.compressors.kernels.rng import below, draw_bits
+from gradpress.kernels.rng import below, draw_bits
 
 _WORD = np.uint64(1)
 

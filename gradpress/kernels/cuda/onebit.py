@@ -2,10 +2,10 @@
 import numpy as np
 from numba import cuda
 
-from gradpress.compressors.kernels.bitlayout import packed_nbytes
-from gradpress.compressors.kernels.cuda import norms
-from gradpress.compressors.kernels.cuda.device import THREADS, blocks
-from gradpress.compressors.onebit import reject_non_finite, scale_from_norms
+from gradpress.kernels.bitlayout import packed_nbytes
+from gradpress.kernels.cuda import norms
+from gradpress.kernels.cuda.device import THREADS, blocks
+from gradpress.kernels.scaling import reject_non_finite, scale_from_norms
 
 
 @cuda.jit

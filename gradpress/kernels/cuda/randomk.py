@@ -3,7 +3,7 @@ on the host by the CPU function (identical by construction) and copied over."""
 import numpy as np
 from numba import cuda
 
-from gradpress.compressors.kernels.cuda.device import THREADS, blocks
+from gradpress.kernels.cuda.device import THREADS, blocks
 
 
 @cuda.jit

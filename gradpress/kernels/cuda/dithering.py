@@ -3,13 +3,13 @@ quantisation (``kernels.quantize``) and random draws as the CPU kernel."""
 import numpy as np
 from numba import cuda
 
-from gradpress.compressors.dithering import norm_from
-from gradpress.compressors.kernels.bitlayout import packed_nbytes
-from gradpress.compressors.kernels.cpu.norms import INF_BITS
-from gradpress.compressors.kernels.cuda import norms
-from gradpress.compressors.kernels.cuda.device import THREADS, blocks
-from gradpress.compressors.kernels.quantize import level_py
-from gradpress.compressors.kernels.rng import draw_bits_py, uniform24_py
+from gradpress.kernels.bitlayout import packed_nbytes
+from gradpress.kernels.cpu.norms import INF_BITS
+from gradpress.kernels.cuda import norms
+from gradpress.kernels.cuda.device import THREADS, blocks
+from gradpress.kernels.quantize import level_py
+from gradpress.kernels.rng import draw_bits_py, uniform24_py
+from gradpress.kernels.scaling import norm_from
 
 _level = cuda.jit(device=True)(level_py)
 _draw_bits = cuda.jit(device=True)(draw_bits_py)

@@ -1,0 +1,28 @@
+"""Scalars that CPU and CUDA encoders derive from their reductions, in one place so both
+produce the same float32 bits: onebit's scale, dithering's norm, and the refusal of a
+non-finite input (a NaN or inf anywhere makes the reduction non-finite)."""
+import math
+
+import numpy as np
+
+
+def scale_from_norms(scaling: str, n: int, abs_sum: float, square_sum: float) -> np.float32:
+    """onebit's float32 scale for the chosen norm: l1 = ||x||_1 / n, l2 = ||x||_2 / sqrt(n), else 1."""
+    if scaling == "l1":
+        return np.float32(abs_sum / n)
+    if scaling == "l2":
+        return np.float32(math.sqrt(square_sum / n))
+    return np.float32(1.0)
+
+
+def norm_from(normalize: str, square_sum: float, max_bits: int) -> np.float32:
+    """dithering's float32 norm; |x_i| <= norm holds after rounding (rounding is monotone)."""
+    if normalize == "l2":
+        return np.float32(math.sqrt(square_sum))
+    return np.array([max_bits], np.uint32).view(np.float32)[0]
+
+
+def reject_non_finite(total: float, codec: str = "onebit") -> None:
+    """Raise ValueError when a reduction over the input came out NaN or inf."""
+    if not math.isfinite(total):
+        raise ValueError(f"{codec} input contains NaN or inf")
