@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean images
 
 setup: $(STAMP)
 
@@ -26,6 +26,11 @@ test: setup
 bench: setup
 	$(BIN)/python benchmarks/pushpull.py
 	$(BIN)/python benchmarks/kernels.py --quick
+
+# The CPU image (deploy/docker/Dockerfile.cpu) with podman or buildah; BASE=IMAGE picks the
+# base, else one is made with mmdebstrap. Prints the image's name and size (docs/deploy.md).
+images:
+	deploy/docker/build.sh $(if $(BASE),--base $(BASE))
 
 clean:
 	rm -rf $(VENV) build *.egg-info
