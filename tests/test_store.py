@@ -149,3 +149,33 @@ def test_compressed_key_sums_decoded_pushes_and_refuses_malformed_payloads_intac
     total = np.abs(xa).mean() * np.where(xa < 0, -1, 1) + np.abs(xb).mean() * np.where(xb < 0, -1, 1)
     want = np.abs(total).mean() * np.where(total < 0, -1, 1)  # the server compresses the sum again
     np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
+def test_shared_results_carry_the_round_in_progress_and_are_read_in_place():
+    from gradpress.net.shm import Segment
+    from gradpress.server.sink import SharedSlots
+    k = key(workers=2)
+    seg = Segment.create("s", k.key, 2 * 5 * 4)
+    try:
+        k.push(A, 0, arr(1))  # before the slots exist: the partial sum must carry over
+        slots = SharedSlots(k.key, 5, "float32", seg)
+        slots.readers.add(A)
+        k.share_results(slots)
+        assert k.acc is slots.slots[0], "an fp32 key must sum straight into its shared slot"
+        [reply] = k.push(B, 0, arr(2)) + k.pull(A, 0)
+        assert reply.fields["shm"] == seg.name and reply.fields["slot"] == 0 and reply.buffers == []
+        assert np.all(slots.slots[0] == 3)
+        [framed] = k.pull(B, 0)  # a worker on another host still gets the values in a frame
+        assert np.all(framed.buffers[0] == 3) and "shm" not in framed.fields
+        k.push(A, 1, arr(10)); k.push(B, 1, arr(20))
+        assert k.pull(A, 1)[0].fields["slot"] == 1 and np.all(slots.slots[1] == 30)
+        assert np.all(slots.slots[0] == 3), "round 1 overwrote round 0's slot"
+    finally:
+        seg.unlink()
+
+
+def test_compressed_keys_refuse_shared_results():
+    params = {"compressor": "onebit", "ef": "vanilla", "scaling": True}
+    k = KeyState(key=5, name="w", count=64, dtype="float32", num_workers=2, codec_params=params)
+    with pytest.raises(PushError, match="compressed keys travel in frames"):
+        k.share_results(None)

@@ -2,7 +2,10 @@
 
 A key is pinned to one engine for its lifetime, so its state needs no lock. The
 I/O thread hands work over a queue; an engine sends its replies back over its own
-inproc socket (one socket per thread), and the I/O thread forwards them.
+inproc socket (one socket per thread), and the I/O thread forwards them. An engine
+that fails says so in an ERROR on a second inproc socket, the I/O thread's report
+channel, so that the server stops with that error instead of leaving workers waiting.
+The engine owns the shared-memory result slots it creates for co-located workers.
 """
 from __future__ import annotations
 
@@ -14,18 +17,19 @@ import zmq
 
 import numpy as np
 
-from ..net import protocol
+from ..net import transport
 from ..net.protocol import Op
 from ..net.shm import Segment
 from ..trace import Tracer
-from .store import KeyState, PushError, Reply
+from .sink import Reply, SharedSlots
+from .store import KeyState, PushError
 
 log = logging.getLogger(__name__)
 STOP = object()
 
 
 class Engine(threading.Thread):
-    def __init__(self, index: int, ctx: zmq.Context, reply_addr: str, sender_name: str,
+    def __init__(self, index: int, ctx: zmq.Context, reply_addr: str, report_addr: str, sender_name: str,
                  num_workers: int, async_mode: bool, tracer: Tracer):
         super().__init__(name=f"gp-engine-{index}", daemon=True)
         self.index = index
@@ -34,6 +38,7 @@ class Engine(threading.Thread):
         self.load_bytes = 0
         self._ctx = ctx
         self._reply_addr = reply_addr
+        self._report_addr = report_addr
         self._sender_name = sender_name
         self._num_workers = num_workers
         self._async = async_mode
@@ -52,16 +57,28 @@ class Engine(threading.Thread):
                 if item is STOP:
                     return
                 for reply in self._handle(*item):
-                    frames = [reply.to, protocol.encode(reply.op, self._sender_name, **reply.fields)]
-                    out.send_multipart(frames + list(reply.buffers), copy=False)
+                    transport.send(out, reply.op, self._sender_name, reply.buffers, identity=reply.to,
+                                   **reply.fields)
         except BaseException as e:  # a bug here must stop the server, not hang its workers
             log.exception("engine %d failed", self.index)
             self.failure = e
-            out.send_multipart([b"", b"engine-failed"])
+            self._report(f"engine thread {self.index} failed: {type(e).__name__}: {e}")
         finally:
             out.close()
             for seg in self.segments:
                 seg.unlink()
+
+    def _report(self, message: str) -> None:
+        """Tell the I/O thread (not a worker) that this engine can serve no more."""
+        report = self._ctx.socket(zmq.PUSH)
+        report.setsockopt(zmq.LINGER, 1000)  # deliver it even though the socket closes at once
+        try:
+            report.connect(self._report_addr)
+            transport.send(report, Op.ERROR, self._sender_name, message=message)
+        except zmq.ZMQError as e:
+            log.error("engine %d could not report its failure: %s", self.index, e)
+        finally:
+            report.close()
 
     def _handle(self, identity: bytes, header: dict, frames: list) -> list[Reply]:
         op = header["op"]
@@ -122,11 +139,11 @@ class Engine(threading.Thread):
                             f"set GRADPRESS_SHM=0 where workers and servers do not share /dev/shm") from None
         seg.unlink()  # both sides keep their mappings; nothing is left behind if either dies
         self.push_views[(identity, h["key"])] = seg.array(h["dtype"], h["count"])
-        if state.slots is None:
+        if not isinstance(state.sink, SharedSlots):
             results = Segment.create("s", h["key"], 2 * nbytes)
             self.segments.append(results)
-            state.share_results(results.name, [results.array(h["dtype"], h["count"], i * nbytes) for i in (0, 1)])
-        state.shm_peers.add(identity)
+            state.share_results(SharedSlots(h["key"], h["count"], h["dtype"], results))
+        state.sink.readers.add(identity)
 
     def _shared_push(self, identity: bytes, h: dict, state: KeyState) -> np.ndarray:
         view = self.push_views.get((identity, h["key"]))

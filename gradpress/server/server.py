@@ -3,7 +3,9 @@
 The I/O thread registers with the scheduler (announcing the port its ROUTER got),
 then routes every push, pull and key initialisation to the engine that owns the
 key, and forwards the engines' replies to the workers. Keys are pinned to the
-engine holding the fewest bytes when the key is first initialised.
+engine holding the fewest bytes when the key is first initialised. Replies are
+forwarded without being decoded; an engine's failure arrives on a report channel of
+its own, as an ERROR message, and stops the server with a JobError that names it.
 """
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ class Server:
         self._reply_addr = f"inproc://gp-server-replies-{os.getpid()}-{id(self)}"
         self.replies = self.ctx.socket(zmq.PULL)
         self.replies.bind(self._reply_addr)
+        self._report_addr = f"inproc://gp-server-reports-{os.getpid()}-{id(self)}"
+        self.reports = self.ctx.socket(zmq.PULL)
+        self.reports.bind(self._report_addr)
         self.engines: list[Engine] = []
         self.tracer = Tracer(settings.trace)
         self.key_engine: dict[int, Engine] = {}
@@ -47,8 +52,8 @@ class Server:
         try:
             book = self.link.register()
             name = self.link.name
-            self.engines = [Engine(i, self.ctx, self._reply_addr, name, book.num_workers, self.s.enable_async,
-                                   self.tracer) for i in range(self.s.server_engine_threads)]
+            self.engines = [Engine(i, self.ctx, self._reply_addr, self._report_addr, name, book.num_workers,
+                                   self.s.enable_async, self.tracer) for i in range(self.s.server_engine_threads)]
             for e in self.engines:
                 e.start()
             log.info("%s serving on port %d with %d engine thread(s)", name, self.port, len(self.engines))
@@ -62,17 +67,20 @@ class Server:
             for e in self.engines:
                 e.join(timeout=5)
             self.replies.close()
+            self.reports.close()
             self.sock.close()
             self.link.close()
             self.tracer.write(self.link.name)
 
     def _loop(self) -> int:
         poller = zmq.Poller()
-        for sock in (self.sock, self.link.sock, self.replies):
+        for sock in (self.sock, self.link.sock, self.replies, self.reports):
             poller.register(sock, zmq.POLLIN)
         timeout_ms = self.s.heartbeat_interval_s * 1000 / 2
         while True:
             ready = dict(poller.poll(timeout_ms))
+            if self.reports in ready:
+                self._engine_report()
             if self.replies in ready:
                 self._forward_replies()
             if self.sock in ready:
@@ -105,11 +113,17 @@ class Server:
                 self.key_engine[header["key"]] = engine
             engine.inbox.put((identity, header, frames))
 
+    def _engine_report(self) -> None:
+        """An engine's ERROR: it failed and its keys can make no progress, so the server stops."""
+        _, header, _ = transport.recv(self.reports, routed=False)
+        if header is None or header["op"] != Op.ERROR:
+            raise JobError(f"{self.link.name}: an engine thread sent a report that is not an ERROR; "
+                           f"see the log above")
+        raise JobError(f"{self.link.name}: {header['message']}")
+
     def _forward_replies(self) -> None:
         while self.replies.poll(0):
             frames = self.replies.recv_multipart(copy=False)
-            if frames[0].bytes == b"":
-                raise JobError(f"{self.link.name}: an engine thread failed; see the log above")
             try:
                 self.sock.send_multipart(frames, copy=False)
             except zmq.ZMQError as e:

@@ -12,12 +12,14 @@ is complete, compresses the sum with the server's own error feedback
 (s = sum_i D(c_i) + e_s; c_s = C(s); e_s = s - D(c_s)). Every worker of a round
 receives those same bytes, so parameters never drift apart.
 
-Methods return the replies to send as ``Reply`` tuples; the engine sends them.
+Methods return the replies to send as ``Reply`` tuples; the engine sends them. Where
+an aggregate lives and what a pull's reply carries is the key's result sink's
+business (sink.py): frames by default, shared-memory slots when the engine shares them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,13 +27,7 @@ from ..compressors import ErrorFeedback, build_compressor
 from ..net.protocol import Op
 from ..trace import Tracer
 from ..kernels.cpu import server_sum as kernels
-
-
-class Reply(NamedTuple):
-    to: bytes
-    op: Op
-    fields: dict[str, Any]
-    buffers: list[Any]
+from .sink import FrameSink, Reply, ResultSink, SharedSlots
 
 
 class PushError(ValueError):
@@ -62,20 +58,14 @@ class KeyState:
     early: dict = field(default_factory=dict)   # sender -> values or Payload of round + 1
     waiting: list = field(default_factory=list)  # senders whose pull waits for `round`
     done_round: int = -1                    # last completed round
-    result: np.ndarray | None = None        # its aggregate, in the wire dtype (uncompressed keys)
-    result_fields: dict = field(default_factory=dict)  # codec/meta of a compressed aggregate
-    result_buffers: list = field(default_factory=list)
     failure: str = ""                       # why the last round produced no aggregate
     lr: float | None = None                 # learning rate pushed with this round
-    shm_peers: set = field(default_factory=set)  # workers that read results from shared memory
-    shm_name: str = ""                      # the segment holding the two result slots
-    slots: list | None = None
-    result_slot: int = 0
+    sink: ResultSink | None = None          # holds completed aggregates; None: a FrameSink
 
     def __post_init__(self) -> None:
-        # fp16/fp32 sum in fp32; fp64 keeps its precision
-        self.acc_dtype = np.float64 if self.dtype == "float64" else np.float32
-        self.acc = np.zeros(self.count, self.acc_dtype)
+        if self.sink is None:
+            self.sink = FrameSink(self.key, self.count, self.dtype)
+        self.acc = self.sink.accumulator(self.round)
         self.codec = None
         if self.codec_params is not None:
             if self.dtype != "float32":
@@ -85,20 +75,14 @@ class KeyState:
             except ValueError as e:
                 raise PushError(f"{self.describe()}: {e}") from None
 
-    def share_results(self, name: str, slots: list[np.ndarray]) -> None:
-        """Keep results in two shared slots, alternating by round.
-
-        Workers keep one round of a key in flight, so round r + 2 completes only after
-        every worker has read round r: its slot is free again by then.
-        """
+    def share_results(self, slots: SharedSlots) -> None:
+        """Keep results in shared-memory slots from now on; the round in progress carries over."""
         if self.codec is not None:
             raise PushError(f"{self.describe()}: compressed keys travel in frames, not shared memory")
-        self.shm_name, self.slots = name, slots
-        if self.dtype != "float16":  # accumulate straight into the slot; no copy at the end
-            slot = self.slots[self.round % 2]
-            if self.pushed:
-                slot[:] = self.acc
-            self.acc = slot
+        acc = slots.accumulator(self.round)
+        if self.pushed and acc is not self.acc:
+            acc[:] = self.acc
+        self.sink, self.acc = slots, acc
 
     def server_state(self) -> tuple[np.ndarray | None, float | None]:
         """This key's error-feedback residual and last learning rate (None, None without EF)."""
@@ -171,9 +155,9 @@ class KeyState:
 
     def pull(self, sender: bytes, rnd: int) -> list[Reply]:
         if self.async_mode:
-            return [self._reply(sender, rnd, self._wire(self.acc).copy())]
+            return [self.sink.snapshot(sender, rnd, self.acc)]
         if rnd == self.done_round:
-            return [self._reply(sender, rnd, self.result)]
+            return [self._reply(sender, rnd)]
         if rnd == self.round:
             self.waiting.append(sender)
             return []
@@ -197,19 +181,12 @@ class KeyState:
         self.failure = ""
         if self.codec is not None:
             self._compress_aggregate()
-        elif self.slots is not None:
-            self.result_slot = self.round % 2
-            if self.dtype == "float16":
-                self.result = kernels.to_half(self.acc, self.slots[self.result_slot])
-            else:
-                self.result, self.acc = self.acc, self.slots[1 - self.result_slot]
         else:
-            # the accumulator becomes the result, so a reply still in flight is never overwritten
-            self.result = self._wire(self.acc)
-            self.acc = np.empty(self.count, self.acc_dtype) if self.result is self.acc else self.acc
+            self.sink.publish(self.round, self.acc)
         self.done_round, self.round = self.round, self.round + 1
+        self.acc = self.sink.accumulator(self.round)
         self.pushed = set()
-        replies = [self._reply(s, self.done_round, self.result) for s in self.waiting]
+        replies = [self._reply(s, self.done_round) for s in self.waiting]
         self.waiting = []
         early, self.early = self.early, {}
         for sender, (values, lr) in early.items():
@@ -224,18 +201,11 @@ class KeyState:
                 self.failure = f"{self.describe()}: the aggregate of round {self.round} cannot be compressed: {e}"
                 return
         # the next round overwrites the accumulator while this reply may still be on its way
-        self.result_buffers = [np.array(b, copy=True) if np.shares_memory(b, self.acc) else b for b in buffers]
-        self.result_fields = {"codec": self.codec.name, "meta": meta}
+        buffers = [np.array(b, copy=True) if np.shares_memory(b, self.acc) else b for b in buffers]
+        self.sink.publish_compressed(self.round, {"codec": self.codec.name, "meta": meta}, buffers)
 
-    def _wire(self, acc: np.ndarray) -> np.ndarray:
-        return kernels.to_half(acc) if self.dtype == "float16" else acc
-
-    def _reply(self, to: bytes, rnd: int, values: np.ndarray) -> Reply:
-        if self.failure and not self.async_mode:
+    def _reply(self, to: bytes, rnd: int) -> Reply:
+        """The answer to a pull of completed round ``rnd`` (async pulls read a snapshot instead)."""
+        if self.failure:
             return Reply(to, Op.ERROR, {"message": self.failure, "key": self.key, "round": rnd}, [])
-        fields = {"key": self.key, "round": rnd, "dtype": self.dtype, "count": self.count}
-        if self.codec is not None and not self.async_mode:
-            return Reply(to, Op.PULL_REPLY, dict(fields, **self.result_fields), self.result_buffers)
-        if to in self.shm_peers and values is self.result:
-            return Reply(to, Op.PULL_REPLY, dict(fields, shm=self.shm_name, slot=self.result_slot), [])
-        return Reply(to, Op.PULL_REPLY, fields, [values])
+        return self.sink.reply(to, rnd)

@@ -1,0 +1,104 @@
+"""Engine threads: replies go out through the transport, and a failing engine stops its server."""
+import logging
+import threading
+
+import numpy as np
+import pytest
+import zmq
+
+from gradpress.config import Settings
+from gradpress.net import protocol, transport
+from gradpress.net.node import SchedulerLink
+from gradpress.net.protocol import Op
+from gradpress.scheduler.scheduler import Scheduler
+from gradpress.server.engine import STOP, Engine
+from gradpress.server.server import Server
+from gradpress.trace import Tracer
+
+FAULT = "injected engine fault"
+
+
+def _header(op, **fields):
+    """A header as the I/O thread hands it over: decoded and checked."""
+    return protocol.decode(protocol.encode(op, "worker 0", **fields))
+
+
+def _raise(*_):
+    raise RuntimeError(FAULT)
+
+
+@pytest.fixture
+def inproc():
+    """An engine wired to a reply and a report socket, as the server wires it."""
+    ctx = zmq.Context()
+    replies, reports = ctx.socket(zmq.PULL), ctx.socket(zmq.PULL)
+    replies.bind("inproc://test-replies")
+    reports.bind("inproc://test-reports")
+    engine = Engine(0, ctx, "inproc://test-replies", "inproc://test-reports", "server 0",
+                    num_workers=1, async_mode=False, tracer=Tracer(""))
+    yield engine, replies, reports
+    engine.inbox.put(STOP)
+    engine.join(timeout=5)
+    replies.close(linger=0)
+    reports.close(linger=0)
+    ctx.term()
+
+
+def test_replies_are_protocol_messages_addressed_to_the_worker(inproc):
+    engine, replies, _ = inproc
+    engine.start()
+    values = np.arange(4, dtype=np.float32)
+    engine.inbox.put((b"w0", _header(Op.INIT_KEY, key=9, name="t", count=4, dtype="float32"), []))
+    engine.inbox.put((b"w0", _header(Op.PUSH, key=9, round=0, dtype="float32", count=4), [values.tobytes()]))
+    engine.inbox.put((b"w0", _header(Op.PULL, key=9, round=0), []))
+    got = []
+    for _ in range(2):
+        assert replies.poll(5000), f"the engine sent {len(got)} replies, expected 2"
+        got.append(transport.recv(replies, routed=True))
+    (to_ack, ack, _), (to_pull, reply, frames) = got
+    assert (to_ack, ack["op"], ack["key"], ack["round"]) == (b"w0", Op.PUSH_ACK, 9, 0)
+    assert (to_pull, reply["op"], reply["from"]) == (b"w0", Op.PULL_REPLY, "server 0")
+    assert np.array_equal(np.frombuffer(frames[0].buffer, np.float32), values)
+
+
+def test_a_failing_engine_reports_an_error_naming_the_failure(inproc, monkeypatch):
+    engine, replies, reports = inproc
+    monkeypatch.setattr(Engine, "_handle", _raise)
+    engine.start()
+    engine.inbox.put((b"w0", _header(Op.PULL, key=9, round=0), []))
+    assert reports.poll(5000), "a failed engine said nothing"
+    identity, header, frames = transport.recv(reports, routed=False)
+    assert header["op"] == Op.ERROR and frames == []
+    assert header["message"] == f"engine thread 0 failed: RuntimeError: {FAULT}"
+    engine.join(timeout=5)
+    assert not engine.is_alive() and isinstance(engine.failure, RuntimeError)
+    assert not replies.poll(0), "the failure must not be sent towards a worker"
+
+
+def test_the_server_stops_with_an_error_naming_the_engine_failure(monkeypatch, caplog):
+    monkeypatch.setattr(Engine, "_handle", _raise)
+    common = dict(num_worker=1, num_server=1, root_uri="127.0.0.1", node_host="127.0.0.1",
+                  heartbeat_interval_s=0.1, heartbeat_timeout_s=30, connect_timeout_s=30)
+    scheduler = Scheduler(Settings(role="scheduler", root_port=0, **common))
+    threading.Thread(target=scheduler.run, daemon=True).start()
+    at = dict(common, root_port=scheduler.port)
+    server = Server(Settings(role="server", server_engine_threads=1, **at))
+    exit_code = []
+    serving = threading.Thread(target=lambda: exit_code.append(server.run()), daemon=True)
+    serving.start()
+    worker = SchedulerLink(Settings(role="worker", **at), "worker", transport.context())
+    dealer = None
+    try:
+        book = worker.register()
+        dealer = transport.dealer(transport.context(), "127.0.0.1", book.servers[0].port, b"w0")
+        with caplog.at_level(logging.ERROR, logger="gradpress.server.server"):
+            transport.send(dealer, Op.INIT_KEY, "worker 0", key=1, name="t", count=4, dtype="float32")
+            serving.join(timeout=15)
+        assert not serving.is_alive(), "the server kept running after its engine failed"
+        assert exit_code == [1]
+        assert f"server 0: engine thread 0 failed: RuntimeError: {FAULT}" in caplog.text, caplog.text
+    finally:
+        scheduler.exit_code = 0
+        worker.close()
+        if dealer is not None:
+            dealer.close(linger=0)
