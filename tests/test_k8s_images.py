@@ -1,10 +1,14 @@
 """deploy/docker: the image files agree with the Makefile and the manifests that run them.
 
 No Docker engine runs in CI, so the Dockerfiles are checked by reading: the torch pin,
-the entry point, the working directory and user the manifests rely on, what is copied.
+the entry point, the working directory, user and ports the manifests rely on, what is
+copied and what the ignore file lets through. deploy/docker/smoke.py builds and runs the
+CPU image for real (docs/deploy.md); tests/test_docker_smoke.py checks that it runs the
+manifests' pods unchanged.
 """
 from __future__ import annotations
 
+import fnmatch
 import re
 from pathlib import Path
 
@@ -41,6 +45,15 @@ def test_torch_is_pinned_as_in_the_makefile(flavour):
     assert '"torch==$TORCH_VERSION"' in runs and '--index-url "$TORCH_INDEX"' in runs
 
 
+def test_build_script_looks_for_the_pinned_torch_wheel():
+    """build.sh mounts a local wheel directory only if it holds the pinned CPU build; it reads
+    the version from the Dockerfile, so the pin lives in one place per file."""
+    build = (REPO / "deploy/docker/build.sh").read_text()
+    assert "sed -n 's/^ARG TORCH_VERSION=//p' \"$here/Dockerfile.cpu\"" in build
+    assert '"$wheels/torch-$torch_version+cpu-*.whl"' in build
+    assert "ARG TORCH_VERSION=" in (REPO / "deploy/docker/Dockerfile.cpu").read_text()
+
+
 @pytest.mark.parametrize("flavour", DOCKERFILES)
 def test_entry_point_and_what_the_manifests_rely_on(flavour):
     steps = instructions(DOCKERFILES[flavour])
@@ -55,6 +68,27 @@ def test_entry_point_and_what_the_manifests_rely_on(flavour):
             f"Dockerfile.{flavour} USER {user} is not the manifests' runAsUser:runAsGroup"
     env = " ".join(a for i, a in steps if i == "ENV")
     assert "NUMBA_CACHE_DIR=/tmp/" in env, "the unprivileged user cannot write Numba's cache next to the package"
+
+
+@pytest.mark.parametrize("flavour", DOCKERFILES)
+def test_exposed_ports_are_the_manifests_ports(flavour):
+    exposed = {int(p.split("/")[0]) for i, a in instructions(DOCKERFILES[flavour]) if i == "EXPOSE" for p in a.split()}
+    declared = {p["containerPort"] for spec in base_pod_specs() for p in spec["containers"][0].get("ports", [])}
+    assert declared and exposed == declared, f"Dockerfile.{flavour} exposes {sorted(exposed)}, the pods declare {sorted(declared)}"
+
+
+def test_ignore_file_lets_through_what_is_copied():
+    """The build context is the repository root; the ignore file excludes everything else."""
+    rules = [l.strip() for l in (REPO / "deploy/docker/Dockerfile.cpu.dockerignore").read_text().splitlines()
+             if l.strip() and not l.startswith("#")]
+    assert rules[0] == "*", "the ignore file should exclude everything first (the venv, .git)"
+    let_through = {r[1:] for r in rules if r.startswith("!")}
+    for flavour, path in DOCKERFILES.items():
+        for i, a in instructions(path):
+            if i == "COPY" and not a.startswith("--from"):
+                for src in a.split()[:-1]:
+                    assert any(fnmatch.fnmatch(entry, src) for entry in let_through), \
+                        f"Dockerfile.{flavour} copies {src}, which the ignore file excludes"
 
 
 @pytest.mark.parametrize("flavour", DOCKERFILES)

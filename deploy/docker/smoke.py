@@ -125,9 +125,11 @@ class Container:
                 raise Failed(f"{pod.name}: volume {m['name']} is {sorted(v)}; the smoke run knows configMap and emptyDir")
         argv += [f"--env={k}={v}" for k, v in env.items()]
         self.argv = argv + [image] + [expand(a, env) for a in c.get("args", [])]
+        self.started = False
 
     def start(self) -> None:
         podman(*self.argv)
+        self.started = True
 
     def probe(self, kind: str) -> bool:
         """The container's exec probe ``kind`` (readinessProbe, ...), run as the kubelet runs it."""
@@ -144,13 +146,15 @@ class Container:
         return out.stdout + out.stderr
 
     def tail(self, lines: int = 20) -> str:
+        if not self.started:
+            return f"--- {self.name}: not started"
         return f"--- {self.name} ({self.addr}), exit {self.exit_code()}:\n" + "\n".join(self.log().splitlines()[-lines:])
 
 
 def wait_until(condition, timeout_s: float, what: str, containers: list[Container], may_fail=()) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
-        failed = [c.name for c in containers if c not in may_fail and c.exit_code() not in (None, 0)]
+        failed = [c.name for c in containers if c.started and c not in may_fail and c.exit_code() not in (None, 0)]
         if failed:
             raise Failed(f"{what}: {failed} failed\n" + "\n".join(c.tail() for c in containers))
         if time.monotonic() > deadline:
