@@ -62,7 +62,7 @@ for step in range(steps):
         opt.step()
         grads[case["name"]].append({n: p.grad.clone() for n, p in m.named_parameters()})
 client = ops._require()
-keys = {n: [t.tensor_id, t.parts] for n, t in client._tensors.items()}
+keys = {n: [t.tensor_id, t.parts] for n, t in client.tensors.items()}
 torch.save({"params": {k: m.state_dict() for k, m in models.items()}, "grads": grads, "keys": keys,
             "bytes_pushed": client.bytes_pushed}, os.path.join(os.environ["GP_TEST_DIR"], f"w{r}.pt"))
 bps.shutdown()
@@ -120,7 +120,8 @@ def replay(case: dict, keys: dict, workers: int) -> dict:
             grads.append({n: p.grad.detach().numpy().ravel().copy() for n, p in model.named_parameters()})
         for pname, param in model.named_parameters():
             name = f"{case['name']}.{pname}"
-            params = policy.for_tensor(name, param.numel() * 4, "float32")
+            spec = policy.for_tensor(name, param.numel() * 4, "float32")
+            params = None if spec is None else spec.compression_params
             if params is None:
                 total = grads[0][pname].copy()
                 for r in range(1, workers):
@@ -236,8 +237,8 @@ model = DigitsCNN()
 opt = bps.DistributedOptimizer(torch.optim.Adam(model.parameters()), named_parameters=model.named_parameters())
 model(torch.randn(4, 1, 8, 8)).sum().backward()
 opt.step()
-codecs = {name: t.codec for name, t in ops._require()._tensors.items()}
-assert codecs["Gradient.fc1.weight"]["compressor"] == "onebit", codecs
+codecs = {name: t.spec for name, t in ops.client().tensors.items()}
+assert codecs["Gradient.fc1.weight"].codec == "onebit", codecs
 assert codecs["Gradient.fc1.bias"] is None, codecs      # below BYTEPS_MIN_COMPRESS_BYTES
 assert codecs["Gradient.conv2.weight"] is None, codecs  # the default: none
 print("OK job file", flush=True)

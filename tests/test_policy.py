@@ -1,4 +1,4 @@
-"""Which tensors get which compression."""
+"""gradpress/compressors/policy.py: which tensors get which compression, checked once as a CodecSpec."""
 import pytest
 
 from gradpress.compressors.policy import CompressionPolicy
@@ -7,11 +7,24 @@ ONEBIT = {"compressor": "onebit", "ef": "vanilla"}
 TOPK = {"compressor": "topk", "k": 0.01}
 
 
+def params(policy: CompressionPolicy, name: str, nbytes: int, dtype: str) -> dict | None:
+    spec = policy.for_tensor(name, nbytes, dtype)
+    return None if spec is None else spec.compression_params
+
+
+def test_a_spec_is_frozen_and_carries_the_users_dict_unchanged():
+    spec = CompressionPolicy(ONEBIT).default
+    assert spec.codec == "onebit" and spec.compression_params == ONEBIT
+    with pytest.raises(AttributeError):
+        spec.codec = "topk"
+    assert CompressionPolicy({"compressor": "none"}).default is None
+
+
 def test_rules_first_match_then_default_then_size_and_dtype():
     p = CompressionPolicy(ONEBIT, [("*.bias", {"compressor": "none"}), ("fc*", TOPK), ("fc1.*", ONEBIT)],
                           min_bytes=1000)
-    assert p.for_tensor("conv1.weight", 4000, "float32") == ONEBIT
-    assert p.for_tensor("fc1.weight", 4000, "float32") == TOPK  # first match wins
+    assert params(p, "conv1.weight", 4000, "float32") == ONEBIT
+    assert params(p, "fc1.weight", 4000, "float32") == TOPK  # first match wins
     assert p.for_tensor("fc1.bias", 4000, "float32") is None
     assert p.for_tensor("conv1.weight", 999, "float32") is None  # below BYTEPS_MIN_COMPRESS_BYTES
     assert p.for_tensor("conv1.weight", 4000, "float16") is None  # only float32 is compressed
@@ -23,12 +36,12 @@ def test_code_overrides_the_job_file(tmp_path):
     f.write_text('[compression.default]\ncompressor = "onebit"\n\n[[compression.rules]]\npattern = "emb*"\n'
                  'compressor = "topk"\nk = 0.1\n')
     file_policy = CompressionPolicy.from_job_file(str(f), 0)
-    assert file_policy.for_tensor("emb.weight", 100, "float32") == {"compressor": "topk", "k": 0.1}
-    assert file_policy.for_tensor("fc.weight", 100, "float32") == {"compressor": "onebit"}
+    assert params(file_policy, "emb.weight", 100, "float32") == {"compressor": "topk", "k": 0.1}
+    assert params(file_policy, "fc.weight", 100, "float32") == {"compressor": "onebit"}
     both = file_policy.overridden_by(TOPK, [("fc*", ONEBIT)])
-    assert both.for_tensor("fc.weight", 100, "float32") == ONEBIT
-    assert both.for_tensor("other", 100, "float32") == TOPK
-    assert both.for_tensor("emb.weight", 100, "float32") == {"compressor": "topk", "k": 0.1}
+    assert params(both, "fc.weight", 100, "float32") == ONEBIT
+    assert params(both, "other", 100, "float32") == TOPK
+    assert params(both, "emb.weight", 100, "float32") == {"compressor": "topk", "k": 0.1}
 
 
 @pytest.mark.parametrize("default,rules,match", [

@@ -63,7 +63,7 @@ for i in range(5):
     seen.append(bps.push_pull(torch.ones(1000), average=False, name="w")[0].item())
 # every pull returns the store as it is: it grows, and holds at least this worker's own pushes
 assert seen == sorted(seen) and seen[-1] >= 5, seen
-ops._require().barrier()
+ops.client().barrier()
 final = bps.push_pull(torch.zeros(1000), average=False, name="w")
 assert torch.all(final == 5 * n), final[:3]
 print("OK async", seen, flush=True)

@@ -126,7 +126,7 @@ def test_compressed_key_sums_decoded_pushes_and_refuses_malformed_payloads_intac
     from gradpress.compressors import build_compressor
     from gradpress.server.store import Payload
     params = {"compressor": "onebit", "ef": "vanilla", "scaling": True}
-    k = KeyState(key=5, name="w", count=64, dtype="float32", num_workers=2, codec_params=params)
+    k = KeyState(key=5, name="w", count=64, dtype="float32", num_workers=2, compression_params=params)
     worker = build_compressor(params, "worker")
     xa, xb = np.linspace(-1, 1, 64, dtype=np.float32), np.linspace(2, -2, 64, dtype=np.float32)
     ma, ba = worker.compress(xa, key=5, round=0)
@@ -176,6 +176,6 @@ def test_shared_results_carry_the_round_in_progress_and_are_read_in_place():
 
 def test_compressed_keys_refuse_shared_results():
     params = {"compressor": "onebit", "ef": "vanilla", "scaling": True}
-    k = KeyState(key=5, name="w", count=64, dtype="float32", num_workers=2, codec_params=params)
+    k = KeyState(key=5, name="w", count=64, dtype="float32", num_workers=2, compression_params=params)
     with pytest.raises(PushError, match="compressed keys travel in frames"):
         k.share_results(None)

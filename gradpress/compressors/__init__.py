@@ -11,6 +11,7 @@ from gradpress.compressors.registry import COMPRESSORS, build_compressor
 from gradpress.compressors import dithering, fp16, none, onebit, randomk, topk  # noqa: F401
 from gradpress.compressors.error_feedback import ErrorFeedback
 from gradpress.compressors.momentum import Momentum
+from gradpress.compressors.spec import CodecSpec
 
-__all__ = ["COMPRESSORS", "Compressor", "ErrorFeedback", "Momentum", "build_compressor",
+__all__ = ["COMPRESSORS", "CodecSpec", "Compressor", "ErrorFeedback", "Momentum", "build_compressor",
            "payload_nbytes"]

@@ -5,7 +5,8 @@ Sources, later ones first in line: the ``[compression]`` table of the job file
 the ``compression_params`` / ``compression_rules`` given in code. Rules are fnmatch
 patterns on the tensor's name (a parameter's name from ``named_parameters``); the
 first match wins, else the default applies. Tensors below
-``BYTEPS_MIN_COMPRESS_BYTES``, and tensors that are not float32, travel uncompressed.
+``BYTEPS_MIN_COMPRESS_BYTES``, and tensors a codec does not accept (not float32),
+travel uncompressed. Every dict is checked once, here, and becomes a ``CodecSpec``.
 """
 from __future__ import annotations
 
@@ -13,17 +14,22 @@ import fnmatch
 import tomllib
 from typing import Any
 
-from . import build_compressor
-
-NONE = "none"
+from .spec import CodecSpec
 
 
 class CompressionPolicy:
-    def __init__(self, default: dict | None = None, rules: list[tuple[str, dict]] | None = None,
+    def __init__(self, default: dict | CodecSpec | None = None, rules: list[tuple[str, dict]] | None = None,
                  min_bytes: int = 0):
-        self.default = _checked(default, "default") if default else None
-        self.rules = [(pattern, _checked(params, f"rule {pattern!r}")) for pattern, params in rules or []]
+        self.default = CodecSpec.from_params(default, "compression default") if default else None
+        # a rule's spec is None when it exempts: overridden_by hands such rules back in
+        self.rules = [(pattern, None if params is None else CodecSpec.from_params(params, f"compression rule {pattern!r}"))
+                      for pattern, params in rules or []]
         self.min_bytes = min_bytes
+
+    @classmethod
+    def for_job(cls, settings, default: dict | None, rules: list[tuple[str, dict]] | None) -> "CompressionPolicy":
+        """The job file's ``[compression]`` table with the code's ``default`` and ``rules`` over it."""
+        return cls.from_job_file(settings.config_file, settings.min_compress_bytes).overridden_by(default, rules)
 
     @classmethod
     def from_job_file(cls, path: str, min_bytes: int) -> "CompressionPolicy":
@@ -49,21 +55,10 @@ class CompressionPolicy:
         return CompressionPolicy(default if default is not None else self.default,
                                  list(rules or []) + self.rules, self.min_bytes)
 
-    def for_tensor(self, name: str, nbytes: int, dtype: str) -> dict | None:
-        """The compression_params for this tensor, or None for uncompressed."""
-        params = next((p for pattern, p in self.rules if fnmatch.fnmatchcase(name, pattern)), self.default)
-        if not params or params.get("compressor", NONE) == NONE:
+    def for_tensor(self, name: str, nbytes: int, dtype: str) -> CodecSpec | None:
+        """This tensor's compression, or None for uncompressed."""
+        spec = next((s for pattern, s in self.rules if fnmatch.fnmatchcase(name, pattern)), self.default)
+        if spec is None or not spec.accepts(dtype) or nbytes < self.min_bytes:
             return None
-        if dtype != "float32" or nbytes < self.min_bytes:
-            return None
-        return params
+        return spec
 
-
-def _checked(params: Any, where: str) -> dict:
-    if not isinstance(params, dict):
-        raise ValueError(f"compression {where}: expected a dict of compression_params, got {type(params).__name__}")
-    try:
-        build_compressor(params, "worker")
-    except ValueError as e:
-        raise ValueError(f"compression {where}: {e}") from None
-    return dict(params)

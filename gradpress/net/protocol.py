@@ -57,11 +57,12 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     Op.NODE_LOST: ({"role": _STR, "rank": _INT, "reason": _STR}, {}),
     Op.SHUTDOWN: ({"reason": _STR}, {}),
     Op.FINISH: ({}, {}),
-    Op.DECLARE: ({"name": _STR, "count": _INT, "dtype": _STR, "parts": (list,)}, {"codec": (dict,)}),
+    Op.DECLARE: ({"name": _STR, "count": _INT, "dtype": _STR, "parts": (list,)},
+                 {"compression_params": (dict,)}),
     Op.DECLARED: ({"name": _STR, "tensor_id": _INT, "servers": (list,)}, {}),
     # shm: the name of the worker's shared-memory segment for this key (same host only)
     Op.INIT_KEY: ({"key": _INT, "name": _STR, "count": _INT, "dtype": _STR},
-                  {"codec": (dict,), "shm": _STR}),
+                  {"compression_params": (dict,), "shm": _STR}),
     # shm: the data is in the segment named at INIT_KEY, not in a frame
     Op.PUSH: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
               {"codec": _STR, "meta": (dict,), "lr": _NUM, "shm": (bool,)}),
@@ -69,7 +70,8 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     # shm/slot: the aggregate is in slot `slot` of the server's segment `shm`
     Op.PULL_REPLY: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
                     {"codec": _STR, "meta": (dict,), "shm": _STR, "slot": _INT}),
-    Op.ERROR: ({"message": _STR}, {"key": _INT, "round": _INT, "name": _STR}),
+    # what the error concerns: a key (and round), a tensor's `name`, or barrier `seq` of `group`
+    Op.ERROR: ({"message": _STR}, {"key": _INT, "round": _INT, "name": _STR, "group": _STR, "seq": _INT}),
     Op.PUSH_ACK: ({"key": _INT, "round": _INT}, {}),
     Op.STATE_GET: ({"key": _INT}, {}),
     # the residual travels as one float32 frame; none when the key has no residual yet

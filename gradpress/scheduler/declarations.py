@@ -21,7 +21,7 @@ from ..net.protocol import Op
 @dataclass
 class Declaration:
     name: str
-    spec: tuple[int, str, tuple[int, ...], str]  # (count, dtype, partition element counts, codec)
+    spec: tuple[int, str, tuple[int, ...], str]  # (count, dtype, partition element counts, compression)
     tensor_id: int
     servers: list[int]
     first_rank: int
@@ -38,13 +38,13 @@ class Declarations:
         self.tensors: dict[str, Declaration] = {}
 
     def declare(self, identity: bytes, rank: int, name: str, count: int, dtype: str,
-                parts: list, now: float, codec: dict | None = None) -> list[tuple[list[bytes], Op, dict]]:
+                parts: list, now: float, compression_params: dict | None = None) -> list[tuple[list[bytes], Op, dict]]:
         """Record worker ``rank``'s declaration; returns the messages to send."""
         if not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts) \
                 or sum(parts) != count or not parts:
             return [([identity], Op.ERROR, {"name": name, "message":
                     f"tensor {name!r}: partition sizes {parts} do not add up to {count} elements"})]
-        spec = (count, dtype, tuple(parts), json.dumps(codec, sort_keys=True) if codec else "uncompressed")
+        spec = (count, dtype, tuple(parts), json.dumps(compression_params, sort_keys=True) if compression_params else "uncompressed")
         d = self.tensors.get(name)
         if d is None:
             itemsize = np.dtype(dtype).itemsize
@@ -86,5 +86,5 @@ class Declarations:
 
 
 def _describe(spec: tuple[int, str, tuple[int, ...], str]) -> str:
-    count, dtype, parts, codec = spec
-    return f"{count} {dtype} elements in {len(parts)} partition(s), {codec}"
+    count, dtype, parts, compression = spec
+    return f"{count} {dtype} elements in {len(parts)} partition(s), {compression}"

@@ -110,7 +110,7 @@ class Scheduler:
         elif op == Op.DECLARE and member.role == "worker":
             for identities, op_out, kwargs in self.declarations.declare(
                     identity, member.rank, h["name"], h["count"], h["dtype"], h["parts"], time.monotonic(),
-                    h.get("codec")):
+                    h.get("compression_params")):
                 self._send_each(identities, op_out, **kwargs)
         elif op == Op.FINISH and member.role == "worker":
             member.finished = True
@@ -191,7 +191,9 @@ class Scheduler:
 
     def _barrier(self, member: Member, group: str, seq: int) -> None:
         if group not in ("all", "worker", "server"):
-            self._send_each([member.identity], Op.ERROR, message=f"unknown barrier group {group!r}")
+            # group and seq name the barrier, so that the waiting node fails it now, not at its timeout
+            self._send_each([member.identity], Op.ERROR, message=f"unknown barrier group {group!r}",
+                            group=group, seq=seq)
             return
         arrived = self.barriers.setdefault((group, seq), set())
         arrived.add(member.identity)

@@ -120,9 +120,9 @@ class Engine(threading.Thread):
         state = self.keys.get(h["key"])
         if state is None:
             state = self.keys[h["key"]] = KeyState(h["key"], h["name"], h["count"], h["dtype"],
-                                                   self._num_workers, self._async, h.get("codec"), self._tracer)
+                                                   self._num_workers, self._async, h.get("compression_params"), self._tracer)
         else:
-            state.check_init(h["name"], h["count"], h["dtype"], h.get("codec"))
+            state.check_init(h["name"], h["count"], h["dtype"], h.get("compression_params"))
         if "shm" in h:
             self._attach(identity, h, state)
         return []

@@ -23,7 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..compressors import ErrorFeedback, build_compressor
+from ..compressors import ErrorFeedback
+from ..compressors.spec import CodecSpec
 from ..net.protocol import Op
 from ..trace import Tracer
 from ..kernels.cpu import server_sum as kernels
@@ -51,7 +52,7 @@ class KeyState:
     dtype: str
     num_workers: int
     async_mode: bool = False
-    codec_params: dict | None = None        # BytePS compression_params; None: uncompressed
+    compression_params: dict | None = None  # as INIT_KEY carried them; None: uncompressed
     tracer: Tracer = _NO_TRACE
     round: int = 0                          # the round being accumulated
     pushed: set = field(default_factory=set)
@@ -66,18 +67,19 @@ class KeyState:
         if self.sink is None:
             self.sink = FrameSink(self.key, self.count, self.dtype)
         self.acc = self.sink.accumulator(self.round)
-        self.codec = None
-        if self.codec_params is not None:
-            if self.dtype != "float32":
-                raise PushError(f"{self.describe()}: only float32 tensors are compressed, not {self.dtype}")
-            try:
-                self.codec = build_compressor(self.codec_params, "server")
+        self.compressor = None
+        if self.compression_params is not None:
+            try:  # untrusted input: checked here, once, like the policy checks a user's dict
+                spec = CodecSpec.from_params(self.compression_params, "INIT_KEY compression_params")
+                if spec is not None:
+                    spec.check_dtype(self.dtype, self.describe())
+                    self.compressor = spec.build("server")
             except ValueError as e:
                 raise PushError(f"{self.describe()}: {e}") from None
 
     def share_results(self, slots: SharedSlots) -> None:
         """Keep results in shared-memory slots from now on; the round in progress carries over."""
-        if self.codec is not None:
+        if self.compressor is not None:
             raise PushError(f"{self.describe()}: compressed keys travel in frames, not shared memory")
         acc = slots.accumulator(self.round)
         if self.pushed and acc is not self.acc:
@@ -86,31 +88,31 @@ class KeyState:
 
     def server_state(self) -> tuple[np.ndarray | None, float | None]:
         """This key's error-feedback residual and last learning rate (None, None without EF)."""
-        if not isinstance(self.codec, ErrorFeedback):
+        if not isinstance(self.compressor, ErrorFeedback):
             return None, None
-        state = self.codec.state_dict()
+        state = self.compressor.state_dict()
         return state["residuals"].get(self.key), state["lrs"].get(self.key)
 
     def load_server_state(self, residual: np.ndarray, lr: float | None) -> None:
         """Install a checkpointed residual (used at the next completed round)."""
-        if not isinstance(self.codec, ErrorFeedback):
+        if not isinstance(self.compressor, ErrorFeedback):
             raise PushError(f"{self.describe()}: it has no server error feedback to restore")
         if residual.dtype != np.float32 or residual.size != self.count:
             raise PushError(f"{self.describe()}: a restored residual of {residual.size} {residual.dtype} "
                             f"values; the key holds {self.count} float32")
-        self.codec.load_state_dict({"residuals": {self.key: residual.copy()},
+        self.compressor.load_state_dict({"residuals": {self.key: residual.copy()},
                                     "lrs": {} if lr is None else {self.key: lr}})
 
     def describe(self) -> str:
         return f"key {self.key} (tensor {self.name!r})"
 
-    def check_init(self, name: str, count: int, dtype: str, codec_params: dict | None) -> None:
+    def check_init(self, name: str, count: int, dtype: str, compression_params: dict | None) -> None:
         if (name, count, dtype) != (self.name, self.count, self.dtype):
             raise PushError(f"{self.describe()}: INIT_KEY for {name!r} with {count} {dtype} elements; "
                             f"the key holds {self.count} {self.dtype} elements of {self.name!r}")
-        if codec_params != self.codec_params:
+        if compression_params != self.compression_params:
             raise PushError(f"{self.describe()}: workers disagree on its compression: "
-                            f"{codec_params} against {self.codec_params}")
+                            f"{compression_params} against {self.compression_params}")
 
     def decode(self, header: dict, frames: list) -> np.ndarray | Payload:
         """The pushed values (an array, or a Payload for a compressed key), checked against the key."""
@@ -118,10 +120,10 @@ class KeyState:
             raise PushError(f"{self.describe()}: push of {header['count']} {header['dtype']} elements; "
                             f"the key holds {self.count} {self.dtype}")
         bufs = [f.buffer if hasattr(f, "buffer") else f for f in frames]
-        if self.codec is not None:
-            if header.get("codec") != self.codec.name or "meta" not in header:
+        if self.compressor is not None:
+            if header.get("codec") != self.compressor.name or "meta" not in header:
                 raise PushError(f"{self.describe()}: push encoded as {header.get('codec', 'raw values')!r}; "
-                                f"the key is compressed with {self.codec.name!r}")
+                                f"the key is compressed with {self.compressor.name!r}")
             return Payload(header["meta"], bufs)
         if "codec" in header:
             raise PushError(f"{self.describe()}: a {header['codec']!r} push for an uncompressed key")
@@ -168,18 +170,18 @@ class KeyState:
         if isinstance(values, Payload):
             with self.tracer.span("server sum", key=self.key, round=rnd):
                 try:
-                    decode = self.codec.decompress if first else self.codec.decompress_add
+                    decode = self.compressor.decompress if first else self.compressor.decompress_add
                     decode(values.meta, values.buffers, self.acc, key=self.key, round=rnd)
                 # the codec checks a payload before it writes: the sum is intact
                 except (ValueError, TypeError, KeyError, IndexError) as e:
-                    raise PushError(f"{self.describe()}: malformed {self.codec.name} payload: {e}") from None
+                    raise PushError(f"{self.describe()}: malformed {self.compressor.name} payload: {e}") from None
         else:
             with self.tracer.span("server sum", key=self.key, round=rnd):
                 kernels.accumulate(self.acc, values, first=first)
 
     def _complete(self) -> list[Reply]:
         self.failure = ""
-        if self.codec is not None:
+        if self.compressor is not None:
             self._compress_aggregate()
         else:
             self.sink.publish(self.round, self.acc)
@@ -196,13 +198,13 @@ class KeyState:
     def _compress_aggregate(self) -> None:
         with self.tracer.span("server compress", key=self.key, round=self.round):
             try:
-                meta, buffers = self.codec.compress(self.acc, key=self.key, round=self.round, lr=self.lr)
+                meta, buffers = self.compressor.compress(self.acc, key=self.key, round=self.round, lr=self.lr)
             except ValueError as e:
                 self.failure = f"{self.describe()}: the aggregate of round {self.round} cannot be compressed: {e}"
                 return
         # the next round overwrites the accumulator while this reply may still be on its way
         buffers = [np.array(b, copy=True) if np.shares_memory(b, self.acc) else b for b in buffers]
-        self.sink.publish_compressed(self.round, {"codec": self.codec.name, "meta": meta}, buffers)
+        self.sink.publish_compressed(self.round, {"codec": self.compressor.name, "meta": meta}, buffers)
 
     def _reply(self, to: bytes, rnd: int) -> Reply:
         """The answer to a pull of completed round ``rnd`` (async pulls read a snapshot instead)."""

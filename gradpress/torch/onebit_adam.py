@@ -21,8 +21,8 @@ tensor's mean ``sqrt(v)`` at the freeze (DeepSpeed's ``exp_avg_mask`` solves the
 problem by hand, for rows known to get no gradient); ``variance_floor=0`` turns it off.
 
 Checkpoints: ``state_dict()`` holds the step count (hence the phase), ``m``, the frozen
-``v`` and this worker's error-feedback residuals (by tensor name and partition, so they
-survive a new job whose keys differ). The residuals differ between workers: every worker
+``v`` and this worker's error-feedback residuals (by tensor name and partition, as the
+worker's ``compressor_state`` gives them, so they survive a new job whose keys differ). The residuals differ between workers: every worker
 saves and loads its own. The servers' residuals are in it too (read from the servers with
 STATE_GET, sent back ahead of each key's first push after the restore), so a resumed run
 continues bit for bit where the checkpoint left off.
@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import numpy as np
 import torch
 
 from ..compressors.policy import CompressionPolicy
-from ..placement import make_key
 from . import ops
 
 # DeepSpeed's 1-bit Adam: scaled sign with the L2 scale ||x||_2 / sqrt(d), error feedback
@@ -73,10 +73,13 @@ class OneBitAdam(torch.optim.Optimizer):
             raise ValueError("eps, weight_decay and variance_floor must be >= 0")
         if freeze_step < 1:
             raise ValueError(f"freeze_step={freeze_step}: at least one step of Adam must fill the variance")
-        codec = dict(DEFAULT_COMPRESSION if compression_params is None else compression_params)
-        if codec.get("momentum"):
-            raise ValueError("OneBitAdam sends its own momentum: compression_params must not ask for "
-                             "worker momentum ('momentum' key)")
+        policy = CompressionPolicy.for_job(ops.settings(), compression_params, compression_rules)
+        if policy.default is None and compression_params is None:
+            policy = policy.overridden_by(DEFAULT_COMPRESSION, None)
+        for spec in [policy.default] + [spec for _, spec in policy.rules]:
+            if spec is not None and "momentum" in spec.compression_params:
+                raise ValueError("OneBitAdam sends its own momentum: compression_params must not ask for "
+                                 f"worker momentum ('momentum' key): {spec}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
         self.freeze_step = freeze_step
@@ -93,11 +96,8 @@ class OneBitAdam(torch.optim.Optimizer):
             by_id = {id(p): f"param.{i}" for i, p in enumerate(all_params)}
         self._names = {id(p): by_id[id(p)] for p in all_params}
         self._priority = {id(p): -i for i, p in enumerate(all_params)}
-        policy = CompressionPolicy(codec, compression_rules, ops.settings().min_compress_bytes)
-        self._codec = {id(p): policy.for_tensor(self._names[id(p)], p.numel() * p.element_size(),
-                                                str(p.dtype).replace("torch.", "")) for p in all_params}
-        self._pending_residuals: dict[str, dict] = {}  # name -> checkpointed EF state, installed at first push
-        self._pending_server_residuals: dict[str, dict] = {}  # name -> the servers' side, sent with it
+        self._spec = {id(p): policy.for_tensor(self._names[id(p)], p.numel() * p.element_size(),
+                                               str(p.dtype).replace("torch.", "")) for p in all_params}
 
     # ---- the step -----------------------------------------------------------
 
@@ -148,12 +148,10 @@ class OneBitAdam(torch.optim.Optimizer):
         st = self.state[p]
         beta1 = group["betas"][0]
         buf = torch.mul(st["exp_avg"], beta1).add_(p.grad, alpha=1 - beta1)  # this worker's momentum
-        codec = self._codec[id(p)]
-        if codec is not None and name in self._pending_residuals:
-            self._install_residuals(name, buf, codec)
+        spec = self._spec[id(p)]
         return ops.push_pull_async_inplace(buf, average=True, name=MOMENTUM_PREFIX + name,
-                                           priority=self._priority[id(p)], compression_params=codec,
-                                           lr=group["lr"] if codec is not None else None), buf
+                                           priority=self._priority[id(p)], compression_params=spec,
+                                           lr=group["lr"] if spec is not None else None), buf
 
     def _freeze(self, st: dict, beta2: float) -> None:
         """Bias-correct v once and floor sqrt(v): the denominator of every later step."""
@@ -177,35 +175,25 @@ class OneBitAdam(torch.optim.Optimizer):
     # ---- checkpoints ----------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """torch's optimizer state plus ``onebit``: freeze_step and this worker's EF residuals."""
+        """torch's optimizer state plus ``onebit``: freeze_step and both sides' EF residuals."""
         sd = super().state_dict()
-        residuals = dict(self._pending_residuals)  # restored but not yet used: still the state
-        client = ops._require()
-        for p, name in ((p, n) for p in self._all_params() for n in [self._names[id(p)]]):
-            t = client.tensor(MOMENTUM_PREFIX + name)
-            if t is None or not hasattr(t.compressor, "state_dict"):
-                continue
-            ef = t.compressor.state_dict()
-            residuals[name] = {
-                "residuals": {i: torch.from_numpy(ef["residuals"][make_key(t.tensor_id, i)].copy())
-                              for i in range(len(t.parts)) if make_key(t.tensor_id, i) in ef["residuals"]},
-                "lrs": {i: ef["lrs"][make_key(t.tensor_id, i)]
-                        for i in range(len(t.parts)) if make_key(t.tensor_id, i) in ef["lrs"]}}
-        servers = dict(self._pending_server_residuals)
+        client = ops.client()
+        workers, servers = {}, {}
         for name in self._names.values():
-            t = client.tensor(MOMENTUM_PREFIX + name)
-            if t is not None and t.compressor is not None and name not in servers:
-                servers[name] = {i: (None if r is None else torch.from_numpy(r), lr)
-                                 for i, (r, lr) in client.server_state(t.name).items()}
+            tensor = MOMENTUM_PREFIX + name
+            state = client.compressor_state(tensor)
+            if state is not None:
+                workers[name] = _to_torch(state)
+                servers[name] = _to_torch(client.server_state(tensor))
         sd["onebit"] = {"freeze_step": self.freeze_step, "variance_floor": self.variance_floor,
-                        "worker_residuals": residuals, "server_residuals": servers}
+                        "worker_residuals": workers, "server_residuals": servers}
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore ``state_dict()``: phase, moments and (if present) this worker's residuals.
+        """Restore ``state_dict()``: phase, moments and (if present) both sides' residuals.
 
-        The residuals are installed into the communication layer at the momentum's next
-        push, and the servers' residuals go back to the servers just ahead of it.
+        The worker installs its residuals when the momentum is (or was) declared, and sends
+        the servers' residuals back just ahead of each key's next push.
         """
         state_dict = dict(state_dict)
         extra = state_dict.pop("onebit", None)
@@ -213,26 +201,30 @@ class OneBitAdam(torch.optim.Optimizer):
         for st in self.state.values():  # torch may hand "step" back as a tensor
             if "step" in st and torch.is_tensor(st["step"]):
                 st["step"] = int(st["step"].item())
-        if extra is not None:
-            self.freeze_step = extra["freeze_step"]
-            self.variance_floor = extra["variance_floor"]
-            self._pending_residuals = dict(extra["worker_residuals"])
-            self._pending_server_residuals = dict(extra.get("server_residuals", {}))
+        if extra is None:
+            return
+        self.freeze_step = extra["freeze_step"]
+        self.variance_floor = extra["variance_floor"]
+        client = ops.client()
+        for name, state in extra["worker_residuals"].items():
+            client.load_compressor_state(MOMENTUM_PREFIX + name, _to_numpy(state))
+        for name, states in extra.get("server_residuals", {}).items():
+            client.load_server_state(MOMENTUM_PREFIX + name, {i: (r, lr) for i, (r, lr) in _to_numpy(states).items()
+                                                              if r is not None})
 
-    def _install_residuals(self, name: str, buf: torch.Tensor, codec: dict) -> None:
-        saved = self._pending_residuals.pop(name)
-        client = ops._require()
-        t = client.declare(MOMENTUM_PREFIX + name, buf.numel(), "float32", codec)
-        keys = {i: make_key(t.tensor_id, i) for i in range(len(t.parts))}
-        state = t.compressor.state_dict()
-        if set(saved["residuals"]) - set(keys):
-            raise ValueError(f"checkpointed residuals of {name!r} have partitions {sorted(saved['residuals'])}; "
-                             f"the tensor now has {len(t.parts)} (was BYTEPS_PARTITION_BYTES changed?)")
-        state["residuals"].update({keys[i]: r.numpy() for i, r in saved["residuals"].items()})
-        state["lrs"].update({keys[i]: lr for i, lr in saved["lrs"].items()})
-        t.compressor.load_state_dict(state)
-        servers = self._pending_server_residuals.pop(name, {})
-        client.load_server_state(t.name, {i: (r.numpy(), lr) for i, (r, lr) in servers.items() if r is not None})
 
-    def _all_params(self) -> list[torch.Tensor]:
-        return [p for group in self.param_groups for p in group["params"]]
+def _to_torch(state):
+    """numpy arrays in a nested state as torch tensors (torch.load's weights_only accepts those)."""
+    if isinstance(state, dict):
+        return {k: _to_torch(v) for k, v in state.items()}
+    if isinstance(state, tuple):
+        return tuple(_to_torch(v) for v in state)
+    return torch.from_numpy(state.copy()) if isinstance(state, np.ndarray) else state
+
+
+def _to_numpy(state):
+    if isinstance(state, dict):
+        return {k: _to_numpy(v) for k, v in state.items()}
+    if isinstance(state, (tuple, list)):
+        return tuple(_to_numpy(v) for v in state)
+    return state.numpy() if torch.is_tensor(state) else state

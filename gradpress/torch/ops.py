@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from .. import logs
+from ..compressors.spec import CodecSpec
 from ..config import Settings
 from ..errors import JobError
 from ..worker import WorkerClient
@@ -32,7 +33,6 @@ _lock = threading.Lock()
 _handles: dict[int, "_Pending"] = {}
 _handle_ids = itertools.count(1)
 _noname = itertools.count()
-_declared: list[str] = []
 
 
 @dataclass
@@ -80,6 +80,11 @@ def _require() -> WorkerClient:
     return _client
 
 
+def client() -> WorkerClient:
+    """This worker's client: for optimizers that checkpoint compressor and server state."""
+    return _require()
+
+
 def rank() -> int:
     return _require().rank
 
@@ -107,10 +112,8 @@ def declare(name: str, **_ignored) -> None:
     """Announce a tensor name, as byteps.torch does.
 
     Keys do not depend on declaration order here (the scheduler assigns them), so
-    this only records the name; the tensor is declared to the job at its first push_pull.
+    there is nothing to do: the tensor is declared to the job at its first push_pull.
     """
-    if name not in _declared:
-        _declared.append(name)
 
 
 def push_pull_async(tensor: torch.Tensor, average: bool = True, name: str | None = None,
@@ -174,32 +177,34 @@ def _lookup(handle: int) -> _Pending:
 
 
 def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str | None,
-           priority: int, codec: dict | None = None, lr: float | None = None) -> int:
+           priority: int, compression_params: dict | CodecSpec | None = None, lr: float | None = None) -> int:
     client = _require()
     if name is None:
         name = f"push_pull.noname.{next(_noname)}"
-    if codec is not None and tensor.dtype != torch.float32:
-        raise ValueError(f"push_pull of {name!r}: compression_params apply to float32 tensors, "
-                         f"not {tensor.dtype}")
+    spec = None
+    if compression_params is not None:
+        spec = CodecSpec.from_params(compression_params, f"push_pull of {name!r}: compression_params")
+    if spec is not None:
+        spec.check_dtype(str(tensor.dtype).replace("torch.", ""), f"push_pull of {name!r}")
     divisor = client.size if average else 1
     contiguous = tensor.is_contiguous() and output.is_contiguous()
-    on_gpu = codec is not None and tensor.is_cuda and output.is_cuda and contiguous
+    on_gpu = spec is not None and tensor.is_cuda and output.is_cuda and contiguous
     direct = (tensor.device.type == "cpu" and output.device.type == "cpu" and tensor.dtype in _WIRE
               and _WIRE[tensor.dtype] == tensor.dtype and contiguous)
     finish: Callable[[], None] | None = None
     if on_gpu:  # CUDA kernels compress straight from device memory
         src = tensor.detach().reshape(-1)
         out = src if output is tensor else output.detach().reshape(-1)
-        future = client.push_pull_async(name, src, out, divisor, priority, codec, lr)
+        future = client.push_pull_async(name, src, out, divisor, priority, spec, lr)
     elif direct:
         src = tensor.detach().reshape(-1).numpy()
         out = src if output is tensor else output.detach().reshape(-1).numpy()
-        future = client.push_pull_async(name, src, out, divisor, priority, codec, lr)
+        future = client.push_pull_async(name, src, out, divisor, priority, spec, lr)
     else:
         wire = _WIRE.get(tensor.dtype, torch.float64)  # integers: exact below 2**53
         staging = tensor.detach().to("cpu", wire, copy=True).contiguous().reshape(-1)
         arr = staging.numpy()
-        future = client.push_pull_async(name, arr, arr, divisor, priority, codec, lr)
+        future = client.push_pull_async(name, arr, arr, divisor, priority, spec, lr)
 
         def copy_back(staging=staging, output=output) -> None:
             with torch.no_grad():

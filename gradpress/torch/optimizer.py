@@ -13,14 +13,19 @@ from contextlib import contextmanager
 import torch
 
 from ..compressors.policy import CompressionPolicy
+from ..compressors.spec import CodecSpec
 from . import ops
 from .compression import Compression
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
+    # The wrapped optimizer's class, set on each generated class: methods call it by name,
+    # not through super(self.__class__, ...), which recurses forever in a subclass.
+    _gp_base: type = torch.optim.Optimizer
+
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
                  compression_params=None, compression_rules=None):
-        super(self.__class__, self).__init__(params)
+        self._gp_base.__init__(self, params)
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         all_params = [p for group in self.param_groups for p in group["params"]]
@@ -48,7 +53,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._gp_handles: dict[int, tuple[torch.Tensor, int, object]] = {}
         self._gp_should_sync = True
         self._gp_group = {id(p): group for group in self.param_groups for p in group["params"]}
-        self._gp_codec = self._gp_compression(compression_params, compression_rules)
+        self._gp_spec = self._gp_compression(compression_params, compression_rules)
         self._gp_hooks = [p.register_post_accumulate_grad_hook(self._gp_hook) for p in self._gp_params]
         for p in self._gp_params:
             ops.declare("Gradient." + self._gp_names[id(p)])
@@ -63,31 +68,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._gp_start(p)
 
     def _gp_compression(self, default, rules) -> dict:
-        """Each parameter's compression_params (None: uncompressed), from the job file and the arguments.
+        """Each parameter's CodecSpec (None: uncompressed), from the job file and the arguments.
 
         As in BytePS, when the gradients carry Nesterov momentum the wrapped optimizer's own
         momentum is turned off (it would be applied twice) and its coefficient is used.
         """
-        settings = ops.settings()
-        policy = CompressionPolicy.from_job_file(settings.config_file, settings.min_compress_bytes) \
-            .overridden_by(default, rules)
-        codecs = {}
+        policy = CompressionPolicy.for_job(ops.settings(), default, rules)
+        specs = {}
         for p in self._gp_params:
-            codec = policy.for_tensor(self._gp_names[id(p)], p.numel() * p.element_size(),
-                                      str(p.dtype).replace("torch.", ""))
+            spec = policy.for_tensor(self._gp_names[id(p)], p.numel() * p.element_size(),
+                                     str(p.dtype).replace("torch.", ""))
             group = self._gp_group[id(p)]
-            if codec and codec.get("momentum") and group.get("momentum"):
-                codec = dict(codec, mu=codec.get("mu", group["momentum"]))
+            params = spec.compression_params if spec else {}
+            if params.get("momentum") and group.get("momentum"):
+                spec = CodecSpec.from_params(dict(params, mu=params.get("mu", group["momentum"])))
                 group["momentum"] = 0
-            codecs[id(p)] = codec
-        return codecs
+            specs[id(p)] = spec
+        return specs
 
     def _gp_start(self, p: torch.Tensor) -> None:
         compressed, ctx = self._compression.compress(p.grad)
-        codec = self._gp_codec[id(p)] if compressed.dtype == torch.float32 else None
+        spec = self._gp_spec[id(p)]
+        if spec is not None and not spec.accepts(str(compressed.dtype).replace("torch.", "")):
+            spec = None  # Compression.fp16 made it float16: it travels as such
         handle = ops.push_pull_async_inplace(compressed, average=True, name="Gradient." + self._gp_names[id(p)],
-                                             priority=self._gp_priority[id(p)], compression_params=codec,
-                                             lr=self._gp_group[id(p)]["lr"] if codec else None)
+                                             priority=self._gp_priority[id(p)], compression_params=spec,
+                                             lr=self._gp_group[id(p)]["lr"] if spec else None)
         self._gp_handles[id(p)] = (p, handle, ctx)
 
     def synchronize(self) -> None:
@@ -121,13 +127,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._gp_should_sync:
             self.synchronize()
-        return super(self.__class__, self).step(closure)
+        return self._gp_base.step(self, closure)
 
     def zero_grad(self, set_to_none: bool = True):
         if self._gp_handles:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize()")
-        return super(self.__class__, self).zero_grad(set_to_none)
+        return self._gp_base.zero_grad(self, set_to_none)
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
@@ -155,6 +161,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         raise ValueError(f"staleness={staleness}: only synchronous training (staleness=0) is supported")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step={backward_passes_per_step}: must be at least 1")
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__, _gp_base=optimizer.__class__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                compression_params, compression_rules)

@@ -1,38 +1,43 @@
-"""What the worker's communication thread tracks: tensors, push_pull jobs, partition ops."""
+"""What the worker's communication thread works on: tensors, push_pull jobs, partition ops."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..compressors import build_compressor
+from ..compressors.spec import CodecSpec
 from .future import Future
+
+if TYPE_CHECKING:
+    from .keys import WorkerKey
 
 
 @dataclass
 class Tensor:
-    """A declared tensor: its id and, per partition, size, offset and server."""
+    """A declared tensor: its id, its partitions (one ``WorkerKey`` each) and its compressor."""
     name: str
     count: int
     dtype: str
     tensor_id: int
     parts: list[int]
     servers: list[int]
-    codec: dict | None = None     # compression_params; None: uncompressed
+    spec: CodecSpec | None = None        # None: uncompressed
     offsets: list[int] = field(init=False)
+    keys: list["WorkerKey"] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        self.offsets = list(np.cumsum([0] + self.parts[:-1]))
+        self.offsets = [int(o) for o in np.cumsum([0] + self.parts[:-1])]
         # Momentum(ErrorFeedback(codec)); its state is kept per partition key
-        self.compressor = build_compressor(self.codec, "worker") if self.codec else None
+        self.compressor = self.spec.build("worker") if self.spec else None
 
 
 @dataclass
 class PushPull:
     """One push_pull of a whole tensor: src is pushed, the aggregate lands in out."""
     tensor: Tensor
-    src: np.ndarray
-    out: np.ndarray
+    src: Any                 # 1-D numpy array, or a torch CUDA tensor for GPU compression
+    out: Any
     divisor: int
     future: Future
     remaining: int
@@ -41,11 +46,17 @@ class PushPull:
 
 @dataclass
 class PartitionOp:
+    """One partition of a push_pull on its way through the stages."""
     job: PushPull
-    index: int
-    key: int = 0
-    round: int = 0
-    server: int = 0
-    deadline: float = 0.0
+    wkey: "WorkerKey"
+    round: int = -1
     sent_us: float = 0.0
     acked: bool = False   # the server took the push: its credit is free again
+
+    @property
+    def chunk(self) -> Any:
+        return self.job.src[self.wkey.offset:self.wkey.offset + self.wkey.count]
+
+    @property
+    def destination(self) -> Any:
+        return self.job.out[self.wkey.offset:self.wkey.offset + self.wkey.count]

@@ -1,0 +1,65 @@
+"""``CodecSpec``: one tensor's compression, checked once, carried unchanged to the servers.
+
+Vocabulary, everywhere in gradpress: ``compression_params`` is the user's dict (BytePS's
+keys: compressor, ef, momentum, k, ...), ``codec`` the codec's name, ``compressor`` the
+object that compresses (``build_compressor``), and ``CodecSpec`` the checked, frozen
+form of the dict that travels from the policy to the worker's keys and, as
+``compression_params`` in DECLARE and INIT_KEY, to the scheduler and the servers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gradpress.compressors.registry import build_compressor
+
+# Codecs work on float32 partitions; other dtypes travel uncompressed (the one home of this rule).
+COMPRESSIBLE_DTYPES = ("float32",)
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    codec: str
+    params: tuple[tuple[str, Any], ...]  # the compression_params' items, sorted: immutable and comparable
+
+    @classmethod
+    def from_params(cls, compression_params: Any, where: str = "compression_params") -> "CodecSpec | None":
+        """The checked spec of ``compression_params``; None when it asks for no compression.
+
+        Raises:
+            ValueError: ``where`` and what is wrong (unknown codec, key or value).
+        """
+        if isinstance(compression_params, CodecSpec):
+            return compression_params
+        if not isinstance(compression_params, dict):
+            raise ValueError(f"{where}: expected a dict of compression_params, got "
+                             f"{type(compression_params).__name__}")
+        try:  # the worker's chain (Momentum(ErrorFeedback(codec))) reads every key a server reads
+            build_compressor(compression_params, "worker")
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        codec = compression_params.get("compressor", "none")
+        if codec == "none":
+            return None
+        return cls(codec, tuple(sorted(compression_params.items())))
+
+    @property
+    def compression_params(self) -> dict[str, Any]:
+        """The user's dict, as it travels on the wire."""
+        return dict(self.params)
+
+    def build(self, role: str):
+        """A new compressor for ``role`` (its state, residuals and momentum, starts empty)."""
+        return build_compressor(self.compression_params, role)
+
+    @staticmethod
+    def accepts(dtype: str) -> bool:
+        return dtype in COMPRESSIBLE_DTYPES
+
+    def check_dtype(self, dtype: str, what: str) -> None:
+        if not self.accepts(dtype):
+            raise ValueError(f"{what}: compression_params ({self.codec}) apply to "
+                             f"{'/'.join(COMPRESSIBLE_DTYPES)} tensors, not {dtype}")
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.params)

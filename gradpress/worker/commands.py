@@ -1,0 +1,62 @@
+"""What callers ask of the communication thread: one typed command per request.
+
+Callers (the training thread, gradient hooks) put these on the client's queue; the
+communication thread, which owns every socket, carries them out in order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..compressors.spec import CodecSpec
+from .future import Future
+from .jobs import PushPull, Tensor
+
+
+@dataclass(frozen=True)
+class Declare:
+    name: str
+    count: int
+    dtype: str
+    parts: list[int]
+    spec: CodecSpec | None
+    future: Future
+
+
+@dataclass(frozen=True)
+class StartPushPull:
+    job: PushPull
+    priority: int
+
+
+@dataclass(frozen=True)
+class Barrier:
+    group: str
+    future: Future
+
+
+@dataclass(frozen=True)
+class GetServerState:
+    tensor: Tensor
+    future: Future
+
+
+@dataclass(frozen=True)
+class LoadServerState:
+    """Checkpointed server states by partition, sent just ahead of each key's next push."""
+    name: str
+    states: dict[int, tuple[np.ndarray, float | None]]
+
+
+@dataclass(frozen=True)
+class LoadCompressorState:
+    """A checkpointed compressor state (by partition), installed now or when ``name`` is declared."""
+    name: str
+    state: Any
+
+
+@dataclass(frozen=True)
+class Finish:
+    future: Future

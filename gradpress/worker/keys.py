@@ -1,0 +1,153 @@
+"""``WorkerKey``: one partition key as this worker sees it, like the server's ``KeyState``;
+``KeyTable``: every tensor and key of the worker.
+
+Everything the communication thread tracks per key lives here: its next round,
+whether the server has its INIT_KEY, the shared-memory push view, a checkpointed
+server state waiting to go out, a STATE_GET waiting for its answer, the round in
+flight (one per key: a server's shared result slots rely on it) and the ops held
+behind it. Checkpoint state is keyed by partition index outside the worker, by key
+inside: ``by_partition`` / ``by_key`` translate.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..placement import make_key
+from .future import Future
+
+if TYPE_CHECKING:
+    from .jobs import PartitionOp, Tensor
+
+
+@dataclass
+class StateRequest:
+    """A server_state() call: the partitions still to answer, and what came back."""
+    future: Future
+    waiting: set[int]
+    results: dict[int, tuple[np.ndarray | None, float | None]] = field(default_factory=dict)
+
+    def answer(self, index: int, residual: np.ndarray | None, lr: float | None) -> None:
+        self.results[index] = (residual, lr)
+        self.waiting.discard(index)
+        if not self.waiting:
+            self.future.set(self.results)
+
+
+@dataclass
+class WorkerKey:
+    key: int
+    tensor: "Tensor"
+    index: int                     # partition index within the tensor
+    server: int
+    count: int
+    offset: int
+    next_round: int = 0
+    inited: bool = False
+    push_view: np.ndarray | None = None       # our shared push segment (co-located, uncompressed)
+    state_to_load: tuple[np.ndarray, float | None] | None = None  # sent just before the next push
+    state_request: StateRequest | None = None
+    in_flight: "PartitionOp | None" = None
+    held: deque = field(default_factory=deque)  # ops of later rounds, waiting for in_flight
+
+    def describe(self) -> str:
+        return f"tensor {self.tensor.name!r}: partition {self.index} (key {self.key})"
+
+
+def by_partition(state: Any, index_of: dict[int, int]) -> Any:
+    """A compressor's state_dict with every per-key map re-keyed by partition index."""
+    if isinstance(state, dict):
+        if state and all(isinstance(k, int) for k in state):
+            return {index_of[k]: by_partition(v, index_of) for k, v in state.items() if k in index_of}
+        return {k: by_partition(v, index_of) for k, v in state.items()}
+    return state
+
+
+def by_key(state: Any, key_of: dict[int, int], what: str) -> Any:
+    """The inverse of ``by_partition``. Raises ValueError for a partition the tensor lacks."""
+    if isinstance(state, dict):
+        if state and all(isinstance(k, int) for k in state):
+            unknown = sorted(set(state) - set(key_of))
+            if unknown:
+                raise ValueError(f"{what}: saved state for partition(s) {unknown}, but the tensor has "
+                                 f"{len(key_of)} (was BYTEPS_PARTITION_BYTES changed?)")
+            return {key_of[i]: by_key(v, key_of, what) for i, v in state.items()}
+        return {k: by_key(v, key_of, what) for k, v in state.items()}
+    return state
+
+
+def check_server_states(t: "Tensor", states: dict) -> None:
+    for i, (residual, _) in states.items():
+        if not 0 <= i < len(t.parts) or residual.size != t.parts[i]:
+            raise ValueError(f"tensor {t.name!r}: a server state for partition {i} of {residual.size} values "
+                             f"does not fit its {len(t.parts)} partition(s) {t.parts}")
+
+
+class KeyTable:
+    """The worker's declared tensors and their keys, and checkpointed states that were
+    loaded before their tensor was declared (installed when it is)."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, "Tensor"] = {}   # written by the communication thread, read by callers
+        self._keys: dict[int, WorkerKey] = {}
+        self._compressor_states: dict[str, Any] = {}
+        self._server_states: dict[str, dict] = {}
+
+    def get(self, key: Any) -> WorkerKey | None:
+        return self._keys.get(key)
+
+    def values(self):
+        return self._keys.values()
+
+    def add(self, t: "Tensor", num_servers: int) -> None:
+        """Make ``t``'s keys and install its pending states. Raises ValueError for a bad placement."""
+        for i, (server, count, offset) in enumerate(zip(t.servers, t.parts, t.offsets)):
+            if not 0 <= server < num_servers:
+                raise ValueError(f"the scheduler placed partition {i} on server {server}, which does not exist")
+            t.keys.append(WorkerKey(make_key(t.tensor_id, i), t, i, server, count, offset))
+        state = self._compressor_states.get(t.name)
+        if state is not None:
+            self._install_compressor_state(t, state)
+        states = self._server_states.get(t.name)
+        if states is not None:
+            check_server_states(t, states)
+            for i, s in states.items():
+                t.keys[i].state_to_load = s
+        self._compressor_states.pop(t.name, None)
+        self._server_states.pop(t.name, None)
+        self.tensors[t.name] = t
+        self._keys.update((wk.key, wk) for wk in t.keys)
+
+    def compressor_state(self, name: str) -> Any:
+        t = self.tensors.get(name)
+        if t is None or t.compressor is None or not hasattr(t.compressor, "state_dict"):
+            return self._compressor_states.get(name)
+        return by_partition(t.compressor.state_dict(), {wk.key: wk.index for wk in t.keys})
+
+    def pending_server_state(self, name: str) -> dict | None:
+        return self._server_states.get(name)
+
+    def load_compressor_state(self, name: str, state: Any) -> None:
+        t = self.tensors.get(name)
+        if t is None:
+            self._compressor_states[name] = state
+        else:
+            self._install_compressor_state(t, state)
+
+    def load_server_state(self, name: str, states: dict) -> None:
+        t = self.tensors.get(name)
+        if t is None:
+            self._server_states[name] = states
+            return
+        check_server_states(t, states)
+        for i, s in states.items():
+            t.keys[i].state_to_load = s
+
+    @staticmethod
+    def _install_compressor_state(t: "Tensor", state: Any) -> None:
+        if t.compressor is not None and hasattr(t.compressor, "load_state_dict"):
+            t.compressor.load_state_dict(by_key(state, {wk.index: wk.key for wk in t.keys},
+                                                f"compressor state of tensor {t.name!r}"))

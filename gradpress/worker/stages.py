@@ -1,0 +1,145 @@
+"""The stages a partition goes through on a worker, one method each (after BytePS's
+``core_loops.cc``): compress -> push -> pull -> land.
+
+A compressed key's pipeline is compress, push (frames), pull, land (decompress); an
+uncompressed one skips compress and, with a server on the same host, pushes through
+shared memory and lands from the server's result slot. Which stages a partition
+takes is decided by its key (codec, co-location), not by branches in the caller.
+All of it runs on the communication thread, which owns the sockets.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import zmq
+
+from ..net import shm, transport
+from ..net.protocol import Op
+from ..trace import Tracer, now_us
+from .jobs import PartitionOp
+from .keys import WorkerKey
+
+Payload = tuple[dict[str, Any], list[Any]]  # header fields and data buffers of a PUSH
+
+
+class PartitionStages:
+    def __init__(self, sender: str, servers: list[zmq.Socket], local: list[bool], tracer: Tracer):
+        self.sender = sender
+        self.servers = servers
+        self.local = local          # per server: same host, so uncompressed keys use shared memory
+        self.tracer = tracer
+        self.bytes_pushed = 0       # payload bytes (compressed size where compressed)
+        self.bytes_pulled = 0
+        self.own_segments: list[shm.Segment] = []
+        self._result_segments: dict[str, shm.Segment] = {}
+
+    def _shared(self, wk: WorkerKey) -> bool:
+        return self.local[wk.server] and wk.tensor.compressor is None  # compressed payloads are small
+
+    # ---- before the first push of a key ----------------------------------------
+
+    def introduce(self, wk: WorkerKey) -> None:
+        """INIT_KEY once per key (naming our shared push segment), then any checkpointed server state."""
+        sock, t = self.servers[wk.server], wk.tensor
+        if not wk.inited:
+            extra: dict[str, Any] = {"compression_params": t.spec.compression_params} if t.spec else {}
+            if self._shared(wk):
+                seg = shm.Segment.create("w", wk.key, wk.count * np.dtype(t.dtype).itemsize)
+                self.own_segments.append(seg)
+                wk.push_view = seg.array(t.dtype, wk.count)
+                extra["shm"] = seg.name
+            transport.send(sock, Op.INIT_KEY, self.sender, key=wk.key, name=t.name, count=wk.count,
+                           dtype=t.dtype, **extra)
+            wk.inited = True
+        if wk.state_to_load is not None:
+            residual, lr = wk.state_to_load
+            wk.state_to_load = None
+            transport.send(sock, Op.STATE, self.sender, [np.ascontiguousarray(residual, np.float32)],
+                           key=wk.key, **({} if lr is None else {"lr": float(lr)}))
+
+    # ---- the stages ---------------------------------------------------------------
+
+    def compress(self, op: PartitionOp) -> Payload | None:
+        """The compressed payload of a compressed key (None otherwise).
+
+        Raises:
+            ValueError: the input cannot be compressed (NaN/inf); the compressor's state is unchanged.
+        """
+        t = op.job.tensor
+        if t.compressor is None:
+            return None
+        start = now_us()
+        meta, buffers = t.compressor.compress(op.chunk, key=op.wkey.key, round=op.round, lr=op.job.lr)
+        self.tracer.add("compress", start, now_us(), key=op.wkey.key, round=op.round)
+        return {"codec": t.compressor.name, "meta": meta}, buffers
+
+    def push(self, op: PartitionOp, payload: Payload | None) -> None:
+        wk, t = op.wkey, op.job.tensor
+        fields: dict[str, Any] = {"key": wk.key, "round": op.round, "dtype": t.dtype, "count": wk.count}
+        if op.job.lr is not None:
+            fields["lr"] = float(op.job.lr)
+        sock = self.servers[wk.server]
+        if payload is not None:
+            extra, buffers = payload
+            transport.send(sock, Op.PUSH, self.sender, buffers, **fields, **extra)
+            self.bytes_pushed += sum(b.nbytes for b in buffers)
+        elif wk.push_view is not None:
+            np.copyto(wk.push_view, op.chunk)
+            transport.send(sock, Op.PUSH, self.sender, shm=True, **fields)
+            self.bytes_pushed += wk.push_view.nbytes
+        else:
+            chunk = op.chunk
+            transport.send(sock, Op.PUSH, self.sender, [chunk], **fields)
+            self.bytes_pushed += chunk.nbytes
+
+    def pull(self, op: PartitionOp) -> None:
+        transport.send(self.servers[op.wkey.server], Op.PULL, self.sender, key=op.wkey.key, round=op.round)
+        op.sent_us = now_us()
+
+    def land(self, op: PartitionOp, h: dict, frames: list) -> None:
+        """Write the pulled aggregate (divided by the job's divisor) into the job's output.
+
+        Raises:
+            ValueError, OSError, TypeError, KeyError: a reply that does not fit the key.
+        """
+        wk, job, t = op.wkey, op.job, op.job.tensor
+        self.tracer.add("push to reply", op.sent_us, now_us(), key=wk.key, round=op.round)
+        if h["dtype"] != t.dtype or h["count"] != wk.count:
+            raise ValueError(f"{h['count']} {h['dtype']} elements, expected {wk.count} {t.dtype}")
+        dst = op.destination
+        if t.compressor is not None:
+            if h.get("codec") != t.compressor.name or "meta" not in h:
+                raise ValueError(f"encoded as {h.get('codec', 'raw values')!r}, expected {t.compressor.name!r}")
+            start = now_us()
+            t.compressor.decompress(h["meta"], [f.buffer for f in frames], dst, key=wk.key, round=op.round)
+            if job.divisor != 1:
+                dst /= job.divisor
+            self.tracer.add("decompress", start, now_us(), key=wk.key, round=op.round)
+        else:
+            summed = self._shared_result(h, wk.count, t.dtype) if "shm" in h \
+                else _frame_result(frames, wk.count, t.dtype)
+            if job.divisor != 1:
+                np.divide(summed, job.divisor, out=dst)  # average while copying: one pass
+            else:
+                np.copyto(dst, summed)
+        self.bytes_pulled += sum(len(f.buffer) for f in frames)
+
+    def _shared_result(self, h: dict, n: int, dtype: str) -> np.ndarray:
+        nbytes = n * np.dtype(dtype).itemsize
+        if h.get("slot") not in (0, 1):
+            raise ValueError(f"result slot {h.get('slot')!r} is not 0 or 1")
+        seg = self._result_segments.get(h["shm"])
+        if seg is None:
+            seg = self._result_segments[h["shm"]] = shm.Segment(h["shm"], 2 * nbytes, create=False)
+        return seg.array(dtype, n, offset=h["slot"] * nbytes)
+
+    def close(self) -> None:
+        for seg in self.own_segments:
+            seg.unlink()  # normally the server already did, once it mapped them
+
+
+def _frame_result(frames: list, n: int, dtype: str) -> np.ndarray:
+    if len(frames) != 1 or len(frames[0].buffer) != n * np.dtype(dtype).itemsize:
+        raise ValueError(f"expected one frame of {n} {dtype} elements")
+    return np.frombuffer(frames[0].buffer, dtype=dtype)

@@ -1,0 +1,217 @@
+"""gradpress/worker/client.py against a scripted scheduler and server (tests/fake_peers.py).
+
+Each test drives one stage of the per-partition pipeline (declare, compress, push,
+pull, land) or one of its rules (rounds, credit, deadlines, errors) message by message.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from fake_peers import FakePeers
+from gradpress.compressors.spec import CodecSpec
+from gradpress.errors import JobError, OpTimeoutError, TensorMismatchError
+from gradpress.net.protocol import Op
+from gradpress.placement import make_key
+
+
+@pytest.fixture
+def peers():
+    p = FakePeers(servers=2)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def calls():
+    """Run blocking client calls off the test thread (the test plays the peers meanwhile)."""
+    with ThreadPoolExecutor(4) as pool:
+        yield pool
+
+
+def test_declare_asks_the_scheduler_and_keeps_its_placement(peers, calls):
+    client = peers.start_client(partition_bytes=40)
+    fut = calls.submit(client.declare, "w", 25, "float32")
+    h = peers.declare("w", tensor_id=7, servers=[1, 0, 1])
+    assert (h["count"], h["dtype"], h["parts"]) == (25, "float32", [10, 10, 5])
+    t = fut.result(10)
+    assert (t.tensor_id, t.servers, t.parts) == (7, [1, 0, 1], [10, 10, 5])
+    assert client.declare("w", 25, "float32") is t  # a second declare asks nobody
+    with pytest.raises(TensorMismatchError, match="'w' was declared with 25 float32"):
+        client.declare("w", 26, "float32")
+
+
+def test_a_declaration_the_scheduler_refuses_raises_a_tensor_mismatch(peers, calls):
+    client = peers.start_client()
+    fut = calls.submit(client.declare, "w", 4, "float32")
+    peers.from_worker()
+    peers.to_worker(Op.ERROR, name="w", message="tensor 'w': worker 1 declared 5 float32 elements")
+    with pytest.raises(TensorMismatchError, match="worker 1 declared 5"):
+        fut.result(10)
+
+
+def test_push_pull_inits_each_key_once_and_lands_the_average(peers, calls):
+    client = peers.start_client()
+    src = np.arange(6, dtype=np.float32)
+    out = np.zeros_like(src)
+    fut = calls.submit(lambda: client.push_pull_async("g", src, out, divisor=2, priority=0))
+    peers.declare("g", tensor_id=3, servers=[1])
+    push = peers.serve_round(1, np.full(6, 10.0, np.float32))
+    (init, _), = peers.seen
+    assert init["op"] == Op.INIT_KEY and (init["key"], init["count"], init["name"]) == (make_key(3, 0), 6, "g")
+    assert (push["key"], push["round"], push["count"]) == (make_key(3, 0), 0, 6)
+    assert np.frombuffer(peers.push_frames[0].buffer, np.float32).tolist() == src.tolist()
+    fut.result(10).result(10)
+    assert out.tolist() == [5.0] * 6
+
+    fut = client.push_pull_async("g", src, out, divisor=1, priority=0)
+    push = peers.serve_round(1, np.full(6, 3.0, np.float32))
+    assert peers.seen == [] and push["round"] == 1  # no second INIT_KEY; the round moved on
+    fut.result(10)
+    assert out.tolist() == [3.0] * 6
+
+
+def test_a_key_keeps_one_round_in_flight(peers, calls):
+    client = peers.start_client()
+    a, b = np.ones(4, np.float32), np.ones(4, np.float32)
+    first = calls.submit(lambda: client.push_pull_async("g", a, a, 1, 0)).result
+    peers.declare("g", tensor_id=1, servers=[0])
+    identity, _, _ = peers.from_worker_at(0)  # INIT_KEY
+    _, push0, _ = peers.from_worker_at(0)
+    _, pull0, _ = peers.from_worker_at(0)
+    second = client.push_pull_async("g", b, b, 1, 0)
+    assert peers.nothing_at(0), "round 1 went out while round 0 was in flight"
+    peers.reply_from(0, identity, Op.PULL_REPLY, [np.full(4, 2.0, np.float32)], key=push0["key"], round=0,
+                     dtype="float32", count=4)
+    first(10).result(10)
+    _, push1, _ = peers.from_worker_at(0)
+    assert (push1["op"], push1["round"]) == (Op.PUSH, 1)
+    assert second.done() is False
+
+
+def test_credit_limits_unacknowledged_pushes(peers, calls):
+    client = peers.start_client(partition_bytes=8, scheduling_credit=1)
+    x = np.ones(6, np.float32)  # three partitions of two
+    fut = calls.submit(lambda: client.push_pull_async("g", x, x, 1, 0))
+    peers.declare("g", tensor_id=2, servers=[0, 0, 0])
+    pulls = []
+    while len(pulls) < 3:
+        identity, h, _ = peers.from_worker_at(0)
+        if h["op"] != Op.PUSH:
+            continue
+        _, pull, _ = peers.from_worker_at(0)  # each push is followed by its pull at once
+        assert (pull["op"], pull["key"]) == (Op.PULL, h["key"])
+        pulls.append(pull)
+        assert len(pulls) == 3 or peers.nothing_at(0), "a second push went out beyond the credit"
+        peers.reply_from(0, identity, Op.PUSH_ACK, key=h["key"], round=h["round"])
+    for pull in pulls:
+        peers.reply_from(0, identity, Op.PULL_REPLY, [np.full(2, 4.0, np.float32)], key=pull["key"],
+                         round=pull["round"], dtype="float32", count=2)
+    fut.result(10).result(10)
+    assert x.tolist() == [4.0] * 6
+
+
+def test_a_server_error_fails_the_push_pull_with_its_message(peers, calls):
+    client = peers.start_client()
+    x = np.ones(4, np.float32)
+    fut = calls.submit(lambda: client.push_pull_async("g", x, x, 1, 0))
+    peers.declare("g", tensor_id=1, servers=[0])
+    identity, _, _ = peers.from_worker_at(0)
+    _, push, _ = peers.from_worker_at(0)
+    peers.reply_from(0, identity, Op.ERROR, key=push["key"], round=0, message="workers disagree")
+    with pytest.raises(JobError, match="tensor 'g': server 0: workers disagree"):
+        fut.result(10).result(10)
+
+
+def test_a_malformed_pull_reply_fails_the_push_pull(peers, calls):
+    client = peers.start_client()
+    x = np.ones(4, np.float32)
+    fut = calls.submit(lambda: client.push_pull_async("g", x, x, 1, 0))
+    peers.declare("g", tensor_id=1, servers=[0])
+    identity, _, _ = peers.from_worker_at(0)
+    _, push, _ = peers.from_worker_at(0)
+    peers.reply_from(0, identity, Op.PULL_REPLY, [np.ones(3, np.float32)], key=push["key"], round=0,
+                     dtype="float32", count=3)
+    with pytest.raises(JobError, match="bad pull reply .* 3 float32 elements, expected 4"):
+        fut.result(10).result(10)
+    assert x.tolist() == [1.0] * 4
+
+
+def test_no_reply_fails_with_a_timeout_naming_the_partition(peers, calls):
+    client = peers.start_client(op_timeout_s=1.0)
+    x = np.ones(4, np.float32)
+    fut = calls.submit(lambda: client.push_pull_async("g", x, x, 1, 0))
+    peers.declare("g", tensor_id=1, servers=[0])
+    with pytest.raises(OpTimeoutError, match=r"tensor 'g': partition 0 .* on server 0.*GRADPRESS_OP_TIMEOUT_S"):
+        fut.result(10).result(10)
+
+
+def test_a_compressed_push_carries_its_codec_and_a_nan_is_refused_before_sending(peers, calls):
+    client = peers.start_client()
+    params = {"compressor": "onebit", "ef": "vanilla", "scaling": True}
+    codec = CodecSpec.from_params(params)
+    x = np.array([1.0, -2.0, 3.0, -4.0], np.float32)
+    out = np.zeros_like(x)
+    fut = calls.submit(lambda: client.push_pull_async("g", x, out, 1, 0, spec=codec))
+    peers.declare("g", tensor_id=1, servers=[0])
+    identity, init, _ = peers.from_worker_at(0)
+    assert init["op"] == Op.INIT_KEY and init["compression_params"] == params
+    _, push, frames = peers.from_worker_at(0)
+    assert push["codec"] == "onebit" and len(frames) == 2
+    _, pull, _ = peers.from_worker_at(0)
+    peers.reply_from(0, identity, Op.PULL_REPLY, [f.bytes for f in frames], key=push["key"], round=0,
+                     dtype="float32", count=4, codec="onebit", meta=push["meta"])
+    fut.result(10).result(10)
+    assert out.tolist() == [2.5, -2.5, 2.5, -2.5]  # sign times mean |x|
+
+    bad = np.array([1.0, np.nan, 0.0, 0.0], np.float32)
+    with pytest.raises(JobError, match="tensor 'g'.*NaN"):
+        client.push_pull_async("g", bad, bad, 1, 0, spec=codec).result(10)
+    assert peers.nothing_at(0)
+    fut = client.push_pull_async("g", x, out, 1, 0, spec=codec)
+    _, push, _ = peers.from_worker_at(0)
+    assert push["round"] == 1, "the refused push consumed a round"
+
+
+def test_server_state_is_read_and_a_loaded_state_goes_just_before_the_next_push(peers, calls):
+    client = peers.start_client()
+    codec = CodecSpec.from_params({"compressor": "onebit", "ef": "vanilla"})
+    x = np.ones(4, np.float32)
+    fut = calls.submit(lambda: client.declare("g", 4, "float32", codec))
+    peers.declare("g", tensor_id=5, servers=[1])
+    fut.result(10)
+    got = calls.submit(client.server_state, "g")
+    identity, h, _ = peers.from_worker_at(1)
+    assert (h["op"], h["key"]) == (Op.STATE_GET, make_key(5, 0))
+    peers.reply_from(1, identity, Op.STATE, [np.full(4, 0.5, np.float32)], key=h["key"], lr=0.1)
+    state = got.result(10)
+    assert list(state) == [0] and state[0][0].tolist() == [0.5] * 4 and state[0][1] == 0.1
+
+    client.load_server_state("g", {0: (np.full(4, 0.25, np.float32), 0.2)})
+    client.push_pull_async("g", x, x, 1, 0, spec=codec)
+    ops = [peers.from_worker_at(1)[1] for _ in range(3)]
+    assert [o["op"] for o in ops] == [Op.INIT_KEY, Op.STATE, Op.PUSH]
+    assert ops[1]["lr"] == 0.2
+
+
+def test_barrier_returns_when_the_scheduler_says_done(peers, calls):
+    client = peers.start_client()
+    fut = calls.submit(client.barrier, "worker")
+    _, h, _ = peers.from_worker()
+    assert h["op"] == Op.BARRIER and h["group"] == "worker"
+    assert not fut.done()
+    peers.to_worker(Op.BARRIER_DONE, group="worker", seq=h["seq"])
+    fut.result(10)
+
+
+def test_finish_waits_for_the_scheduler_to_end_the_job(peers, calls):
+    client = peers.start_client()
+    fut = calls.submit(client.finish)
+    _, h, _ = peers.from_worker()
+    assert h["op"] == Op.FINISH and not fut.done()
+    peers.to_worker(Op.SHUTDOWN, reason="done")
+    fut.result(10)
+    with pytest.raises(JobError, match="shut down"):
+        client.push_pull_async("g", np.ones(1, np.float32), np.ones(1, np.float32), 1, 0)
