@@ -215,3 +215,29 @@ def test_finish_waits_for_the_scheduler_to_end_the_job(peers, calls):
     fut.result(10)
     with pytest.raises(JobError, match="shut down"):
         client.push_pull_async("g", np.ones(1, np.float32), np.ones(1, np.float32), 1, 0)
+
+
+def test_a_barrier_the_scheduler_refuses_fails_at_once(peers, calls):
+    client = peers.start_client()
+    fut = calls.submit(client.barrier, "everyone")
+    _, h, _ = peers.from_worker()
+    peers.to_worker(Op.ERROR, message="unknown barrier group 'everyone'", group="everyone", seq=h["seq"])
+    with pytest.raises(JobError, match="barrier of group 'everyone': unknown barrier group"):
+        fut.result(5)
+
+
+def test_compressor_state_by_partition_survives_a_load_before_the_declaration(peers, calls):
+    client = peers.start_client(partition_bytes=8)
+    codec = CodecSpec.from_params({"compressor": "onebit", "ef": "vanilla"})
+    saved = {"residuals": {0: np.full(2, 0.5, np.float32), 1: np.full(1, -1.0, np.float32)}, "lrs": {}}
+    client.load_compressor_state("g", saved)
+    assert client.compressor_state("g") is saved  # kept as loaded until the tensor exists
+    fut = calls.submit(lambda: client.declare("g", 3, "float32", codec))
+    peers.declare("g", tensor_id=9, servers=[0, 1])
+    t = fut.result(10)
+    keys = [make_key(9, 0), make_key(9, 1)]
+    assert sorted(t.compressor.state_dict()["residuals"]) == keys  # installed under this job's keys
+    state = client.compressor_state("g")
+    assert state["residuals"][0].tolist() == [0.5, 0.5] and state["residuals"][1].tolist() == [-1.0]
+    with pytest.raises(ValueError, match=r"partition\(s\) \[2\].*has 2"):
+        client.load_compressor_state("g", {"residuals": {2: np.zeros(1, np.float32)}, "lrs": {}})

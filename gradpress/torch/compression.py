@@ -9,8 +9,11 @@ from __future__ import annotations
 import torch
 
 
-class Compressor:
-    """Interface: ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``."""
+class TensorCompressor:
+    """Interface: ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``.
+
+    (BytePS calls this class ``Compressor``; gradpress keeps that name for the gradient
+    codecs of ``gradpress.compressors``, which work per partition.)"""
 
     @staticmethod
     def compress(tensor: torch.Tensor):
@@ -21,7 +24,7 @@ class Compressor:
         raise NotImplementedError
 
 
-class NoneCompressor(Compressor):
+class NoneCompressor(TensorCompressor):
     @staticmethod
     def compress(tensor):
         return tensor, None
@@ -31,7 +34,7 @@ class NoneCompressor(Compressor):
         return tensor
 
 
-class FP16Compressor(Compressor):
+class FP16Compressor(TensorCompressor):
     """Floating-point tensors travel as float16; servers still sum in fp32."""
 
     @staticmethod

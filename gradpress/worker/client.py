@@ -104,7 +104,9 @@ class WorkerClient:
         t = self.comm.table.tensors.get(name)
         if t is not None:  # check here, so that the caller gets the error
             by_key(state, {wk.index: wk.key for wk in t.keys}, f"compressor state of tensor {name!r}")
-        self.comm.submit(cmd.LoadCompressorState(name, state))
+        fut = Future(f"load the compressor state of tensor {name!r}")
+        self.comm.submit(cmd.LoadCompressorState(name, state, fut))
+        fut.result(self.s.op_timeout_s)
 
     def server_state(self, name: str) -> dict[int, tuple[np.ndarray | None, float | None]]:
         """The servers' error-feedback state of tensor ``name``, per partition (for checkpoints);
@@ -128,7 +130,9 @@ class WorkerClient:
         t = self.comm.table.tensors.get(name)
         if t is not None:
             check_server_states(t, states)
-        self.comm.submit(cmd.LoadServerState(name, dict(states)))
+        fut = Future(f"load the server state of tensor {name!r}")
+        self.comm.submit(cmd.LoadServerState(name, dict(states), fut))
+        fut.result(self.s.op_timeout_s)
 
     def push_pull_async(self, name: str, src, out, divisor: int, priority: int,
                         spec: CodecSpec | None = None, lr: float | None = None) -> Future:

@@ -1,9 +1,9 @@
 """The worker's communication thread: it owns every socket and does all the work.
 
 Callers put typed commands (``commands.py``) on its queue and wake it through a
-pipe. It takes partitions in priority order within the credit, runs each through
-its stages (``stages.py``), routes replies to the key they belong to (``keys.py``)
-and enforces every deadline from one table (``deadlines.py``). Errors are recorded
+pipe. It talks to the scheduler itself (declarations, barriers, the end of the job),
+hands partitions to ``PartitionFlight`` (``flight.py``: credit, rounds, stages,
+server replies) and enforces every deadline from one table (``deadlines.py``). Errors are recorded
 on the future concerned; a fatal one fails every future that waits.
 """
 from __future__ import annotations
@@ -15,25 +15,23 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
 import zmq
 
 from ..config import Settings
-from ..errors import JobError, NodeLostError, OpTimeoutError, TensorMismatchError
+from ..errors import JobError, NodeLostError, TensorMismatchError
 from ..net import shm, transport
 from ..net.node import AddressBook, SchedulerLink
 from ..net.protocol import Op
 from ..trace import Tracer
 from . import commands as cmd
 from .deadlines import Deadlines
+from .flight import PartitionFlight
 from .future import Future
-from .jobs import PartitionOp, Tensor
+from .jobs import Tensor
 from .keys import KeyTable, StateRequest
-from .scheduling import CreditQueue
 from .stages import PartitionStages
 
 log = logging.getLogger(__name__)
-HELD_FIRST = 1 << 62  # a partition that waited for its key's previous round goes next
 
 
 class CommunicationThread(threading.Thread):
@@ -52,7 +50,7 @@ class CommunicationThread(threading.Thread):
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._declaring: dict[str, list[cmd.Declare]] = {}
-        self._queue = CreditQueue(settings.scheduling_credit)
+        self.flight: PartitionFlight | None = None
         self._barriers: dict[tuple[str, int], Future] = {}
         self._barrier_seq = 0
         self._finish: Future | None = None
@@ -90,6 +88,7 @@ class CommunicationThread(threading.Thread):
             use_shm = self.s.shm and not self.s.enable_async and shm.available()
             local = [use_shm and n.host == self.link.host for n in self.book.servers]
             self.stages = PartitionStages(self.link.name, servers, local, self.tracer)
+            self.flight = PartitionFlight(self.s, self.stages, self.table, self._deadlines)
             self.ready.set()
             self._loop(servers)
         except JobError as e:
@@ -129,8 +128,8 @@ class CommunicationThread(threading.Thread):
                     self._from_scheduler()
             for rank, sock in enumerate(servers):
                 while sock in ready and sock.poll(0):
-                    self._from_server(rank, sock)
-            self._dispatch()
+                    self.flight.from_server(rank, sock)
+            self.flight.dispatch()
             self.link.tick()
             self._deadlines.expire(time.monotonic())
 
@@ -151,8 +150,7 @@ class CommunicationThread(threading.Thread):
             self._deadlines.add_future(self._deadline() + 2, c.future, self.s.op_timeout_s)
 
     def _start_push_pull(self, c: cmd.StartPushPull) -> None:
-        for wk in c.job.tensor.keys:
-            self._queue.put(PartitionOp(c.job, wk), c.priority)
+        self.flight.start(c.job, c.priority)
 
     def _barrier(self, c: cmd.Barrier) -> None:
         self._barrier_seq += 1
@@ -162,133 +160,30 @@ class CommunicationThread(threading.Thread):
     def _get_server_state(self, c: cmd.GetServerState) -> None:
         request = StateRequest(c.future, {wk.index for wk in c.tensor.keys})
         for wk in c.tensor.keys:
+            if wk.state_to_load is not None:  # loaded, not yet sent: that is the state
+                request.answer(wk.index, *wk.state_to_load)
+                continue
             wk.state_request = request
             transport.send(self.stages.servers[wk.server], Op.STATE_GET, self.link.name, key=wk.key)
         self._deadlines.add_future(self._deadline(), c.future, self.s.op_timeout_s)
 
     def _load_server_state(self, c: cmd.LoadServerState) -> None:
-        self.table.load_server_state(c.name, c.states)
+        try:
+            self.table.load_server_state(c.name, c.states)
+            c.future.set()
+        except ValueError as e:
+            c.future.fail(e)
 
     def _load_compressor_state(self, c: cmd.LoadCompressorState) -> None:
-        self.table.load_compressor_state(c.name, c.state)
+        try:
+            self.table.load_compressor_state(c.name, c.state)
+            c.future.set()
+        except ValueError as e:
+            c.future.fail(e)
 
     def _finish_job(self, c: cmd.Finish) -> None:
         self._finish = c.future
         self.link.send(Op.FINISH)
-
-    # ---- partitions through the stages ---------------------------------------
-
-    def _dispatch(self) -> None:
-        while (op := self._queue.take()) is not None:
-            if op.wkey.in_flight is not None:  # its previous round is still out: wait for it
-                op.wkey.held.append(op)
-                self._queue.release()
-                continue
-            self._send(op)
-
-    def _send(self, op: PartitionOp) -> None:
-        wk = op.wkey
-        self.stages.introduce(wk)
-        op.round = wk.next_round
-        try:
-            payload = self.stages.compress(op)
-        except ValueError as e:  # NaN/inf gradients: fail this push_pull; the round never went out
-            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {e}"))
-            self._leave_flight(op)
-            return
-        wk.next_round += 1
-        self.stages.push(op, payload)
-        self.stages.pull(op)
-        wk.in_flight = op
-        self._deadlines.add(self._deadline(), lambda: self._expire(op))
-
-    def _land(self, op: PartitionOp, h: dict, frames: list) -> None:
-        job = op.job
-        if job.future.done():
-            return  # the job already failed; its late partitions are dropped
-        try:
-            self.stages.land(op, h, frames)
-        except (ValueError, OSError, TypeError, KeyError) as e:
-            self._fail_job(op, JobError(f"push_pull of tensor {job.tensor.name!r}: bad pull reply for "
-                                        f"key {op.wkey.key}: {e}"))
-            return
-        job.remaining -= 1
-        if job.remaining == 0:
-            job.future.set(job.out)
-
-    def _leave_flight(self, op: PartitionOp) -> None:
-        """The op landed or failed: free its credit (unless an ack did) and its key."""
-        if not op.acked:
-            self._queue.release()
-        wk = op.wkey
-        if wk.in_flight is op:
-            wk.in_flight = None
-        if wk.held:
-            self._queue.put(wk.held.popleft(), priority=HELD_FIRST)
-
-    @staticmethod
-    def _fail_job(op: PartitionOp, error: JobError) -> None:
-        op.job.future.fail(error)
-
-    def _expire(self, op: PartitionOp) -> None:
-        if op.wkey.in_flight is not op:
-            return  # it landed in time
-        self._leave_flight(op)
-        self._fail_job(op, OpTimeoutError(
-            f"push_pull of {op.wkey.describe()}, round {op.round}, on server {op.wkey.server}: "
-            f"no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s"))
-
-    # ---- replies ------------------------------------------------------------------
-
-    def _in_flight(self, h: dict) -> PartitionOp | None:
-        wk = self.table.get(h.get("key"))
-        op = wk.in_flight if wk is not None else None
-        return op if op is not None and ("round" not in h or op.round == h["round"]) else None
-
-    def _from_server(self, rank: int, sock: zmq.Socket) -> None:
-        _, h, frames = transport.recv(sock, routed=False)
-        if h is None:
-            return
-        op = self._in_flight(h)
-        if h["op"] == Op.PUSH_ACK:
-            if op is not None and not op.acked:
-                op.acked = True
-                self._queue.release()
-        elif h["op"] == Op.PULL_REPLY:
-            if op is None:
-                log.warning("dropped a pull reply for key %d round %d that nothing waits for", h["key"], h["round"])
-                return
-            try:
-                self._land(op, h, frames)
-            finally:
-                self._leave_flight(op)
-        elif h["op"] == Op.STATE:
-            self._state_arrived(h, frames)
-        elif h["op"] == Op.ERROR:
-            self._server_error(rank, h, op)
-        else:
-            log.warning("dropped unexpected %s from server %d", h["op"].name, rank)
-
-    def _state_arrived(self, h: dict, frames: list) -> None:
-        wk = self.table.get(h["key"])
-        request = wk.state_request if wk is not None else None
-        if request is None:
-            log.warning("dropped a server state for key %d that nothing asked for", h["key"])
-            return
-        wk.state_request = None
-        residual = np.frombuffer(frames[0].buffer, np.float32).copy() if frames else None
-        request.answer(wk.index, residual, h.get("lr"))
-
-    def _server_error(self, rank: int, h: dict, op: PartitionOp | None) -> None:
-        log.error("server %d: %s", rank, h["message"])
-        wk = self.table.get(h.get("key"))
-        if wk is not None and wk.state_request is not None and "round" not in h:
-            wk.state_request.future.fail(JobError(f"server {rank}: {h['message']}"))
-            wk.state_request = None
-        if op is not None:
-            self._leave_flight(op)
-            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: server {rank}: "
-                                        f"{h['message']}"))
 
     def _from_scheduler(self) -> None:
         _, h, _ = transport.recv(self.link.sock, routed=False)
@@ -338,13 +233,11 @@ class CommunicationThread(threading.Thread):
         self.fatal = error
         self.stopped.set()
         log.error("%s", error)
-        waiting = [wk.in_flight.job.future for wk in self.table.values() if wk.in_flight is not None]
+        waiting = self.flight.waiting() if self.flight else []
         waiting += [c.future for cs in self._declaring.values() for c in cs]
         waiting += list(self._barriers.values())
         waiting += [wk.state_request.future for wk in self.table.values() if wk.state_request is not None]
         waiting += [self._finish] if self._finish else []
-        while (op := self._queue.take()) is not None:
-            waiting.append(op.job.future)
         while not self._commands.empty():
             future = getattr(self._commands.get_nowait(), "future", None)
             waiting += [future] if future is not None else []

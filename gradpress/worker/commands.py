@@ -48,6 +48,7 @@ class LoadServerState:
     """Checkpointed server states by partition, sent just ahead of each key's next push."""
     name: str
     states: dict[int, tuple[np.ndarray, float | None]]
+    future: Future
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class LoadCompressorState:
     """A checkpointed compressor state (by partition), installed now or when ``name`` is declared."""
     name: str
     state: Any
+    future: Future
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,6 @@ class Future:
     def done(self) -> bool:
         return self._event.is_set()
 
-    def failed(self) -> bool:
-        return self._error is not None
-
     def result(self, timeout_s: float) -> Any:
         """The value; raises the failure, or OpTimeoutError after ``timeout_s`` seconds."""
         if not self._event.wait(timeout_s):

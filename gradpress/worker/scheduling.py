@@ -34,6 +34,3 @@ class CreditQueue:
 
     def release(self) -> None:
         self.in_flight -= 1
-
-    def __len__(self) -> int:
-        return len(self._heap)

@@ -1,0 +1,160 @@
+"""Partitions in flight on a worker: credit, rounds, replies and their deadlines.
+
+``PartitionFlight`` takes partitions in priority order within the credit, keeps one
+round per key on the wire (later rounds wait behind it), runs each partition through
+its stages, and routes each server reply to the key it belongs to. It runs on the
+communication thread, which owns the sockets.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import zmq
+
+from ..config import Settings
+from ..errors import JobError, OpTimeoutError
+from ..net import transport
+from ..net.protocol import Op
+from .deadlines import Deadlines
+from .future import Future
+from .jobs import PartitionOp, PushPull
+from .keys import KeyTable
+from .scheduling import CreditQueue
+from .stages import PartitionStages
+
+log = logging.getLogger(__name__)
+HELD_FIRST = 1 << 62  # a partition that waited for its key's previous round goes next
+
+
+class PartitionFlight:
+    def __init__(self, settings: Settings, stages: PartitionStages, table: KeyTable, deadlines: Deadlines):
+        self.s = settings
+        self.stages = stages
+        self.table = table
+        self._deadlines = deadlines
+        self._queue = CreditQueue(settings.scheduling_credit)
+
+    def start(self, job: PushPull, priority: int) -> None:
+        for wk in job.tensor.keys:
+            self._queue.put(PartitionOp(job, wk), priority)
+
+    def waiting(self) -> list[Future]:
+        """The futures of every push_pull queued or in flight (to fail them all on a fatal error)."""
+        futures = [wk.in_flight.job.future for wk in self.table.values() if wk.in_flight is not None]
+        while (op := self._queue.take()) is not None:
+            futures.append(op.job.future)
+        return futures
+
+    def dispatch(self) -> None:
+        while (op := self._queue.take()) is not None:
+            if op.wkey.in_flight is not None:  # its previous round is still out: wait for it
+                op.wkey.held.append(op)
+                self._queue.release()
+                continue
+            self._send(op)
+
+    def _send(self, op: PartitionOp) -> None:
+        wk = op.wkey
+        self.stages.introduce(wk)
+        op.round = wk.next_round
+        try:
+            payload = self.stages.compress(op)
+        except ValueError as e:  # NaN/inf gradients: fail this push_pull; the round never went out
+            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {e}"))
+            self._leave_flight(op)
+            return
+        wk.next_round += 1
+        self.stages.push(op, payload)
+        self.stages.pull(op)
+        wk.in_flight = op
+        self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
+
+    def _land(self, op: PartitionOp, h: dict, frames: list) -> None:
+        job = op.job
+        if job.future.done():
+            return  # the job already failed; its late partitions are dropped
+        try:
+            self.stages.land(op, h, frames)
+        except (ValueError, OSError, TypeError, KeyError) as e:
+            self._fail_job(op, JobError(f"push_pull of tensor {job.tensor.name!r}: bad pull reply for "
+                                        f"key {op.wkey.key}: {e}"))
+            return
+        job.remaining -= 1
+        if job.remaining == 0:
+            job.future.set(job.out)
+
+    def _leave_flight(self, op: PartitionOp) -> None:
+        """The op landed or failed: free its credit (unless an ack did) and its key."""
+        if not op.acked:
+            self._queue.release()
+        wk = op.wkey
+        if wk.in_flight is op:
+            wk.in_flight = None
+        if wk.held:
+            self._queue.put(wk.held.popleft(), priority=HELD_FIRST)
+
+    @staticmethod
+    def _fail_job(op: PartitionOp, error: JobError) -> None:
+        op.job.future.fail(error)
+
+    def _expire(self, op: PartitionOp) -> None:
+        if op.wkey.in_flight is not op:
+            return  # it landed in time
+        self._leave_flight(op)
+        self._fail_job(op, OpTimeoutError(
+            f"push_pull of {op.wkey.describe()}, round {op.round}, on server {op.wkey.server}: "
+            f"no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s"))
+
+    # ---- replies ----------------------------------------------------------------
+
+    def _in_flight(self, h: dict) -> PartitionOp | None:
+        wk = self.table.get(h.get("key"))
+        op = wk.in_flight if wk is not None else None
+        return op if op is not None and ("round" not in h or op.round == h["round"]) else None
+
+    def from_server(self, rank: int, sock: zmq.Socket) -> None:
+        _, h, frames = transport.recv(sock, routed=False)
+        if h is None:
+            return
+        op = self._in_flight(h)
+        if h["op"] == Op.PUSH_ACK:
+            if op is not None and not op.acked:
+                op.acked = True
+                self._queue.release()
+        elif h["op"] == Op.PULL_REPLY:
+            if op is None:
+                log.warning("dropped a pull reply for key %d round %d that nothing waits for", h["key"], h["round"])
+                return
+            try:
+                self._land(op, h, frames)
+            finally:
+                self._leave_flight(op)
+        elif h["op"] == Op.STATE:
+            self._state_arrived(h, frames)
+        elif h["op"] == Op.ERROR:
+            self._server_error(rank, h, op)
+        else:
+            log.warning("dropped unexpected %s from server %d", h["op"].name, rank)
+
+    def _state_arrived(self, h: dict, frames: list) -> None:
+        wk = self.table.get(h["key"])
+        request = wk.state_request if wk is not None else None
+        if request is None:
+            log.warning("dropped a server state for key %d that nothing asked for", h["key"])
+            return
+        wk.state_request = None
+        residual = np.frombuffer(frames[0].buffer, np.float32).copy() if frames else None
+        request.answer(wk.index, residual, h.get("lr"))
+
+    def _server_error(self, rank: int, h: dict, op: PartitionOp | None) -> None:
+        log.error("server %d: %s", rank, h["message"])
+        wk = self.table.get(h.get("key"))
+        if wk is not None and wk.state_request is not None and "round" not in h:
+            wk.state_request.future.fail(JobError(f"server {rank}: {h['message']}"))
+            wk.state_request = None
+        if op is not None:
+            self._leave_flight(op)
+            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: server {rank}: "
+                                        f"{h['message']}"))
