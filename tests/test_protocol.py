@@ -40,6 +40,11 @@ def test_round_trip(op):
         assert header[k] == v, k
 
 
+def test_an_error_can_name_the_barrier_it_concerns():
+    header = protocol.decode(protocol.encode(Op.ERROR, "scheduler 0", message="m", group="all", seq=4))
+    assert (header["group"], header["seq"]) == ("all", 4)
+
+
 def raw(**fields):
     return msgpack.packb({"v": protocol.PROTOCOL_VERSION, "from": "x", **fields})
 
@@ -53,6 +58,7 @@ def raw(**fields):
     (raw(op=int(Op.PUSH), key=1, round=0, dtype="int8", count=1), "dtype 'int8'"),
     (raw(op=int(Op.PUSH), key=1, round=-1, dtype="float32", count=1), "round is negative"),
     (raw(op=int(Op.PUSH), key=1, round=0, dtype="float32", count=1, lr="fast"), "field 'lr' is str"),
+    (raw(op=int(Op.ERROR), message="m", group="worker", seq="1"), "field 'seq' is str"),
     (raw(op=999), "unknown operation 999"),
     (msgpack.packb({"v": 99, "op": 5, "from": "x"}), "protocol version 99"),
     (msgpack.packb({"v": protocol.PROTOCOL_VERSION, "op": 5}), "missing field 'from'"),

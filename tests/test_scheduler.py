@@ -1,0 +1,67 @@
+"""The scheduler in-process, its peers played by SchedulerLinks: barriers and their errors."""
+import threading
+import time
+
+import pytest
+
+from gradpress.config import Settings
+from gradpress.net import transport
+from gradpress.net.node import SchedulerLink
+from gradpress.net.protocol import Op
+from gradpress.scheduler.scheduler import Scheduler
+
+
+@pytest.fixture
+def job():
+    """A running scheduler with one worker and one server registered; yields their links."""
+    common = dict(num_worker=1, num_server=1, root_uri="127.0.0.1", node_host="127.0.0.1",
+                  heartbeat_interval_s=0.1, heartbeat_timeout_s=30, connect_timeout_s=30)
+    scheduler = Scheduler(Settings(role="scheduler", root_port=0, **common))
+    running = threading.Thread(target=scheduler.run, daemon=True)
+    running.start()
+    at = dict(common, root_port=scheduler.port)
+    links = {role: SchedulerLink(Settings(role=role, **at), role, transport.context()) for role in ("worker", "server")}
+    server_registered = threading.Thread(target=links["server"].register, daemon=True)
+    server_registered.start()
+    links["worker"].register()
+    server_registered.join(timeout=30)
+    yield links
+    scheduler.exit_code = 0
+    running.join(timeout=5)
+    for link in links.values():
+        link.close()
+
+
+def _next(link, op, timeout_s=5.0):
+    """The next message of kind ``op`` from the scheduler (heartbeats skipped)."""
+    while link.sock.poll(timeout_s * 1000):
+        _, header, _ = transport.recv(link.sock, routed=False)
+        if header is not None and header["op"] == op:
+            return header
+    raise AssertionError(f"no {op.name} from the scheduler within {timeout_s} s")
+
+
+def _ops_within(link, within_s):
+    """The operations the scheduler sends ``link`` within ``within_s`` seconds."""
+    ops, deadline = [], time.monotonic() + within_s
+    while (left := deadline - time.monotonic()) > 0 and link.sock.poll(left * 1000):
+        _, header, _ = transport.recv(link.sock, routed=False)
+        if header is not None:
+            ops.append(header["op"])
+    return ops
+
+
+def test_an_unknown_barrier_group_is_an_error_naming_the_barrier(job):
+    job["worker"].send(Op.BARRIER, group="workers", seq=3)
+    error = _next(job["worker"], Op.ERROR)
+    assert (error["group"], error["seq"]) == ("workers", 3), "the worker could not tell which barrier failed"
+    assert "unknown barrier group 'workers'" in error["message"]
+
+
+def test_a_barrier_completes_once_its_whole_group_arrived(job):
+    job["worker"].send(Op.BARRIER, group="all", seq=1)
+    assert Op.BARRIER_DONE not in _ops_within(job["worker"], 0.3), "done before the server arrived"
+    job["server"].send(Op.BARRIER, group="all", seq=1)
+    for link in job.values():
+        done = _next(link, Op.BARRIER_DONE)
+        assert (done["group"], done["seq"]) == ("all", 1)
