@@ -55,7 +55,8 @@ def zmq_gbps(msg_mb: float = 4.0, total_mb: float = 2000.0, reps: int = 5) -> fl
         try:
             ack.bind(f"tcp://127.0.0.1:{port + 1}")
         except zmq.ZMQError:
-            out.close(); ctx.term()
+            out.close()
+            ctx.term()
             continue
         sink = mp.get_context("spawn").Process(target=_zmq_sink, args=(port, count))
         sink.start()
@@ -68,7 +69,9 @@ def zmq_gbps(msg_mb: float = 4.0, total_mb: float = 2000.0, reps: int = 5) -> fl
         ack.recv()
         rates.append((count - 1) * buf.nbytes / (time.perf_counter() - t) / 1e9)
         sink.join()
-        out.close(); ack.close(); ctx.term()
+        out.close()
+        ack.close()
+        ctx.term()
     return statistics.median(rates)
 
 
@@ -153,12 +156,15 @@ def main() -> None:
     tcp_rate = nbytes / statistics.median(tcp) / 1e9
     print(f"{'what':44s} {'median s/op':>12s} {'GB/s':>8s}")
     print(f"{'pyzmq zero-copy, 4 MiB messages, 2 processes':44s} {'':>12s} {zmq_rate:8.2f}")
-    print(f"{f'gradpress push_pull {args.mb:g} MB, 2 workers 1 server':44s} {statistics.median(pp):12.4f} {pp_rate:8.2f}")
+    label = f"gradpress push_pull {args.mb:g} MB, 2 workers 1 server"
+    print(f"{label:44s} {statistics.median(pp):12.4f} {pp_rate:8.2f}")
     print(f"{'  same, GRADPRESS_SHM=0 (loopback TCP)':44s} {statistics.median(tcp):12.4f} {tcp_rate:8.2f}")
-    print(f"{f'torch.distributed gloo all_reduce {args.mb:g} MB, 2 procs':44s} {statistics.median(gl):12.4f} {gl_rate:8.2f}")
+    label = f"torch.distributed gloo all_reduce {args.mb:g} MB, 2 procs"
+    print(f"{label:44s} {statistics.median(gl):12.4f} {gl_rate:8.2f}")
     print(f"push_pull / gloo: {pp_rate / gl_rate:.2f}x")
     print("RESULT " + json.dumps({"pushpull_GBps": round(pp_rate, 3), "zmq_GBps": round(zmq_rate, 3),
-                                  "gloo_GBps": round(gl_rate, 3), "pushpull_tcp_GBps": round(tcp_rate, 3), "pushpull_over_gloo": round(pp_rate / gl_rate, 3),
+                                  "gloo_GBps": round(gl_rate, 3), "pushpull_tcp_GBps": round(tcp_rate, 3),
+                                  "pushpull_over_gloo": round(pp_rate / gl_rate, 3),
                                   "tensor_MB": args.mb}))
 
 

@@ -94,7 +94,8 @@ bps.shutdown()
 
 
 def _garbage_messages():
-    enc = lambda **h: msgpack.packb(h)
+    def enc(**h) -> bytes:
+        return msgpack.packb(h)
     v = protocol.PROTOCOL_VERSION
     return [
         [b"\x00\xffnot msgpack at all"],
@@ -103,8 +104,10 @@ def _garbage_messages():
         [enc(v=v, op=int(Op.PUSH), key="k", round=0, dtype="float32", count=1, **{"from": "x"}), b"1234"],  # wrong type
         [enc(v=v, op=999, **{"from": "x"})],                              # unknown op
         [enc(v=v + 7, op=int(Op.HEARTBEAT), **{"from": "x"})],          # wrong version
-        [enc(v=v, op=int(Op.PUSH), key=123456789, round=0, dtype="float32", count=1, **{"from": "x"}), b"1234"],  # unknown key
-        [enc(v=v, op=int(Op.PUSH), key=1 << 16, round=0, dtype="float32", count=3000, **{"from": "x"}), b"12"],  # wrong size for a real key
+        # unknown key
+        [enc(v=v, op=int(Op.PUSH), key=123456789, round=0, dtype="float32", count=1, **{"from": "x"}), b"1234"],
+        # wrong size for a real key
+        [enc(v=v, op=int(Op.PUSH), key=1 << 16, round=0, dtype="float32", count=3000, **{"from": "x"}), b"12"],
         [enc(v=v, op=int(Op.PULL), key=1 << 16, round=99, **{"from": "x"})],  # stale/future round
         [enc(v=v, op=int(Op.REGISTER), role="worker", host="h", port=1, worker_id=0, local_rank=0,
              local_size=1, pid=1, **{"from": "x"})],                     # late registration

@@ -73,7 +73,8 @@ class PodProcess:
         self.env.update(PATH=f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin", HOME=str(self.dir))
         assert "command" in c, f"{pod.name}: the manifest must give the command (the test does not guess the image's)"
         self.argv = [self._local(expand(a, self.env)) for a in c["command"] + c.get("args", [])]
-        assert c.get("workingDir") == workdir, f"{pod.name}: workingDir {c.get('workingDir')} is not the image's {workdir}"
+        assert c.get("workingDir") == workdir, \
+            f"{pod.name}: workingDir {c.get('workingDir')} is not the image's {workdir}"
         self.proc: subprocess.Popen | None = None
         self.log = self.dir / "log.txt"
 

@@ -141,7 +141,8 @@ def test_onebit_adam_matches_numpy_replay(first_job):
     for step in range(STEPS):
         for n, value in want[step].items():
             np.testing.assert_allclose(got[0]["params"][step][n].numpy().ravel(), value, rtol=1e-5, atol=1e-6,
-                                       err_msg=f"{n} after step {step} ({'frozen' if step + 1 > FREEZE else 'warm-up'})")
+                                       err_msg=f"{n} after step {step} "
+                                               f"({'frozen' if step + 1 > FREEZE else 'warm-up'})")
     for r in range(2):  # the worker-side residuals the checkpoint reports are the replay's
         saved = got[r]["residuals"]["weight"]["residuals"]
         assert sorted(saved) == [0, 1, 2]

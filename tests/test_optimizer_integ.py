@@ -82,7 +82,8 @@ with torch.no_grad():
     other.weight.fill_(float(r + 10))
 bps.broadcast_parameters(other.named_parameters(), root_rank=1, prefix="Other.")
 assert torch.all(other.weight == 11), other.weight
-obj = bps.broadcast_object({"epoch": 3, "name": "run", "t": (1, 2.5), "a": torch.arange(3) if r == 1 else None} if r == 1 else None, root_rank=1)
+sent = {"epoch": 3, "name": "run", "t": (1, 2.5), "a": torch.arange(3) if r == 1 else None}
+obj = bps.broadcast_object(sent if r == 1 else None, root_rank=1)
 sd = opt.state_dict()
 torch.save({"model": model.state_dict(), "opt": sd, "obj": obj}, os.path.join(os.environ["GP_TEST_DIR"], f"b{r}.pt"))
 bps.shutdown()

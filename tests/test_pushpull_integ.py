@@ -24,7 +24,8 @@ for rnd, (shape, dtype) in enumerate(itertools.product(shapes, dtypes)):
     assert torch.equal(x, (base % 13 + r).to(dtype)), (name, "out-of-place push_pull changed its input")
     if dtype.is_floating_point:
         avg = bps.push_pull(x, average=True, name=name)  # same key, next round
-        assert torch.allclose(avg.double(), want.double() / n, rtol=1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-6), (name, "avg")
+        rtol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-6
+        assert torch.allclose(avg.double(), want.double() / n, rtol=rtol), (name, "avg")
 # several rounds of one tensor in flight at once, in place, never mixing
 xs = [torch.full((5000,), float(10 * k + r)) for k in range(4)]
 handles = [bps.push_pull_async_inplace(x, average=False, name="rounds") for x in xs]

@@ -9,5 +9,6 @@ def test_priority_order_and_credit():
     assert q.take() is None  # out of credit
     q.release()
     assert q.take() == "mid"
-    q.release(); q.release()
+    q.release()
+    q.release()
     assert q.take() == "late-layer" and q.take() is None and len(q) == 0

@@ -115,7 +115,8 @@ def test_async_mode_adds_at_once_and_pulls_read_the_store():
     k = key(workers=2, async_mode=True)
     assert k.push(A, 0, arr(1)) == []
     assert np.all(k.pull(A, 0)[0].buffers[0] == 1)
-    k.push(A, 1, arr(1)); k.push(B, 0, arr(3))
+    k.push(A, 1, arr(1))
+    k.push(B, 0, arr(3))
     snapshot = k.pull(B, 0)[0].buffers[0]
     assert np.all(snapshot == 5)
     k.push(B, 1, arr(1))
@@ -167,7 +168,8 @@ def test_shared_results_carry_the_round_in_progress_and_are_read_in_place():
         assert np.all(slots.slots[0] == 3)
         [framed] = k.pull(B, 0)  # a worker on another host still gets the values in a frame
         assert np.all(framed.buffers[0] == 3) and "shm" not in framed.fields
-        k.push(A, 1, arr(10)); k.push(B, 1, arr(20))
+        k.push(A, 1, arr(10))
+        k.push(B, 1, arr(20))
         assert k.pull(A, 1)[0].fields["slot"] == 1 and np.all(slots.slots[1] == 30)
         assert np.all(slots.slots[0] == 3), "round 1 overwrote round 0's slot"
     finally:

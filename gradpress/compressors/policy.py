@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import fnmatch
 import tomllib
-from typing import Any
 
 from .spec import CodecSpec
 
@@ -22,8 +21,7 @@ class CompressionPolicy:
                  min_bytes: int = 0):
         self.default = CodecSpec.from_params(default, "compression default") if default else None
         # a rule's spec is None when it exempts: overridden_by hands such rules back in
-        self.rules = [(pattern, None if params is None else CodecSpec.from_params(params, f"compression rule {pattern!r}"))
-                      for pattern, params in rules or []]
+        self.rules = [(pattern, _spec(params, f"compression rule {pattern!r}")) for pattern, params in rules or []]
         self.min_bytes = min_bytes
 
     @classmethod
@@ -62,3 +60,6 @@ class CompressionPolicy:
             return None
         return spec
 
+
+def _spec(params: dict | CodecSpec | None, where: str) -> CodecSpec | None:
+    return None if params is None else CodecSpec.from_params(params, where)

@@ -118,7 +118,8 @@ def _check(header: dict[str, Any]) -> None:
     for name, types in _COMMON.items():
         _check_field(header, name, types, "header")
     if header["v"] != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {header['v']} from {header['from']!r}; this node speaks {PROTOCOL_VERSION}")
+        raise ProtocolError(f"protocol version {header['v']} from {header['from']!r}; "
+                            f"this node speaks {PROTOCOL_VERSION}")
     try:
         op = Op(header["op"])
     except ValueError:

@@ -44,7 +44,8 @@ class Declarations:
                 or sum(parts) != count or not parts:
             return [([identity], Op.ERROR, {"name": name, "message":
                     f"tensor {name!r}: partition sizes {parts} do not add up to {count} elements"})]
-        spec = (count, dtype, tuple(parts), json.dumps(compression_params, sort_keys=True) if compression_params else "uncompressed")
+        compression = json.dumps(compression_params, sort_keys=True) if compression_params else "uncompressed"
+        spec = (count, dtype, tuple(parts), compression)
         d = self.tensors.get(name)
         if d is None:
             itemsize = np.dtype(dtype).itemsize

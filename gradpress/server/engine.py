@@ -119,8 +119,8 @@ class Engine(threading.Thread):
     def _init_key(self, identity: bytes, h: dict) -> list[Reply]:
         state = self.keys.get(h["key"])
         if state is None:
-            state = self.keys[h["key"]] = KeyState(h["key"], h["name"], h["count"], h["dtype"],
-                                                   self._num_workers, self._async, h.get("compression_params"), self._tracer)
+            state = self.keys[h["key"]] = KeyState(h["key"], h["name"], h["count"], h["dtype"], self._num_workers,
+                                                   self._async, h.get("compression_params"), self._tracer)
         else:
             state.check_init(h["name"], h["count"], h["dtype"], h.get("compression_params"))
         if "shm" in h:

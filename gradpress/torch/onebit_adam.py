@@ -22,7 +22,8 @@ problem by hand, for rows known to get no gradient); ``variance_floor=0`` turns 
 
 Checkpoints: ``state_dict()`` holds the step count (hence the phase), ``m``, the frozen
 ``v`` and this worker's error-feedback residuals (by tensor name and partition, as the
-worker's ``compressor_state`` gives them, so they survive a new job whose keys differ). The residuals differ between workers: every worker
+worker's ``compressor_state`` gives them, so they survive a new job whose keys differ).
+The residuals differ between workers: every worker
 saves and loads its own. The servers' residuals are in it too (read from the servers with
 STATE_GET, sent back ahead of each key's first push after the restore), so a resumed run
 continues bit for bit where the checkpoint left off.

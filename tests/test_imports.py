@@ -1,0 +1,108 @@
+"""The package's import rules, read from the source with ``ast``:
+
+- no import cycles between gradpress's modules (imports that run when a module is
+  imported, or when one of its functions runs; ``TYPE_CHECKING`` imports excluded);
+- the roles (scheduler, server, worker) never import each other;
+- kernels never import codecs: ``gradpress.kernels`` sits below ``gradpress.compressors``;
+- networking never imports a role.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "gradpress"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def imports_of(name: str) -> set[str]:
+    """The gradpress modules ``name`` imports (a ``from pkg import sub`` counts as ``pkg.sub``)."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text())
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if _type_checking_only(node, parents):
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            for a in node.names:
+                found.add(f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+def test_the_graph_sees_the_package():
+    assert "gradpress.worker.comm" in GRAPH["gradpress.worker.client"]
+    assert "gradpress.net.transport" in GRAPH["gradpress.net.node"]  # `from . import transport`
+
+
+def test_no_import_cycles():
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("low,high", [
+    ("gradpress.kernels", "gradpress.compressors"),
+    ("gradpress.net", "gradpress.scheduler"),
+    ("gradpress.net", "gradpress.server"),
+    ("gradpress.net", "gradpress.worker"),
+    ("gradpress.compressors", "gradpress.server"),
+    ("gradpress.compressors", "gradpress.worker"),
+])
+def test_lower_layers_never_import_higher_ones(low, high):
+    bad = [(m, i) for m, deps in GRAPH.items() if m.startswith(low + ".") or m == low
+           for i in deps if i.startswith(high + ".") or i == high]
+    assert not bad, f"{low} must not import {high}: " + ", ".join(f"{m} imports {i}" for m, i in bad)
+
+
+ROLES = ("gradpress.scheduler", "gradpress.server", "gradpress.worker")
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_roles_never_import_each_other(role):
+    others = [r for r in ROLES if r != role]
+    bad = [(m, i) for m, deps in GRAPH.items() if m.startswith(role)
+           for i in deps if any(i.startswith(o) for o in others)]
+    assert not bad, ", ".join(f"{m} imports {i}" for m, i in bad)
