@@ -74,10 +74,6 @@ class Settings:
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"BYTEPS_LOG_LEVEL={self.log_level!r}: expected DEBUG, INFO, WARNING or ERROR")
 
-    @property
-    def num_worker_processes(self) -> int:
-        return self.num_worker * self.local_size
-
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, config_file: str | None = None) -> "Settings":
         """Defaults, then the TOML job file, then the environment.

@@ -28,7 +28,6 @@ class Tracer:
         self.path = path
         self.enabled = bool(path)
         self.events: list[dict] = []
-        self.process = ""
 
     def add(self, name: str, start_us: float, end_us: float, **args) -> None:
         if self.enabled:

@@ -61,7 +61,6 @@ class SchedulerLink:
         self.health = HealthFile(settings.health_file, settings.heartbeat_interval_s)
         self.book: AddressBook | None = None
         self.name = transport.node_name(role, -1)
-        self.shutdown_reason: str | None = None
         self._last_sent = 0.0
         self._last_heard = time.monotonic()
 
@@ -107,7 +106,6 @@ class SchedulerLink:
         if op == Op.NODE_LOST:
             raise NodeLostError(f"{self.name}: lost {header['role']} {header['rank']}: {header['reason']}")
         if op == Op.SHUTDOWN:
-            self.shutdown_reason = header["reason"]
             if header["reason"] != "done":
                 raise JobError(f"{self.name}: the scheduler ended the job: {header['reason']}")
             return header
