@@ -41,6 +41,7 @@ class Op(IntEnum):
     PUSH_ACK = 16      # server -> worker: a push was taken (frees the worker's credit)
     STATE_GET = 17     # worker -> server: send me this key's error-feedback state (checkpoints)
     STATE = 18         # both ways: a key's error-feedback state (reply, or install before a push)
+    ABORT = 19         # worker or launcher -> scheduler: a worker failed; `reason` is its first error line
 
 
 # Schema: op -> (required fields, optional fields), each field name -> accepted types.
@@ -76,6 +77,9 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     Op.STATE_GET: ({"key": _INT}, {}),
     # the residual travels as one float32 frame; none when the key has no residual yet
     Op.STATE: ({"key": _INT}, {"lr": _NUM}),
+    # pid/worker_id/local_rank name the failed worker when the sender is not it (its launcher),
+    # or when it failed before registering
+    Op.ABORT: ({"reason": _STR}, {"pid": _INT, "worker_id": _INT, "local_rank": _INT}),
 }
 
 # Common fields every header carries.
