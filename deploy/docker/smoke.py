@@ -184,6 +184,7 @@ def start_job(docs, cluster, image: str, run_id: str, workdir: Path) -> list[Con
     early = [c.name for c in first[1:] if c.probe("readinessProbe")]
     if early:
         raise Failed(f"{early} report ready before any worker registered")
+    say(3, f"scheduler and {n_servers} servers registered; no server ready before the workers came")
     for c in workers:
         c.start()
     ready: set[str] = set()
@@ -276,12 +277,14 @@ def main() -> int:
         codes = {c.name: c.exit_code() for c in others}
         if any(codes[w.name] == 0 for w in workers) or codes[scheduler.name] == 0:
             raise Failed(f"the job went on as if nothing happened: exit codes {codes}")
-        named = [w.name for w in workers if "lost server" in w.log()]
-        if not named:
-            raise Failed("no worker reported the lost server\n" + "\n".join(w.tail() for w in workers))
-        say(5, f"the job stopped: {lost[0].strip()}")
-        say(5, "exit codes " + ", ".join(f"{n.removeprefix(run_id + 'b-')} {c}" for n, c in codes.items())
-            + f"; {', '.join(named)} reported the lost server")
+        reports = {w.name: next((line for line in w.log().splitlines() if "lost server" in line), None)
+                   for w in workers}
+        if not all(reports.values()):
+            raise Failed("a worker did not report the lost server\n" + "\n".join(w.tail() for w in workers))
+        say(5, f"the job stopped; the scheduler: {lost[0].strip()}")
+        for name, line in reports.items():
+            say(5, f"{name.removeprefix(run_id + 'b-')}: {line.strip()}")
+        say(5, "exit codes: " + ", ".join(f"{n.removeprefix(run_id + 'b-')} {c}" for n, c in codes.items()))
         outcome = 0
     except (Failed, Interrupted) as e:
         print(f"smoke.py: FAILED: {e}", file=sys.stderr, flush=True)
