@@ -5,7 +5,8 @@ bridge that lives in a namespace of its own, so nothing touches the host's netwo
 no namespace has a route out (a private /24, no default route). A link of rate R means
 what a NIC of rate R gives: ``tc ... tbf`` shapes the node's egress (``eth0`` in the
 node's namespace) and its ingress (the veth's other end, whose egress is the bridge
-sending to the node), each direction at R.
+sending to the node), each direction at R. Rate ``max`` takes every qdisc away: the
+veth as it is, whose speed the CPU decides (``benchmarks/linkrate.py`` measures it).
 
 Needs root and iproute2. ``remove()`` kills whatever still runs in the namespaces and
 deletes them (with their veths and the bridge); ``Cluster`` is a context manager, and
@@ -14,6 +15,7 @@ deletes them (with their veths and the bridge); ``Cluster`` is a context manager
 """
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
@@ -24,16 +26,20 @@ import subprocess
 from pathlib import Path
 
 RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+UNSHAPED = "max"        # the rate name for links left as they are
 MIN_BURST_BYTES = 4096  # 32 kbit
 BURST_S = 0.005         # a token bucket of 5 ms at the link rate
 QUEUE_LATENCY_MS = 50   # tbf drops what would wait longer than this
 
 
 def rate_bits(rate: str) -> float:
-    """``'100mbit'`` -> 1e8."""
+    """``'100mbit'`` -> 1e8; ``'max'`` (unshaped) -> inf."""
+    if rate.strip().lower() == UNSHAPED:
+        return math.inf
     m = re.fullmatch(r"(\d+(?:\.\d+)?)(kbit|mbit|gbit)", rate.strip().lower())
     if not m:
-        raise ValueError(f"rate {rate!r}: expected a number and kbit, mbit or gbit, as 100mbit or 1gbit")
+        raise ValueError(f"rate {rate!r}: expected a number and kbit, mbit or gbit, as 100mbit or 1gbit, "
+                         f"or {UNSHAPED} (no limit)")
     return float(m.group(1)) * RATE_UNITS[m.group(2)]
 
 
@@ -118,6 +124,13 @@ class Cluster:
     def shape(self, rate: str) -> None:
         """Limit every node's link to ``rate`` in both directions (replacing earlier limits)."""
         bits = rate_bits(rate)
+        if math.isinf(bits):
+            for ns, _, port in self.nodes.values():
+                for where, dev in ((ns, "eth0"), (self.switch, port)):
+                    if "tbf" in tc(where, "qdisc", "show", "dev", dev).stdout:
+                        tc(where, "qdisc", "del", "dev", dev, "root")
+            self.rate = rate
+            return
         burst = max(MIN_BURST_BYTES, int(bits / 8 * BURST_S))
         spec = ["tbf", "rate", f"{int(bits)}bit", "burst", str(burst), "latency", f"{QUEUE_LATENCY_MS}ms"]
         for ns, _, port in self.nodes.values():
