@@ -1,0 +1,190 @@
+"""What ``OneBitAdam`` and ``ZeroOneAdam`` share: the checked codec of the momentum path,
+parameter names and specs, the floored Adam denominator, and checkpoints of both sides'
+error-feedback residuals.
+
+The momentum path: a worker's momentum (or, for 0/1 Adam after the variance freeze, its
+accumulated update scaled back to momentum units) is pushed compressed with error feedback
+on workers and servers, and the pulled average becomes every worker's momentum. Any
+registered codec can carry it, with these exceptions (each a ``ValueError`` at
+construction, before the first step), measured with the real codecs over 300 steps of a
+momentum recurrence:
+
+- a codec that drops or shrinks part of its input (onebit, topk, randomk without scaling,
+  and any codec not known to be unbiased, such as powersgd or acpsgd once they exist)
+  needs ``ef``: without it that part of the momentum is lost at every step;
+- ``randomk`` with ``scaling`` (unbiased, n/k times the sent values) must not have ``ef``:
+  its residual is ``-(n/k - 1) x`` on the sent coordinates and grows without bound
+  (mean |m| 0.09 to 16,000 in 300 steps at k = 1%);
+- ``onebit`` needs a scale (``scaling``: l1 or l2): without one every coordinate of the
+  momentum becomes +-1;
+- worker momentum (a ``momentum`` key): the optimizer's own momentum is what travels.
+
+Dithering (unbiased, bounded error) works with or without ``ef`` (mean |m| stays at the
+uncompressed value in the same probe).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from ..compressors.policy import CompressionPolicy
+from ..compressors.spec import CodecSpec
+from . import ops
+
+# DeepSpeed's 1-bit and 0/1 Adam: scaled sign with the L2 scale ||x||_2 / sqrt(d), error feedback
+DEFAULT_COMPRESSION = {"compressor": "onebit", "scaling": "l2", "ef": "vanilla"}
+# codecs whose D(C(x)) is x in expectation (fp16: to rounding): error feedback is optional
+UNBIASED = ("dithering", "fp16")
+
+
+def momentum_codec_problem(params: dict) -> str | None:
+    """Why the momentum path cannot carry ``params`` (already checked by ``CodecSpec``), or None."""
+    codec = params.get("compressor", "none")
+    has_ef = params.get("ef") is not None
+    if "momentum" in params:
+        return "the optimizer's own momentum travels: compression_params must not ask for worker momentum " \
+               "('momentum' key)"
+    if codec == "none":
+        return None
+    scaled = str(params.get("scaling", False)).lower() not in ("false", "0", "no", "off", "none")
+    if codec == "onebit" and not scaled:
+        return "onebit on the momentum path needs 'scaling' (l1 or l2): without it every coordinate becomes +-1"
+    if codec == "randomk" and scaled:
+        if has_ef:
+            return "randomk with 'scaling' is unbiased but not contractive: with error feedback its residual " \
+                   "grows by n/k every round; drop 'ef' or 'scaling'"
+        return None
+    if codec not in UNBIASED and not has_ef:
+        return f"{codec} drops part of the momentum at every step: it needs error feedback ('ef': vanilla " \
+               "or corrected)"
+    return None
+
+
+def momentum_policy(compression_params: dict | None, compression_rules: list | None,
+                    owner: str) -> CompressionPolicy:
+    """The job's policy for the momentum path, every spec in it checked by ``momentum_codec_problem``.
+
+    Raises:
+        ValueError: naming ``owner``, the spec and what is wrong.
+    """
+    policy = CompressionPolicy.for_job(ops.settings(), compression_params, compression_rules)
+    if policy.default is None and compression_params is None:
+        policy = policy.overridden_by(DEFAULT_COMPRESSION, None)
+    for where, spec in [("compression_params", policy.default)] + [(f"rule {p!r}", s) for p, s in policy.rules]:
+        problem = None if spec is None else momentum_codec_problem(spec.compression_params)
+        if problem:
+            raise ValueError(f"{owner}: {where} ({spec}): {problem}")
+    return policy
+
+
+def check_adam_args(lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+                    variance_floor: float) -> None:
+    """Adam's arguments, checked before anything is built."""
+    if not lr >= 0.0:
+        raise ValueError(f"lr={lr}: must be >= 0")
+    if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+        raise ValueError(f"betas={betas}: each must be in [0, 1)")
+    if not eps >= 0.0 or not weight_decay >= 0.0 or not variance_floor >= 0.0:
+        raise ValueError("eps, weight_decay and variance_floor must be >= 0")
+
+
+class ParameterTable:
+    """Each parameter's name (agreed across workers), priority and momentum-path spec."""
+
+    def __init__(self, all_params: list[torch.Tensor], named_parameters: Iterable | None,
+                 policy: CompressionPolicy):
+        if named_parameters is not None:
+            by_id = {id(p): n for n, p in named_parameters}
+            missing = [tuple(p.shape) for p in all_params if id(p) not in by_id]
+            if missing:
+                raise ValueError(f"{len(missing)} parameter(s) missing from named_parameters (shapes {missing[:5]})")
+            if len({by_id[id(p)] for p in all_params}) != len(all_params):
+                raise ValueError("parameter names must be unique")
+        else:
+            by_id = {id(p): f"param.{i}" for i, p in enumerate(all_params)}
+        self.names = {id(p): by_id[id(p)] for p in all_params}
+        self.priority = {id(p): -i for i, p in enumerate(all_params)}
+        self.spec = {id(p): policy.for_tensor(self.names[id(p)], p.numel() * p.element_size(),
+                                              str(p.dtype).replace("torch.", "")) for p in all_params}
+
+    def push_pull(self, buf: torch.Tensor, p: torch.Tensor, prefix: str, lr: float,
+                  compressed: bool) -> int:
+        """Start averaging ``buf`` (parameter ``p``'s) as tensor ``prefix + name``; compressed
+        by the momentum path's spec when ``compressed``. Returns the handle."""
+        spec: CodecSpec | None = self.spec[id(p)] if compressed else None
+        return ops.push_pull_async_inplace(buf, average=True, name=prefix + self.names[id(p)],
+                                           priority=self.priority[id(p)], compression_params=spec,
+                                           lr=lr if spec is not None else None)
+
+
+def floored_denominator(v_hat: torch.Tensor, floor: float, eps: float) -> torch.Tensor:
+    """``max(sqrt(v_hat), floor * mean(sqrt(v_hat))) + eps``: Adam's denominator, with no
+    coordinate's step amplified more than ``1 / floor`` over the tensor's typical one (a
+    compressed momentum gives coordinates whose variance is ~0 a non-zero value)."""
+    root = v_hat.sqrt()
+    if floor > 0 and root.numel():
+        torch.clamp_(root, min=float(floor * root.mean()))
+    return root.add_(eps)
+
+
+def ensure_state(state: dict, p: torch.Tensor) -> None:
+    """Adam's per-parameter state (step, m, v), created at a parameter's first step; a
+    parameter without a gradient in this backward gets a zero one (every worker must still
+    take part in its push_pull)."""
+    if p.grad is None:
+        p.grad = torch.zeros_like(p)
+    if not state:
+        state["step"] = 0
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+# ---- checkpoints of the error-feedback residuals -----------------------------------------
+
+def save_residuals(tensors: dict[str, str]) -> tuple[dict, dict]:
+    """(worker residuals, server residuals) of ``{label: tensor name}``, for tensors that
+    were compressed; the labels key them in the checkpoint (names survive a new job)."""
+    client = ops.client()
+    workers, servers = {}, {}
+    for label, tensor in tensors.items():
+        state = client.compressor_state(tensor)
+        if state is not None:
+            workers[label] = to_torch(state)
+            servers[label] = to_torch(client.server_state(tensor))
+    return workers, servers
+
+
+def load_residuals(tensors: dict[str, str], workers: dict, servers: dict) -> None:
+    """Hand ``save_residuals``' output back to this worker and (at each key's next push) the servers."""
+    client = ops.client()
+    for label, state in workers.items():
+        client.load_compressor_state(tensors[label], to_numpy(state))
+    for label, states in servers.items():
+        client.load_server_state(tensors[label], {i: (r, lr) for i, (r, lr) in to_numpy(states).items()
+                                                  if r is not None})
+
+
+def steps_as_ints(optimizer: torch.optim.Optimizer) -> None:
+    """torch's load_state_dict may hand ``step`` back as a tensor: the schedules count in ints."""
+    for st in optimizer.state.values():
+        if "step" in st and torch.is_tensor(st["step"]):
+            st["step"] = int(st["step"].item())
+
+
+def to_torch(state):
+    """numpy arrays in a nested state as torch tensors (torch.load's weights_only accepts those)."""
+    if isinstance(state, dict):
+        return {k: to_torch(v) for k, v in state.items()}
+    if isinstance(state, tuple):
+        return tuple(to_torch(v) for v in state)
+    return torch.from_numpy(state.copy()) if isinstance(state, np.ndarray) else state
+
+
+def to_numpy(state):
+    if isinstance(state, dict):
+        return {k: to_numpy(v) for k, v in state.items()}
+    if isinstance(state, (tuple, list)):
+        return tuple(to_numpy(v) for v in state)
+    return state.numpy() if torch.is_tensor(state) else state

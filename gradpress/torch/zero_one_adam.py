@@ -1,0 +1,215 @@
+"""``ZeroOneAdam``: 0/1 Adam (Lu et al., arXiv 2202.06009; DeepSpeed's ``ZeroOneAdam``).
+
+1-bit Adam needs an uncompressed warm-up to estimate the variance; 0/1 Adam instead
+updates the variance from an uncompressed gradient only at steps spaced ever further
+apart, and compresses everything else from the start (``zero_one_schedule`` gives the
+kind of every step):
+
+- ``variance`` step: the gradient is averaged uncompressed; ``m = b1 m + (1 - b1) g``,
+  ``v = b2 v + (1 - b2) g^2``;
+- ``momentum`` step: each worker's ``m_i = b1 m + (1 - b1) g_i`` travels compressed with
+  error feedback on workers and servers (the 1-bit Adam momentum path, any codec it can
+  carry: see ``momentum_path``); the pulled average is everyone's ``m``;
+- after ``var_freeze_step``, ``local`` steps: ``m = b1 m + (1 - b1) g_i`` with the worker's
+  own gradient and a local update, no communication; and ``sync`` steps: the same, then the
+  worker's update since the last sync, ``(p - anchor) * denom`` (momentum units, as in
+  DeepSpeed), travels compressed (its own tensor, so its residuals start at zero as
+  DeepSpeed's are reset at the freeze); every worker sets ``p = anchor + avg / denom`` and
+  ``m = -avg / (sum of the lrs since the last sync)``.
+
+The update of every step is ``p -= lr * (m_hat / denom + weight_decay * p)`` with
+``denom = max(sqrt(v_hat), variance_floor * mean(sqrt(v_hat))) + eps``: the variance floor
+of ``OneBitAdam`` (a compressed momentum gives coordinates whose variance is ~0 a non-zero
+value), here applied at every step because v changes until the freeze. With
+``bias_correction`` (DeepSpeed accepts the flag but never corrects), ``m_hat = m / (1 -
+b1^t)`` and ``v_hat = v / (1 - b2^k)``, k the number of variance updates so far: without
+it, v after a few sparse updates is a small fraction of the gradient's variance and the
+early steps are too large.
+
+Parameters are bit-identical on every worker after each variance, momentum and sync step
+(everyone applies the same pulled bytes to the same anchor); between syncs they differ.
+The anchor (the parameters at the last sync) is kept rather than recovered by subtracting
+the accumulated update, which float rounding would make differ between workers.
+
+Checkpoints: ``state_dict()`` holds the moments, the anchor, the lr sum, the schedule
+(step, both intervals and counters) and both sides' residuals of both compressed tensors;
+each worker saves and loads its own (residuals and, between syncs, parameters differ).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from . import momentum_path as mp
+from . import ops
+from .zero_one_schedule import ZeroOneSchedule
+
+GRAD_PREFIX = "ZeroOneAdam.grad."
+MOMENTUM_PREFIX = "ZeroOneAdam.momentum."
+DELTA_PREFIX = "ZeroOneAdam.delta."
+
+
+class ZeroOneAdam(torch.optim.Optimizer):
+    """0/1 Adam for data-parallel training: sparse variance updates, compressed momentum, local steps.
+
+    Args:
+        params: parameters or parameter groups, as for ``torch.optim.Adam``.
+        lr, betas, eps: as Adam's.
+        weight_decay: decoupled (AdamW-style) weight decay.
+        var_freeze_step: the last step that may update the variance (max of T_v in the
+            paper); local steps follow it. DeepSpeed's default, 100000.
+        var_update_scaler: variance updates per variance interval; the interval (1 at
+            first) doubles after this many (kappa in the paper). Default 16.
+        local_step_scaler: steps after the freeze per local-step interval; the interval
+            (1 at first) doubles after this many, up to ``local_step_clipper``. Default 32678.
+        local_step_clipper: the largest local-step interval (H in the paper). Default 16.
+        bias_correction: divide m by 1 - b1^t and v by 1 - b2^(variance updates).
+        compression_params: BytePS ``compression_params`` for the momentum path (default:
+            onebit, L2 scale, vanilla error feedback); topk, randomk, dithering or any
+            registered codec it can carry (see ``momentum_path``).
+        named_parameters: ``model.named_parameters()``; names must agree across workers.
+        compression_rules: ``[(pattern, params), ...]`` by parameter name, first match wins.
+        variance_floor: ``sqrt(v_hat)`` is at least this fraction of the tensor's mean; 0 disables.
+    Raises:
+        ValueError: bad arguments (a freeze before the first variance update, a scaler
+            below 1, a codec the momentum path cannot carry), before the first step.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, var_freeze_step: int = 100000,
+                 var_update_scaler: int = 16, local_step_scaler: int = 32678, local_step_clipper: int = 16,
+                 bias_correction: bool = True, compression_params: dict | None = None,
+                 named_parameters: Iterable | None = None, compression_rules: list[tuple[str, dict]] | None = None,
+                 variance_floor: float = 0.1):
+        mp.check_adam_args(lr, betas, eps, weight_decay, variance_floor)
+        self.schedule = ZeroOneSchedule(var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper)
+        policy = mp.momentum_policy(compression_params, compression_rules, "ZeroOneAdam")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        self.bias_correction = bias_correction
+        self.variance_floor = variance_floor
+        self.last_kind: str | None = None  # the kind of the last step taken
+        self._table = mp.ParameterTable([p for group in self.param_groups for p in group["params"]],
+                                        named_parameters, policy)
+
+    @property
+    def in_sync(self) -> bool:
+        """True when every worker holds the same parameters (after any step but a local one)."""
+        return self.last_kind != "local"
+
+    # ---- the step -----------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = [(group, p) for group in self.param_groups for p in group["params"] if p.requires_grad]
+        for _, p in params:
+            mp.ensure_state(self.state[p], p)
+        kind = self.schedule.next_kind()
+        t = self.schedule.step + 1
+        var_updates = self.schedule.var_updates + (kind == "variance")
+        if kind in ("variance", "momentum"):
+            self._shared_momentum_step(params, kind, t, var_updates)
+        else:
+            self._local_step(params, kind == "sync", t, var_updates)
+        self.schedule.advance()
+        self.last_kind = kind
+        return loss
+
+    def _shared_momentum_step(self, params: list, kind: str, t: int, var_updates: int) -> None:
+        """Variance or momentum step: every worker ends with the same m and parameters."""
+        pending = []
+        for group, p in params:
+            if kind == "variance":
+                buf = p.grad.detach().clone()  # the gradient itself stays the worker's own
+                pending.append(self._table.push_pull(buf, p, GRAD_PREFIX, group["lr"], compressed=False))
+            else:
+                beta1 = group["betas"][0]
+                buf = torch.mul(self.state[p]["exp_avg"], beta1).add_(p.grad, alpha=1 - beta1)
+                pending.append(self._table.push_pull(buf, p, MOMENTUM_PREFIX, group["lr"], compressed=True))
+        for (group, p), handle in zip(params, pending):
+            out = ops.synchronize(handle)
+            st = self.state[p]
+            st["step"] += 1
+            beta1, beta2 = group["betas"]
+            if kind == "variance":
+                st["exp_avg"].mul_(beta1).add_(out, alpha=1 - beta1)
+                st["exp_avg_sq"].mul_(beta2).addcmul_(out, out, value=1 - beta2)
+            else:
+                st["exp_avg"].copy_(out)  # the average of every worker's momentum
+            self._update(group, p, st, self._denominator(group, st, var_updates), t)
+
+    def _local_step(self, params: list, sync: bool, t: int, var_updates: int) -> None:
+        """After the freeze: a local Adam step with the worker's own gradient; on a sync step,
+        the update since the last sync is averaged (compressed) and replaces the local one."""
+        pending = []
+        for group, p in params:
+            st = self.state[p]
+            if "anchor" not in st:  # the first step after the freeze: parameters are identical now
+                st["anchor"], st["lrs"] = p.detach().clone(), 0.0
+            st["step"] += 1
+            beta1 = group["betas"][0]
+            st["exp_avg"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
+            st["lrs"] += group["lr"]
+            denom = self._denominator(group, st, var_updates)
+            self._update(group, p, st, denom, t)
+            if sync:
+                buf = (p.detach() - st["anchor"]).mul_(denom)  # momentum units, as DeepSpeed sends
+                pending.append((denom, buf, self._table.push_pull(buf, p, DELTA_PREFIX, group["lr"], compressed=True)))
+        for (group, p), (denom, buf, handle) in zip(params, pending):
+            avg = ops.synchronize(handle)
+            st = self.state[p]
+            p.copy_(st["anchor"] + avg / denom)
+            m_hat = avg / -st["lrs"] if st["lrs"] > 0 else torch.zeros_like(avg)
+            st["exp_avg"].copy_(m_hat * self._bias1(group, t))
+            st["anchor"].copy_(p)
+            st["lrs"] = 0.0
+
+    def _bias1(self, group: dict, t: int) -> float:
+        return 1 - group["betas"][0] ** t if self.bias_correction else 1.0
+
+    def _denominator(self, group: dict, st: dict, var_updates: int) -> torch.Tensor:
+        v_hat = st["exp_avg_sq"]
+        if self.bias_correction:
+            v_hat = v_hat / (1 - group["betas"][1] ** var_updates)
+        return mp.floored_denominator(v_hat, self.variance_floor, group["eps"])
+
+    def _update(self, group: dict, p: torch.Tensor, st: dict, denom: torch.Tensor, t: int) -> None:
+        update = st["exp_avg"] / self._bias1(group, t) / denom
+        if group["weight_decay"]:
+            update.add_(p, alpha=group["weight_decay"])
+        p.add_(update, alpha=-group["lr"])
+
+    # ---- checkpoints ----------------------------------------------------------
+
+    def _compressed_tensors(self) -> dict[str, str]:
+        names = self._table.names.values()
+        return {label + n: prefix + n for label, prefix in (("momentum.", MOMENTUM_PREFIX), ("delta.", DELTA_PREFIX))
+                for n in names}
+
+    def state_dict(self) -> dict:
+        """torch's optimizer state (moments, anchor, lr sum) plus ``zero_one``: the schedule,
+        the floor, the last step's kind and both sides' residuals of both compressed tensors."""
+        sd = super().state_dict()
+        workers, servers = mp.save_residuals(self._compressed_tensors())
+        sd["zero_one"] = {"schedule": self.schedule.state(), "variance_floor": self.variance_floor,
+                          "bias_correction": self.bias_correction, "last_kind": self.last_kind,
+                          "worker_residuals": workers, "server_residuals": servers}
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore ``state_dict()``: schedule, moments, anchor and (if present) both sides' residuals."""
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("zero_one", None)
+        super().load_state_dict(state_dict)
+        mp.steps_as_ints(self)
+        if extra is None:
+            return
+        self.schedule = ZeroOneSchedule.from_state(extra["schedule"])
+        self.variance_floor = extra["variance_floor"]
+        self.bias_correction = extra["bias_correction"]
+        self.last_kind = extra["last_kind"]
+        mp.load_residuals(self._compressed_tensors(), extra["worker_residuals"], extra.get("server_residuals", {}))
