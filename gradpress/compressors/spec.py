@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gradpress.compressors import auto
 from gradpress.compressors.registry import build_compressor
 
 # Codecs work on float32 partitions; other dtypes travel uncompressed (the one home of this rule).
@@ -34,11 +35,14 @@ class CodecSpec:
         if not isinstance(compression_params, dict):
             raise ValueError(f"{where}: expected a dict of compression_params, got "
                              f"{type(compression_params).__name__}")
-        try:  # the worker's chain (Momentum(ErrorFeedback(codec))) reads every key a server reads
-            build_compressor(compression_params, "worker")
+        codec = compression_params.get("compressor", "none")
+        try:
+            if codec == auto.AUTO:  # the planner picks per tensor among these options
+                auto.options(compression_params)
+            else:  # the worker's chain (Momentum(ErrorFeedback(codec))) reads every key a server reads
+                build_compressor(compression_params, "worker")
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
-        codec = compression_params.get("compressor", "none")
         if codec == "none":
             return None
         return cls(codec, tuple(sorted(compression_params.items())))
@@ -48,8 +52,14 @@ class CodecSpec:
         """The user's dict, as it travels on the wire."""
         return dict(self.params)
 
+    @property
+    def is_auto(self) -> bool:
+        return self.codec == auto.AUTO
+
     def build(self, role: str):
         """A new compressor for ``role`` (its state, residuals and momentum, starts empty)."""
+        if self.is_auto:
+            raise ValueError("compressor 'auto' is resolved by the planner per tensor, not built")
         return build_compressor(self.compression_params, role)
 
     @staticmethod

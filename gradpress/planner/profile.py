@@ -1,0 +1,159 @@
+"""What the planner knows about a job, all of it measured in the running job.
+
+- the backward timeline: when each gradient becomes ready, relative to the start of
+  the iteration (mean over the profiled steps), when backward ends, how long the
+  optimizer's own step takes;
+- what each candidate codec costs here: compress and decompress time as a linear fit
+  in bytes (``LinearCost``), from a short calibration (``calibrate.py``, cached per host);
+- the network: latency and bytes per second of one node's link, from real push/pulls
+  of a few sizes (an alpha-beta fit, ``fit_link``).
+
+A ``Profile`` is plain data: rank 0 measures it and broadcasts it as JSON, so every
+worker plans from the same numbers and computes the same plan. ``GRADPRESS_PLAN_FILE``
+saves it for ``gradpress-plan``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PROFILE_VERSION = 1
+
+
+class ProfileError(ValueError):
+    """A profile (or plan file) that cannot be used; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """``fixed_s + per_byte_s * nbytes``: a kernel's time for an input of ``nbytes`` (fp32)."""
+    fixed_s: float
+    per_byte_s: float
+
+    def __call__(self, nbytes: float) -> float:
+        return self.fixed_s + self.per_byte_s * nbytes
+
+
+@dataclass(frozen=True)
+class CodecCost:
+    """One codec option's costs and size: ``payload_ratio`` is payload bytes per fp32 byte."""
+    compress: LinearCost      # worker: error feedback + encode (the server's recompression too)
+    decompress: LinearCost    # worker: decode into the output
+    add: LinearCost           # server: decode one push into the fp32 sum
+    payload_ratio: float
+
+
+@dataclass(frozen=True)
+class TensorProfile:
+    name: str
+    nbytes: int
+    ready_s: float            # gradient ready, seconds after the iteration started
+    priority: int             # larger goes first (layers the next forward pass needs first)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One node's link, each direction: a message of b bytes takes ``alpha_s + b / bytes_per_s``."""
+    alpha_s: float
+    bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    workers: int
+    servers: int
+    tensors: tuple[TensorProfile, ...]   # in the order their gradients became ready
+    backward_end_s: float                # every gradient computed (step() called)
+    step_s: float                        # the wrapped optimizer's step
+    codecs: dict[str, CodecCost]         # option name -> costs; "none" is the raw fp32 path
+    link: Link
+    partition_bytes: int = 4096000
+    credit: int = 8
+    engine_threads: int = 2
+    version: int = PROFILE_VERSION
+    notes: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check(self.workers >= 1 and self.servers >= 1, "workers and servers must be at least 1")
+        check(len(self.tensors) >= 1, "a profile needs at least one tensor")
+        check("none" in self.codecs, "the codec costs lack the raw path 'none'")
+        check(self.partition_bytes > 0 and self.credit >= 1 and self.engine_threads >= 1,
+              "partition_bytes, credit and engine_threads must be positive")
+        check(self.link.bytes_per_s > 0 and self.link.alpha_s >= 0, f"link {self.link}: needs a positive rate")
+        for t in self.tensors:
+            check(t.nbytes >= 0 and math.isfinite(t.ready_s) and t.ready_s >= 0,
+                  f"tensor {t.name!r}: size {t.nbytes} and ready time {t.ready_s} must be non-negative")
+
+    def scaled(self, workers: int | None = None, servers: int | None = None,
+               bytes_per_s: float | None = None) -> "Profile":
+        """The same model and machine in a job of another shape or link rate (for projections)."""
+        link = self.link if bytes_per_s is None else Link(self.link.alpha_s, bytes_per_s)
+        return Profile(workers or self.workers, servers or self.servers, self.tensors, self.backward_end_s,
+                       self.step_s, self.codecs, link, self.partition_bytes, self.credit, self.engine_threads,
+                       self.version, dict(self.notes))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "profile") -> "Profile":
+        """Parse and check a profile; every problem is a ProfileError naming ``where``."""
+        try:
+            d = json.loads(text)
+            if not isinstance(d, dict):
+                raise ProfileError(f"{where}: expected a JSON object")
+            if d.get("version") != PROFILE_VERSION:
+                raise ProfileError(f"{where}: profile version {d.get('version')!r}; this gradpress reads "
+                                   f"{PROFILE_VERSION}")
+            codecs = {name: CodecCost(LinearCost(**c["compress"]), LinearCost(**c["decompress"]),
+                                      LinearCost(**c["add"]), float(c["payload_ratio"]))
+                      for name, c in d["codecs"].items()}
+            tensors = tuple(TensorProfile(str(t["name"]), int(t["nbytes"]), float(t["ready_s"]), int(t["priority"]))
+                            for t in d["tensors"])
+            return cls(int(d["workers"]), int(d["servers"]), tensors, float(d["backward_end_s"]),
+                       float(d["step_s"]), codecs, Link(**d["link"]), int(d["partition_bytes"]), int(d["credit"]),
+                       int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})))
+        except ProfileError:
+            raise
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ProfileError(f"{where}: not a gradpress profile ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Profile":
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ProfileError(f"plan file {path}: {e.strerror or e}") from None
+        return cls.from_json(text, f"plan file {path}")
+
+
+def check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ProfileError(message)
+
+
+def fit_linear(samples: list[tuple[float, float]]) -> LinearCost:
+    """Least-squares ``y = a + b x`` over (x, y) samples, clamped to a, b >= 0."""
+    check(len(samples) >= 2, "a linear fit needs at least two samples")
+    n = len(samples)
+    mx = sum(x for x, _ in samples) / n
+    my = sum(y for _, y in samples) / n
+    sxx = sum((x - mx) ** 2 for x, _ in samples)
+    b = sum((x - mx) * (y - my) for x, y in samples) / sxx if sxx > 0 else 0.0
+    b = max(b, 0.0)
+    return LinearCost(max(my - b * mx, 0.0), b)
+
+
+def fit_link(round_trips: list[tuple[int, float]], workers: int, server_add: LinearCost) -> Link:
+    """The link that explains measured uncompressed push/pull round trips of one partition.
+
+    Every worker pushes the same partition to one server at once: its link carries
+    ``workers * b`` bytes in (the pushes) and out (the replies), and it sums ``workers``
+    pushes, so ``t(b) = 2 alpha + 2 workers b / rate + workers * add(b)``.
+    """
+    fit = fit_linear([(float(b), t) for b, t in round_trips])
+    per_byte = fit.per_byte_s - workers * server_add.per_byte_s
+    check(per_byte > 0, f"push/pull round trips {round_trips} give no positive per-byte time")
+    return Link(alpha_s=fit.fixed_s / 2, bytes_per_s=2 * workers / per_byte)

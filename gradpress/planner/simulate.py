@@ -1,0 +1,109 @@
+"""Predict an iteration's time for a plan: the timeline simulator.
+
+The model follows one worker (workers are symmetric: same gradients, same plan) through
+an iteration, with every resource the way gradpress uses it:
+
+- gradients become ready at their profiled times; a fused group is ready when its last
+  member is, plus the copy of its members into the group buffer (training thread);
+- the worker's communication thread is one serial resource: it compresses a partition
+  before pushing it and decompresses a reply when it lands, replies first (as its loop
+  does); it takes ready partitions highest priority first, within the credit (pushes not
+  yet taken by a server);
+- links: the worker's and each server's link carry ``alpha + bytes / rate`` per message and
+  direction; a server's link carries every worker's copy of a push or reply;
+- a server sums a round's pushes and recompresses the aggregate on the engine thread its
+  key is pinned to (least loaded by bytes, as the server pins them), once every push is in;
+- partitions go to servers as the scheduler places them (least loaded by bytes);
+- the iteration ends when backward is done and every group has landed and been copied
+  back out of its buffer, plus the optimizer's step.
+
+``Layout`` turns a grouping into per-partition tables once; ``Layout.predict`` then costs
+one compiled simulation (``kernels/cpu/timeline.py``) per plan.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..kernels.cpu.timeline import finish_iteration, place_partitions, simulate_iteration
+from .profile import Profile
+
+Group = tuple[int, ...]  # indices into Profile.tensors, consecutive in ready order
+
+
+@dataclass
+class Layout:
+    """A grouping of a profile's tensors, tabulated for every option."""
+    profile: Profile
+    groups: list[Group]
+    options: list[str]
+
+    def __post_init__(self) -> None:
+        prof, opts = self.profile, self.options
+        sizes, ready, prio, group_of = [], [], [], []
+        copy = prof.codecs["none"].decompress  # one memory pass over the bytes
+        self.copy_out = np.zeros(len(self.groups))
+        self.group_bytes = []
+        for g, members in enumerate(self.groups):
+            # members are consecutive in ready order: the last is ready last
+            nbytes = sum(prof.tensors[i].nbytes for i in members)
+            self.group_bytes.append(nbytes)
+            fused = len(members) > 1
+            self.copy_out[g] = copy(nbytes) if fused else 0.0
+            at = prof.tensors[members[-1]].ready_s + (copy(nbytes) if fused else 0.0)
+            pr = max(prof.tensors[i].priority for i in members)
+            parts = _partitions(nbytes, prof.partition_bytes)
+            sizes += parts
+            ready += [at] * len(parts)
+            prio += [pr] * len(parts)
+            group_of += [g] * len(parts)
+        self.group_of = np.array(group_of, np.int64)
+        self.ready = np.array(ready, np.float64)
+        self.sizes = b = np.array(sizes, np.float64)
+        server, engine = np.empty(len(sizes), np.int64), np.empty(len(sizes), np.int64)
+        place_partitions(self.sizes, prof.servers, prof.engine_threads, server, engine)
+        by_ready = np.argsort(self.ready, kind="stable").astype(np.int64)
+        self.ints = np.stack([self.group_of, np.array(prio, np.int64), server, engine, by_ready])
+        # payload, compress, decompress, serve; per option and partition
+        self.tables = np.empty((4, len(opts), len(sizes)))
+        for o, name in enumerate(opts):
+            c = prof.codecs[name]
+            raw = name == "none"
+            self.tables[0, o] = b if raw else np.maximum(c.payload_ratio * b, 1.0)
+            self.tables[1, o] = 0.0 if raw else c.compress.fixed_s + c.compress.per_byte_s * b
+            self.tables[2, o] = c.decompress.fixed_s + c.decompress.per_byte_s * b
+            self.tables[3, o] = prof.workers * (c.add.fixed_s + c.add.per_byte_s * b) + self.tables[1, o]
+        self.job = np.array([prof.workers, prof.servers, prof.engine_threads, prof.credit,
+                             prof.link.bytes_per_s, prof.link.alpha_s], np.float64)
+        self._land = np.empty(len(sizes))
+        self._group_land = np.empty(len(self.groups))
+
+    def predict(self, assignment: np.ndarray) -> float:
+        """Seconds per iteration when group g travels with option ``options[assignment[g]]``."""
+        prof = self.profile
+        simulate_iteration(assignment, self.ints, self.ready, self.tables, self.job, self._land)
+        return finish_iteration(self.group_of, self._land, self.copy_out, prof.backward_end_s,
+                                self._group_land) + prof.step_s
+
+    def floor_s(self) -> float:
+        """No plan of this grouping is faster: backward, the fused groups' copy-out, the step."""
+        return self.profile.backward_end_s + float(self.copy_out.sum()) + self.profile.step_s
+
+    def landings(self) -> np.ndarray:
+        """When each group landed in the last ``predict`` (s after the iteration started)."""
+        return self._group_land.copy()
+
+
+def _partitions(nbytes: int, partition_bytes: int) -> list[int]:
+    if nbytes <= 0:
+        return [0]
+    full, rest = divmod(nbytes, partition_bytes)
+    return [partition_bytes] * full + ([rest] if rest else [])
+
+
+def predict(profile: Profile, groups: list[Group], options: list[str]) -> float:
+    """Seconds per iteration for ``groups`` sent with ``options`` (one name per group)."""
+    names = sorted(set(options))
+    layout = Layout(profile, groups, names)
+    return layout.predict(np.array([names.index(o) for o in options], np.int64))
