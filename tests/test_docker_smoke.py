@@ -78,7 +78,7 @@ def smoke_pods(tmp_path_factory):
 
 def test_image_name_is_the_manifests_and_the_builds(smoke_pods):
     smoke, per_pod = smoke_pods
-    build_default = next(l for l in BUILD.read_text().splitlines() if l.startswith("image="))
+    build_default = next(line for line in BUILD.read_text().splitlines() if line.startswith("image="))
     assert build_default == f"image=${{IMAGE:-{smoke.DEFAULT_IMAGE}}}", \
         f"build.sh's default tag ({build_default}) is not smoke.py's {smoke.DEFAULT_IMAGE}"
     for pod, _, (_, image, _) in per_pod:
@@ -181,4 +181,5 @@ def test_build_script_names_a_base_that_cannot_be_had(tmp_path):
     out = subprocess.run(["/bin/bash", str(BUILD), "--check", "--base", "localhost:1/gradpress-no-such-base:0"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "base image 'localhost:1/gradpress-no-such-base:0' is not here and cannot be pulled" in out.stderr, out.stderr
+    message = "base image 'localhost:1/gradpress-no-such-base:0' is not here and cannot be pulled"
+    assert message in out.stderr, out.stderr

@@ -21,7 +21,8 @@ DOCKERFILES = {"cpu": REPO / "deploy/docker/Dockerfile.cpu", "cuda": REPO / "dep
 
 def instructions(path: Path) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(l for l in path.read_text().splitlines() if not l.lstrip().startswith("#")))
+    text = re.sub(r"\\\n", " ", "\n".join(line for line in path.read_text().splitlines()
+                                         if not line.lstrip().startswith("#")))
     return [(m.group(1).upper(), m.group(2).strip()) for m in re.finditer(r"^\s*(\w+)\s+(.*)$", text, re.M)]
 
 
@@ -74,13 +75,14 @@ def test_entry_point_and_what_the_manifests_rely_on(flavour):
 def test_exposed_ports_are_the_manifests_ports(flavour):
     exposed = {int(p.split("/")[0]) for i, a in instructions(DOCKERFILES[flavour]) if i == "EXPOSE" for p in a.split()}
     declared = {p["containerPort"] for spec in base_pod_specs() for p in spec["containers"][0].get("ports", [])}
-    assert declared and exposed == declared, f"Dockerfile.{flavour} exposes {sorted(exposed)}, the pods declare {sorted(declared)}"
+    assert declared and exposed == declared, \
+        f"Dockerfile.{flavour} exposes {sorted(exposed)}, the pods declare {sorted(declared)}"
 
 
 def test_ignore_file_lets_through_what_is_copied():
     """The build context is the repository root; the ignore file excludes everything else."""
-    rules = [l.strip() for l in (REPO / "deploy/docker/Dockerfile.cpu.dockerignore").read_text().splitlines()
-             if l.strip() and not l.startswith("#")]
+    lines = (REPO / "deploy/docker/Dockerfile.cpu.dockerignore").read_text().splitlines()
+    rules = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
     assert rules[0] == "*", "the ignore file should exclude everything first (the venv, .git)"
     let_through = {r[1:] for r in rules if r.startswith("!")}
     for flavour, path in DOCKERFILES.items():

@@ -122,7 +122,7 @@ class Container:
             elif "emptyDir" in v:
                 argv += ["--tmpfs", f"{m['mountPath']}:rw,mode=1777"]  # emptyDir: writable by any user
             else:
-                raise Failed(f"{pod.name}: volume {m['name']} is {sorted(v)}; the smoke run knows configMap and emptyDir")
+                raise Failed(f"{pod.name}: volume {m['name']} is {sorted(v)}; smoke.py knows configMap and emptyDir")
         argv += [f"--env={k}={v}" for k, v in env.items()]
         self.argv = argv + [image] + [expand(a, env) for a in c.get("args", [])]
         self.started = False
@@ -148,7 +148,8 @@ class Container:
     def tail(self, lines: int = 20) -> str:
         if not self.started:
             return f"--- {self.name}: not started"
-        return f"--- {self.name} ({self.addr}), exit {self.exit_code()}:\n" + "\n".join(self.log().splitlines()[-lines:])
+        last = "\n".join(self.log().splitlines()[-lines:])
+        return f"--- {self.name} ({self.addr}), exit {self.exit_code()}:\n{last}"
 
 
 def wait_until(condition, timeout_s: float, what: str, containers: list[Container], may_fail=()) -> None:
@@ -216,11 +217,11 @@ def main() -> int:
     preflight(args)
     os.environ.setdefault("CONTAINERS_CONF", str(HERE / "containers.conf"))
     sys.path[:0] = [str(REPO), str(REPO / "tests")]
-    from gradpress.testing.netns import Cluster, Interrupted, cleanup_on_signals
+    from gradpress.testing.netns import Interrupted, NetnsCluster, cleanup_on_signals
     from test_k8s_manifests import pods, render
 
     run_id = f"gpsmoke{os.getpid() % 100000}"
-    cluster = Cluster(run_id)
+    cluster = NetnsCluster(run_id)
     cleanup_on_signals()
     workdir = Path(tempfile.mkdtemp(prefix=f"{run_id}-"))
     started = time.monotonic()
