@@ -163,7 +163,7 @@ def wait_until(condition, timeout_s: float, what: str, containers: list[Containe
         time.sleep(1)
 
 
-def start_job(docs, cluster, image: str, run_id: str, workdir: Path) -> list[Container]:
+def start_job(docs, cluster, image: str, run_id: str, workdir: Path, step: int) -> list[Container]:
     """The five containers, scheduler and servers first; returns them once all are ready."""
     from test_k8s_manifests import pods
     from test_k8s_netns_integ import dns_entries
@@ -185,7 +185,7 @@ def start_job(docs, cluster, image: str, run_id: str, workdir: Path) -> list[Con
     early = [c.name for c in first[1:] if c.probe("readinessProbe")]
     if early:
         raise Failed(f"{early} report ready before any worker registered")
-    say(3, f"scheduler and {n_servers} servers registered; no server ready before the workers came")
+    say(step, f"scheduler and {n_servers} servers registered; no server ready before the workers came")
     for c in workers:
         c.start()
     ready: set[str] = set()
@@ -245,7 +245,7 @@ def main() -> int:
 
         say(3, "starting the job: a network namespace and a container per pod")
         cluster.start()
-        containers = start_job(docs, cluster, args.image, f"{run_id}a", workdir / "a")
+        containers = start_job(docs, cluster, args.image, f"{run_id}a", workdir / "a", 3)
         say(3, "every container ready and live (gradpress-health): " + ", ".join(c.name for c in containers))
         workers = [c for c in containers if c.pod.role == "worker"]
         wait_until(lambda: all(w.exit_code() == 0 for w in workers), JOB_DEADLINE_S, "the workers training",
@@ -262,7 +262,7 @@ def main() -> int:
         remove(f"{run_id}a")
 
         say(5, "drill: the job again, a server container killed during training")
-        containers = start_job(docs, cluster, args.image, f"{run_id}b", workdir / "b")
+        containers = start_job(docs, cluster, args.image, f"{run_id}b", workdir / "b", 5)
         workers = [c for c in containers if c.pod.role == "worker"]
         wait_until(lambda: "epoch" in workers[0].log(), JOB_DEADLINE_S, "training under way", containers)
         victim = [c for c in containers if c.pod.role == "server"][-1]
