@@ -165,7 +165,7 @@ def python_env(**extra: str) -> dict:
     return {k: v for k, v in env.items() if v != ""}
 
 
-def run_once(cluster: netns.Cluster, system: str, warmup: int, iters: int, port: int, tmp: Path,
+def run_once(cluster: netns.NetnsCluster, system: str, warmup: int, iters: int, port: int, tmp: Path,
              deadline_s: float, trace_dir: str | None = None) -> list[dict]:
     """One job of ``system`` on the cluster as shaped now; returns each worker's record."""
     procs: dict[str, tuple] = {}
@@ -316,7 +316,7 @@ def measure(rates: list[str], systems: list[str], args) -> list[dict]:
     """Every (rate, system) once, in one set of namespaces reshaped per rate."""
     rows: list[dict] = []
     port = BASE_PORT
-    cluster = netns.Cluster()
+    cluster = netns.NetnsCluster()
     try:
         with cluster, tempfile.TemporaryDirectory(prefix="gp-bandwidth-") as tmpdir:
             for name in ["sched"] + [f"s{i}" for i in range(NUM_SERVERS)] + [f"w{i}" for i in range(NUM_WORKERS)]:

@@ -71,7 +71,7 @@ def send(host: str, port: int, seconds: float) -> None:
     conn.close()
 
 
-def one_run(cluster: netns.Cluster, port: int, seconds: float) -> float:
+def one_run(cluster: netns.NetnsCluster, port: int, seconds: float) -> float:
     here = [sys.executable, str(Path(__file__).resolve())]
     rx = subprocess.Popen(["ip", "netns", "exec", cluster.ns("b"), *here, "_recv", str(port)],
                           stdout=subprocess.PIPE, text=True)
@@ -103,7 +103,7 @@ def main() -> int:
     netns.cleanup_on_signals()
     result = {}
     port = PORT
-    with netns.Cluster() as cluster:
+    with netns.NetnsCluster() as cluster:
         cluster.add_node("a")
         cluster.add_node("b")
         for rate in rates:

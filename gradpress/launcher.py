@@ -22,6 +22,8 @@ from . import logs
 from .config import Settings
 
 STOP_GRACE_S = 5.0
+# Runs the role DMLC_ROLE names (scheduler or server) in a process of its own.
+ROLE_COMMAND = [sys.executable, "-m", "gradpress.launcher"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,43 +74,94 @@ def run_workers(command: list[str], settings: Settings) -> int:
 
 def run_local(command: list[str], workers: int, servers: int) -> int:
     """A whole job on 127.0.0.1: scheduler on a free port, then servers, then workers."""
-    group = ProcessGroup()
-    role_cmd = [sys.executable, "-m", "gradpress.launcher"]
-    base = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_NODE_HOST="127.0.0.1",
-                DMLC_NUM_WORKER=str(workers), DMLC_NUM_SERVER=str(servers), PYTHONUNBUFFERED="1",
-                **_thread_share(workers))
+    job = LocalJob(workers, servers)
     with tempfile.TemporaryDirectory(prefix="gradpress-") as tmp:
-        port_file = os.path.join(tmp, "port")
         try:
-            group.start("scheduler", role_cmd, dict(base, DMLC_ROLE="scheduler", DMLC_PS_ROOT_PORT="0",
-                                                    GRADPRESS_PORT_FILE=port_file))
-            port = _wait_for_port(port_file, group)
-            base["DMLC_PS_ROOT_PORT"] = str(port)
-            for i in range(servers):
-                group.start(f"server {i}", role_cmd, dict(base, DMLC_ROLE="server"))
-            for i in range(workers):
-                group.start(f"worker {i}", command, dict(base, DMLC_ROLE="worker", DMLC_WORKER_ID=str(i),
-                                                         BYTEPS_LOCAL_RANK="0", BYTEPS_LOCAL_SIZE="1"))
+            job.start(command, os.path.join(tmp, "port"))
         except (RuntimeError, OSError) as e:
             print(f"gradpress-launch: {e}", file=sys.stderr)
-            group.stop()
+            job.group.stop()
             return 1
-        return group.wait(essential=[n for n in group.names if n.startswith("worker")])
+        return job.group.wait(essential=[n for n in job.group.names if n.startswith("worker")])
+
+
+class LocalJob:
+    """The processes of one job on 127.0.0.1, started in order into one ProcessGroup.
+
+    ``run_local`` starts a whole job at once; tests start the pieces one by one.
+
+    Args:
+        workers: number of worker processes (one per worker machine, local size 1).
+        servers: number of server processes.
+        environ: the environment every process starts from (default: this process's).
+        group: the group the processes join (default: one that prefixes their output here).
+    """
+
+    def __init__(self, workers: int, servers: int, environ: dict[str, str] | None = None,
+                 group: ProcessGroup | None = None):
+        environ = dict(os.environ if environ is None else environ)
+        self.workers, self.servers = workers, servers
+        self.group = group or ProcessGroup()
+        self.env = dict(environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_NODE_HOST="127.0.0.1",
+                        DMLC_NUM_WORKER=str(workers), DMLC_NUM_SERVER=str(servers), PYTHONUNBUFFERED="1",
+                        **_thread_share(workers, environ))
+        self.port = 0
+
+    def start(self, command: list[str], port_file: str) -> None:
+        """Scheduler, then every server, then every worker running ``command``."""
+        self.start_scheduler(port_file)
+        for i in range(self.servers):
+            self.start_server(i)
+        for i in range(self.workers):
+            self.start_worker(i, command)
+
+    def start_scheduler(self, port_file: str) -> int:
+        """The scheduler on a free port. Returns the port once the scheduler wrote it to ``port_file``.
+
+        Raises:
+            RuntimeError: the scheduler exited or did not report a port in time.
+        """
+        self.group.start("scheduler", ROLE_COMMAND, dict(self.env, DMLC_ROLE="scheduler", DMLC_PS_ROOT_PORT="0",
+                                                         GRADPRESS_PORT_FILE=port_file))
+        self.port = _wait_for_port(port_file, self.group)
+        self.env["DMLC_PS_ROOT_PORT"] = str(self.port)
+        return self.port
+
+    def start_server(self, index: int, **env: str) -> None:
+        self.group.start(f"server {index}", ROLE_COMMAND, {**self.env, "DMLC_ROLE": "server", **env})
+
+    def start_worker(self, index: int, command: list[str], **env: str) -> None:
+        self.group.start(f"worker {index}", command, {**self.env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(index),
+                                                      "BYTEPS_LOCAL_RANK": "0", "BYTEPS_LOCAL_SIZE": "1", **env})
 
 
 class ProcessGroup:
-    """Child processes whose output is prefixed with their name; one failure stops all."""
+    """Child processes whose output is prefixed with their name; one failure stops all.
 
-    def __init__(self):
+    Args:
+        log_dir: if given, each process writes its output to ``<log_dir>/<name>.log``
+            (spaces in the name become ``_``) instead of to this process's output.
+    """
+
+    def __init__(self, log_dir: str | None = None):
         self.procs: dict[str, subprocess.Popen] = {}
         self.readers: list[threading.Thread] = []
+        self.log_dir = log_dir
         self._print = threading.Lock()
 
     @property
     def names(self) -> list[str]:
         return list(self.procs)
 
+    def log_path(self, name: str) -> str:
+        return os.path.join(self.log_dir or "", f"{name.replace(' ', '_')}.log")
+
     def start(self, name: str, cmd: list[str], env: dict, prefix: bool = True) -> None:
+        if self.log_dir is not None:
+            with open(self.log_path(name), "wb") as log:  # the child keeps its own descriptor
+                self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                    preexec_fn=_die_with_parent)
+            return
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if prefix else None,
                                 stderr=subprocess.STDOUT if prefix else None, preexec_fn=_die_with_parent)
         self.procs[name] = proc
@@ -183,14 +236,14 @@ def _wait_for_port(path: str, group: ProcessGroup, timeout_s: float = 60.0) -> i
     raise RuntimeError(f"the scheduler did not report its port within {timeout_s:g} s")
 
 
-def _thread_share(processes: int) -> dict[str, str]:
+def _thread_share(processes: int, environ: dict[str, str] | None = None) -> dict[str, str]:
     """Each of ``processes`` workers gets its share of the cores for torch's intra-op threads.
 
     Left alone, every worker starts one OpenMP thread per core and they fight: on 2 cores
     with 2 workers the digits demo ran 6x slower. As torchrun does, an explicit
     OMP_NUM_THREADS from the user wins.
     """
-    if "OMP_NUM_THREADS" in os.environ:
+    if "OMP_NUM_THREADS" in (os.environ if environ is None else environ):
         return {}
     return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes))}
 

@@ -1,6 +1,6 @@
 import pytest
 
-from cluster import Cluster
+from cluster import LocalCluster
 
 
 @pytest.fixture
@@ -8,8 +8,8 @@ def cluster(tmp_path):
     """Make clusters; every process still running at the end of the test is killed."""
     made = []
 
-    def make(**kwargs) -> Cluster:
-        c = Cluster(tmp_path / f"job{len(made)}", **kwargs)
+    def make(**kwargs) -> LocalCluster:
+        c = LocalCluster(tmp_path / f"job{len(made)}", **kwargs)
         c.tmp.mkdir()
         made.append(c)
         return c

@@ -185,8 +185,8 @@ def test_a_node_that_never_comes_is_a_deadline_not_a_hang(cluster):
     # only the scheduler and one worker: the second worker and the server never come
     c = cluster(workers=2, servers=1, env={"GRADPRESS_CONNECT_TIMEOUT_S": "8"})
     c.start_scheduler()
-    c._spawn("worker 0", [sys.executable, "-c", "import gradpress.torch as bps; bps.init()"],
-             DMLC_ROLE="worker", DMLC_WORKER_ID="0", GRADPRESS_CONNECT_TIMEOUT_S="3")
+    c.start_worker(0, [sys.executable, "-c", "import gradpress.torch as bps; bps.init()"],
+                   GRADPRESS_CONNECT_TIMEOUT_S="3")
     codes = c.wait(timeout_s=30)
     assert codes["scheduler"] != 0 and codes["worker 0"] != 0, c.logs()
     assert "registration timed out" in c.log("worker 0") or "no address book" in c.log("worker 0"), c.logs()
@@ -197,13 +197,13 @@ def test_nodes_that_register_early_are_not_lost_while_the_rest_arrive(cluster):
     # the server registers, then the workers take longer than the heartbeat timeout to arrive
     c = cluster(workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S)})
     c.start_scheduler()
-    c._spawn("server 0", [sys.executable, "-m", "gradpress.launcher"], DMLC_ROLE="server")
+    c.start_server(0)
     time.sleep(2 * HEARTBEAT_TIMEOUT_S)
     script = c.tmp / "w.py"
     script.write_text("import torch, gradpress.torch as bps\nbps.init()\n"
                       "assert bps.push_pull(torch.ones(3), average=False, name='x')[0] == 2\nbps.shutdown()\n")
     for i in range(2):
-        c._spawn(f"worker {i}", [sys.executable, str(script)], DMLC_ROLE="worker", DMLC_WORKER_ID=str(i))
+        c.start_worker(i, [sys.executable, str(script)])
     c.assert_success(60)
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from gradpress.testing.netns import Cluster, ip
+from gradpress.testing.netns import NetnsCluster, ip
 from test_k8s_manifests import (K8S, REPO, Pod, config_map, container_env, container_port, expand, find,
                                 pod_fields, pods, render, service_selecting)
 
@@ -170,7 +170,7 @@ def test_cpu_demo_job_runs_in_network_namespaces(netns_allowed, tmp_path):
     assert roles == ["scheduler", "server", "server", "worker", "worker"], \
         f"the CPU demo overlay should be 1 scheduler, 2 servers, 2 workers; it is {roles}"
 
-    cluster = Cluster(f"gpk{os.getpid() % 100000}{secrets.token_hex(2)}", subnet=f"10.250.{random.randrange(256)}")
+    cluster = NetnsCluster(f"gpk{os.getpid() % 100000}{secrets.token_hex(2)}", subnet=f"10.250.{random.randrange(256)}")
     procs: list[PodProcess] = []
     try:
         try:

@@ -32,11 +32,11 @@ def test_worker_role_runs_one_process_per_local_slot(cluster):
     # one worker machine with two local workers: DMLC_NUM_WORKER=1, BYTEPS_LOCAL_SIZE=2
     c = cluster(workers=1, servers=1)
     c.start_scheduler()
-    c._spawn("server 0", [sys.executable, "-m", "gradpress.launcher"], DMLC_ROLE="server")
+    c.start_server(0)
     script = c.tmp / "w.py"
     script.write_text(PRINT_RANKS)
-    c._spawn("worker machine", [sys.executable, "-m", "gradpress.launcher", sys.executable, str(script)],
-             DMLC_ROLE="worker", DMLC_WORKER_ID="0", BYTEPS_LOCAL_SIZE="2")
+    # the worker machine's launcher starts both local workers
+    c.start_worker(0, [sys.executable, "-m", "gradpress.launcher", sys.executable, str(script)], BYTEPS_LOCAL_SIZE="2")
     c.assert_success(120)
-    log = c.log("worker machine")
+    log = c.log("worker 0")
     assert "rank 0 of 2 local 0/2" in log and "rank 1 of 2 local 1/2" in log, log

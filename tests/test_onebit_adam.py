@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from cluster import Cluster
+from cluster import LocalCluster
 from gradpress.compressors import reference as ref
 
 pytestmark = pytest.mark.integ
@@ -120,7 +120,7 @@ def replay(init: dict, grads: list, parts: list, steps: int) -> tuple[list, dict
 @pytest.fixture(scope="module")
 def first_job(tmp_path_factory):
     """Five steps of OneBitAdam (two of warm-up) with a checkpoint after four."""
-    c = Cluster(tmp_path_factory.mktemp("onebit_adam"), workers=2, servers=1, env=ENV)
+    c = LocalCluster(tmp_path_factory.mktemp("onebit_adam"), workers=2, servers=1, env=ENV)
     try:
         c.start(REPLAY_WORKER, worker_env={"GP_STEPS": str(STEPS)}).assert_success()
         yield c

@@ -9,7 +9,7 @@ sending to the node), each direction at R. Rate ``max`` takes every qdisc away: 
 veth as it is, whose speed the CPU decides (``benchmarks/linkrate.py`` measures it).
 
 Needs root and iproute2. ``remove()`` kills whatever still runs in the namespaces and
-deletes them (with their veths and the bridge); ``Cluster`` is a context manager, and
+deletes them (with their veths and the bridge); ``NetnsCluster`` is a context manager, and
 ``cleanup_on_signals()`` turns SIGINT/SIGTERM/SIGHUP into exceptions so that the
 ``finally`` / ``__exit__`` runs when the benchmark is interrupted.
 """
@@ -62,7 +62,7 @@ def check_allowed() -> str | None:
     return None
 
 
-class Cluster:
+class NetnsCluster:
     """Network namespaces on one bridge; each node's link shaped to one rate.
 
     Args:
@@ -79,7 +79,7 @@ class Cluster:
         self.made_etc_netns = not Path("/etc/netns").exists()
         self.rate: str | None = None
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> "NetnsCluster":
         self.start()
         return self
 
