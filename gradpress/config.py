@@ -46,6 +46,8 @@ class Settings:
     op_timeout_s: float = _setting(300.0, "GRADPRESS_OP_TIMEOUT_S", "deadline for one declare, push_pull, barrier or broadcast")
     port_file: str = _setting("", "GRADPRESS_PORT_FILE", "scheduler: write the port it bound to this file (gradpress-launch --local binds port 0)")
     health_file: str = _setting("", "GRADPRESS_HEALTH_FILE", "file written once registered and touched every heartbeat (for probes); empty: none")
+    plan_steps: int = _setting(10, "GRADPRESS_PLAN_STEPS", "compressor 'auto': steps profiled (gradients travel raw) before the first plan")
+    plan_file: str = _setting("", "GRADPRESS_PLAN_FILE", "compressor 'auto': rank 0 writes its profile here (JSON, for gradpress-plan); empty: none")
     trace: str = _setting("", "GRADPRESS_TRACE", "write a Chrome-trace JSON of partition stages to this path; empty: off")
     log_level: str = _setting("WARNING", "BYTEPS_LOG_LEVEL", "logging level: DEBUG, INFO, WARNING, ERROR")
 
@@ -53,7 +55,7 @@ class Settings:
         if self.role not in ROLES:
             raise ValueError(f"DMLC_ROLE={self.role!r}: expected one of {', '.join(ROLES)}")
         for name in ("num_worker", "num_server", "local_size", "partition_bytes",
-                     "scheduling_credit", "server_engine_threads"):
+                     "scheduling_credit", "server_engine_threads", "plan_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{_env(name)}={getattr(self, name)}: must be at least 1")
         if not 0 <= self.local_rank < self.local_size:

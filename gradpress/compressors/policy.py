@@ -53,9 +53,13 @@ class CompressionPolicy:
         return CompressionPolicy(default if default is not None else self.default,
                                  list(rules or []) + self.rules, self.min_bytes)
 
+    def rule_for(self, name: str) -> CodecSpec | None:
+        """The spec the rules (or the default) give ``name``, before the size and dtype rules."""
+        return next((s for pattern, s in self.rules if fnmatch.fnmatchcase(name, pattern)), self.default)
+
     def for_tensor(self, name: str, nbytes: int, dtype: str) -> CodecSpec | None:
         """This tensor's compression, or None for uncompressed."""
-        spec = next((s for pattern, s in self.rules if fnmatch.fnmatchcase(name, pattern)), self.default)
+        spec = self.rule_for(name)
         if spec is None or not spec.accepts(dtype) or nbytes < self.min_bytes:
             return None
         return spec

@@ -6,7 +6,9 @@
 - what each candidate codec costs here: compress and decompress time as a linear fit
   in bytes (``LinearCost``), from a short calibration (``calibrate.py``, cached per host);
 - the network: latency and bytes per second of one node's link, from real push/pulls
-  of a few sizes (an alpha-beta fit, ``fit_link``).
+  of a few sizes (an alpha-beta fit, ``fit_link``), and what one message costs the
+  worker's communication thread and the server (``message_s``), from many tiny
+  push/pulls at once (``fit_message``): the cost that makes fusing small tensors pay.
 
 A ``Profile`` is plain data: rank 0 measures it and broadcasts it as JSON, so every
 worker plans from the same numbers and computes the same plan. ``GRADPRESS_PLAN_FILE``
@@ -69,6 +71,7 @@ class Profile:
     step_s: float                        # the wrapped optimizer's step
     codecs: dict[str, CodecCost]         # option name -> costs; "none" is the raw fp32 path
     link: Link
+    message_s: float = 0.0               # serial CPU per partition: sending it and landing its reply
     partition_bytes: int = 4096000
     credit: int = 8
     engine_threads: int = 2
@@ -82,6 +85,7 @@ class Profile:
         check(self.partition_bytes > 0 and self.credit >= 1 and self.engine_threads >= 1,
               "partition_bytes, credit and engine_threads must be positive")
         check(self.link.bytes_per_s > 0 and self.link.alpha_s >= 0, f"link {self.link}: needs a positive rate")
+        check(self.message_s >= 0, f"message_s {self.message_s}: must be >= 0")
         for t in self.tensors:
             check(t.nbytes >= 0 and math.isfinite(t.ready_s) and t.ready_s >= 0,
                   f"tensor {t.name!r}: size {t.nbytes} and ready time {t.ready_s} must be non-negative")
@@ -91,8 +95,8 @@ class Profile:
         """The same model and machine in a job of another shape or link rate (for projections)."""
         link = self.link if bytes_per_s is None else Link(self.link.alpha_s, bytes_per_s)
         return Profile(workers or self.workers, servers or self.servers, self.tensors, self.backward_end_s,
-                       self.step_s, self.codecs, link, self.partition_bytes, self.credit, self.engine_threads,
-                       self.version, dict(self.notes))
+                       self.step_s, self.codecs, link, self.message_s, self.partition_bytes, self.credit,
+                       self.engine_threads, self.version, dict(self.notes))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -113,8 +117,8 @@ class Profile:
             tensors = tuple(TensorProfile(str(t["name"]), int(t["nbytes"]), float(t["ready_s"]), int(t["priority"]))
                             for t in d["tensors"])
             return cls(int(d["workers"]), int(d["servers"]), tensors, float(d["backward_end_s"]),
-                       float(d["step_s"]), codecs, Link(**d["link"]), int(d["partition_bytes"]), int(d["credit"]),
-                       int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})))
+                       float(d["step_s"]), codecs, Link(**d["link"]), float(d["message_s"]), int(d["partition_bytes"]),
+                       int(d["credit"]), int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})))
         except ProfileError:
             raise
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
@@ -146,14 +150,20 @@ def fit_linear(samples: list[tuple[float, float]]) -> LinearCost:
     return LinearCost(max(my - b * mx, 0.0), b)
 
 
-def fit_link(round_trips: list[tuple[int, float]], workers: int, server_add: LinearCost) -> Link:
+def fit_link(round_trips: list[tuple[int, float]], workers: int, server_add: LinearCost,
+             message_s: float = 0.0) -> Link:
     """The link that explains measured uncompressed push/pull round trips of one partition.
 
     Every worker pushes the same partition to one server at once: its link carries
     ``workers * b`` bytes in (the pushes) and out (the replies), and it sums ``workers``
-    pushes, so ``t(b) = 2 alpha + 2 workers b / rate + workers * add(b)``.
+    pushes, so ``t(b) = message_s + 2 alpha + 2 workers b / rate + workers * add(b)``.
     """
     fit = fit_linear([(float(b), t) for b, t in round_trips])
     per_byte = fit.per_byte_s - workers * server_add.per_byte_s
     check(per_byte > 0, f"push/pull round trips {round_trips} give no positive per-byte time")
-    return Link(alpha_s=fit.fixed_s / 2, bytes_per_s=2 * workers / per_byte)
+    return Link(alpha_s=max(fit.fixed_s - message_s, 0.0) / 2, bytes_per_s=2 * workers / per_byte)
+
+
+def fit_message(batches: list[tuple[int, float]]) -> float:
+    """Serial seconds per message from (k, seconds) of k tiny push/pulls in flight at once."""
+    return fit_linear([(float(k), t) for k, t in batches]).per_byte_s

@@ -7,8 +7,9 @@ an iteration, with every resource the way gradpress uses it:
   member is, plus the copy of its members into the group buffer (training thread);
 - the worker's communication thread is one serial resource: it compresses a partition
   before pushing it and decompresses a reply when it lands, replies first (as its loop
-  does); it takes ready partitions highest priority first, within the credit (pushes not
-  yet taken by a server);
+  does), and spends ``message_s`` per partition on the messages themselves; it takes
+  ready partitions highest priority first, within the credit (pushes not yet taken by a
+  server);
 - links: the worker's and each server's link carry ``alpha + bytes / rate`` per message and
   direction; a server's link carries every worker's copy of a push or reply;
 - a server sums a round's pushes and recompresses the aggregate on the engine thread its
@@ -75,7 +76,7 @@ class Layout:
             self.tables[2, o] = c.decompress.fixed_s + c.decompress.per_byte_s * b
             self.tables[3, o] = prof.workers * (c.add.fixed_s + c.add.per_byte_s * b) + self.tables[1, o]
         self.job = np.array([prof.workers, prof.servers, prof.engine_threads, prof.credit,
-                             prof.link.bytes_per_s, prof.link.alpha_s], np.float64)
+                             prof.link.bytes_per_s, prof.link.alpha_s, prof.message_s], np.float64)
         self._land = np.empty(len(sizes))
         self._group_land = np.empty(len(self.groups))
 

@@ -32,4 +32,5 @@ def synthetic_profile(n_tensors: int = 200, workers: int = 2, servers: int = 2,
         "topk": CodecCost(per_gbps(30, 0.8), per_gbps(20, 4), per_gbps(20, 4), 0.02),
         "randomk": CodecCost(per_gbps(20, 2), per_gbps(20, 4), per_gbps(20, 4), 0.01),
     }
-    return Profile(workers, servers, tuple(tensors), compute + 0.05, 0.01, codecs, Link(50e-6, bytes_per_s))
+    return Profile(workers, servers, tuple(tensors), compute + 0.05, 0.01, codecs, Link(50e-6, bytes_per_s),
+                   message_s=100e-6)

@@ -5,9 +5,14 @@ accumulated, so communication overlaps the rest of backward; ``step()`` waits fo
 them all, writes the averages into ``.grad`` and steps the wrapped optimizer.
 Parameters earlier in the model get higher priority: the next forward pass needs
 them first.
+
+Async mode (BYTEPS_ENABLE_ASYNC=1), as in BytePS: the servers hold the parameters,
+initialised from rank 0 when the optimizer is built; ``step()`` steps locally, pushes
+the change it made to each parameter and pulls the servers' current parameters.
 """
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 import torch
@@ -53,10 +58,47 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._gp_handles: dict[int, tuple[torch.Tensor, int, object]] = {}
         self._gp_should_sync = True
         self._gp_group = {id(p): group for group in self.param_groups for p in group["params"]}
+        self._gp_listener = None  # called with (p, handle, ctx) as each push_pull starts (CrossBarrier)
+        self._gp_async = ops.settings().enable_async
+        if self._gp_async:
+            if compression_params or compression_rules or compression is not Compression.none:
+                raise ValueError("BYTEPS_ENABLE_ASYNC=1: asynchronous training pushes uncompressed parameter "
+                                 "deltas; drop compression / compression_params / compression_rules")
+            self._gp_hooks = []
+            self._gp_async_init()
+            return
         self._gp_spec = self._gp_compression(compression_params, compression_rules)
+        self._gp_auto = self._gp_planner(compression_params, compression_rules)
         self._gp_hooks = [p.register_post_accumulate_grad_hook(self._gp_hook) for p in self._gp_params]
         for p in self._gp_params:
             ops.declare("Gradient." + self._gp_names[id(p)])
+
+    def _gp_async_init(self) -> None:
+        """Round 0 of every parameter's key: the servers' store becomes rank 0's values."""
+        root = ops.rank() == 0
+        handles = []
+        with torch.no_grad():
+            for p in self._gp_params:
+                if not root:
+                    p.zero_()
+                handles.append(ops.push_pull_async_inplace(p.data, average=False, priority=self._gp_priority[id(p)],
+                                                           name="AsyncParam." + self._gp_names[id(p)]))
+            for h in handles:
+                ops.synchronize(h)
+
+    def _gp_async_step(self, closure):
+        """Step locally, push each parameter's change, pull the servers' parameters."""
+        before = [p.detach().clone() for p in self._gp_params]
+        loss = self._gp_base.step(self, closure)
+        handles = []
+        with torch.no_grad():
+            for p, old in zip(self._gp_params, before):
+                p.sub_(old)  # the delta travels in the parameter's own memory and is replaced by the pull
+                handles.append(ops.push_pull_async_inplace(p.data, average=False, priority=self._gp_priority[id(p)],
+                                                           name="AsyncParam." + self._gp_names[id(p)]))
+            for h in handles:
+                ops.synchronize(h)
+        return loss
 
     def _gp_hook(self, p: torch.Tensor) -> None:
         key = id(p)
@@ -65,6 +107,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "before step(); raise backward_passes_per_step to accumulate locally")
         self._gp_delay[key] -= 1
         if self._gp_delay[key] == 0:
+            if self._gp_auto is not None and self._gp_auto.manages(p) and self._gp_auto.on_ready(p):
+                return  # the plan sends it, in its group
             self._gp_start(p)
 
     def _gp_compression(self, default, rules) -> dict:
@@ -86,30 +130,64 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             specs[id(p)] = spec
         return specs
 
+    def _gp_planned(self, p: torch.Tensor) -> bool:
+        """Whether ``p``'s gradient travels in the planner's fused groups now."""
+        return self._gp_auto is not None and self._gp_auto.plan is not None and self._gp_auto.manages(p)
+
+    def _gp_planner(self, default, rules):
+        """The planner for the gradients whose compression is ``auto`` (with their small ones:
+        the plan fuses those), or None. Until its plan exists they travel raw."""
+        policy = CompressionPolicy.for_job(ops.settings(), default, rules)
+        managed = [p for p in self._gp_params if p.dtype == torch.float32
+                   and (spec := policy.rule_for(self._gp_names[id(p)])) is not None and spec.is_auto]
+        if not managed:
+            return None
+        if self._compression is not Compression.none:
+            raise ValueError("compression_params 'auto' plans each gradient's compression itself; "
+                             "leave compression=Compression.none")
+        from .auto_plan import AutoPlanner
+        return AutoPlanner(managed, self._gp_names, self._gp_priority,
+                           {id(p): self._gp_group[id(p)]["lr"] for p in managed},
+                           next(spec for p in managed if (spec := policy.rule_for(self._gp_names[id(p)]))
+                                ).compression_params)
+
     def _gp_start(self, p: torch.Tensor) -> None:
         compressed, ctx = self._compression.compress(p.grad)
         spec = self._gp_spec[id(p)]
-        if spec is not None and not spec.accepts(str(compressed.dtype).replace("torch.", "")):
-            spec = None  # Compression.fp16 made it float16: it travels as such
+        if spec is not None and (spec.is_auto or not spec.accepts(str(compressed.dtype).replace("torch.", ""))):
+            spec = None  # Compression.fp16 made it float16 (it travels as such), or the planner profiles
         handle = ops.push_pull_async_inplace(compressed, average=True, name="Gradient." + self._gp_names[id(p)],
                                              priority=self._gp_priority[id(p)], compression_params=spec,
                                              lr=self._gp_group[id(p)]["lr"] if spec else None)
         self._gp_handles[id(p)] = (p, handle, ctx)
+        if self._gp_listener is not None:
+            self._gp_listener(p, handle, ctx)
+
+    def _gp_start_missing(self) -> None:
+        """Start the push_pulls backward did not reach: every worker must take part in each."""
+        for p in self._gp_params:
+            if id(p) not in self._gp_handles and not self._gp_planned(p):
+                if p.grad is None:  # unused in this backward
+                    p.grad = torch.zeros_like(p)
+                self._gp_start(p)
+
+    def _gp_finish(self, p: torch.Tensor, handle: int, ctx) -> None:
+        """Wait for one gradient's push_pull and write the average into ``p.grad``."""
+        result = self._compression.decompress(ops.synchronize(handle), ctx)
+        if result is not p.grad:
+            with torch.no_grad():
+                p.grad.copy_(result)
 
     def synchronize(self) -> None:
         """Finish every gradient's push_pull (starting those backward did not reach)."""
-        for p in self._gp_params:
-            if id(p) not in self._gp_handles:
-                if p.grad is None:  # unused in this backward: every worker must still take part
-                    p.grad = torch.zeros_like(p)
-                self._gp_start(p)
+        if self._gp_async:
+            return  # async: step() pushes parameter deltas, there are no gradient push_pulls
+        self._gp_start_missing()
         try:
+            if self._gp_auto is not None:
+                self._gp_auto.synchronize()
             for p, handle, ctx in self._gp_handles.values():
-                out = ops.synchronize(handle)
-                result = self._compression.decompress(out, ctx)
-                if result is not p.grad:
-                    with torch.no_grad():
-                        p.grad.copy_(result)
+                self._gp_finish(p, handle, ctx)
         finally:
             self._gp_handles.clear()
             for p in self._gp_params:
@@ -118,6 +196,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     @contextmanager
     def skip_synchronize(self):
         """Use after an explicit ``synchronize()``, so ``step()`` does not wait again."""
+        if self._gp_async:
+            raise AssertionError("skip_synchronize cannot be used in async training (BYTEPS_ENABLE_ASYNC=1)")
         self._gp_should_sync = False
         try:
             yield
@@ -125,9 +205,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._gp_should_sync = True
 
     def step(self, closure=None):
+        if self._gp_async:
+            return self._gp_async_step(closure)
         if self._gp_should_sync:
             self.synchronize()
-        return self._gp_base.step(self, closure)
+        if self._gp_auto is None:
+            return self._gp_base.step(self, closure)
+        start = time.perf_counter()
+        loss = self._gp_base.step(self, closure)
+        self._gp_auto.after_step(time.perf_counter() - start)
+        return loss
+
+    @property
+    def gradpress_plan(self):
+        """The compression plan in force (``compressor: auto``), or None."""
+        return self._gp_auto.plan if self._gp_auto is not None else None
 
     def zero_grad(self, set_to_none: bool = True):
         if self._gp_handles:

@@ -11,7 +11,8 @@ o = opt[group[p]]: ``ints[:, p]`` = group, priority, server, engine, and the par
 order of ready time (``ints[4]``); ``ready[p]`` (s); ``tables[:, o, p]`` = payload (bytes on
 the wire), compress and decompress time on the worker, and the server's work for the round
 (every push summed, the aggregate recompressed). ``job`` = workers, servers, engine
-threads, credit, link bytes/s, link latency (s). Workers are symmetric: a server's link
+threads, credit, link bytes/s, link latency (s), the communication thread's time per
+message (half when it sends a partition, half when it lands the reply). Workers are symmetric: a server's link
 carries every worker's copy.
 """
 import numpy as np
@@ -64,7 +65,7 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land):
     group, prio, server, engine, by_ready = ints[0], ints[1], ints[2], ints[3], ints[4]
     payload, comp, decomp, serve = tables[0], tables[1], tables[2], tables[3]
     workers, n_servers, n_engines, credit = job[0], int(job[1]), int(job[2]), job[3]
-    bytes_per_s, alpha_s = job[4], job[5]
+    bytes_per_s, alpha_s, half_message_s = job[4], job[5], job[6] / 2
     n = ready.shape[0]
     order = np.arange(n).astype(np.float64)   # ties in every heap go to the earlier partition
     neg_prio = -prio.astype(np.float64)
@@ -94,7 +95,7 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land):
         if n_replies > 0 and land_at[replies[0]] <= cpu:
             # replies first, as the communication thread drains them before dispatching
             p, n_replies = _pop(replies, n_replies, land_at, order)
-            cpu += decomp[opt[group[p]], p]
+            cpu += decomp[opt[group[p]], p] + half_message_s
             out_land[p] = cpu
             last = max(last, cpu)
             n_landed += 1
@@ -102,7 +103,7 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land):
         if n_waiting > 0 and n_flight < credit:
             p, n_waiting = _pop(waiting, n_waiting, neg_prio, order)
             o = opt[group[p]]
-            cpu += comp[o, p]
+            cpu += comp[o, p] + half_message_s
             b = payload[o, p]
             up_start = max(cpu, w_out)
             w_out = up_start + b / bytes_per_s

@@ -1,0 +1,103 @@
+"""What each compression option costs on this host: a short calibration, cached.
+
+Each option is timed at a few sizes on the real kernels, as a worker runs them (error
+feedback and encode; decode into the output) and as a server does (decode one push into
+the fp32 sum); a least-squares line through the medians gives its ``LinearCost``. The raw
+path ``none`` is timed as the worker's copy-and-divide of a reply and the server's sum.
+The result is cached per host, gradpress version and option (``~/.cache/gradpress``, or
+``GRADPRESS_CACHE_DIR``), so a second job on the host starts without recalibrating.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..compressors import build_compressor
+from ..kernels.cpu import server_sum
+from .profile import CodecCost, LinearCost, fit_linear
+
+SIZES = (1 << 14, 1 << 18, 1 << 20)   # elements: 64 KB, 1 MB, 4 MB of fp32
+REPEATS = 5
+
+
+def cache_path(name: str, params: dict[str, Any]) -> Path:
+    root = Path(os.environ.get("GRADPRESS_CACHE_DIR") or Path.home() / ".cache" / "gradpress")
+    digest = hashlib.sha256(json.dumps([name, params], sort_keys=True).encode()).hexdigest()[:16]
+    return root / f"codec-{socket.gethostname()}-{__version__}-{digest}.json"
+
+
+def codec_costs(options: dict[str, dict[str, Any]]) -> dict[str, CodecCost]:
+    """Costs of every option (and of the raw path ``none``), from the cache or measured now."""
+    out = {}
+    for name, params in {**options, "none": {"compressor": "none"}}.items():
+        path = cache_path(name, params)
+        try:
+            out[name] = _from_dict(json.loads(path.read_text()))
+            continue
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        out[name] = measure(params)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(_to_dict(out[name])))
+        except OSError:
+            pass  # a read-only home only costs the next job a calibration
+    return out
+
+
+def measure(params: dict[str, Any]) -> CodecCost:
+    raw = params.get("compressor", "none") == "none"
+    rng = np.random.default_rng(0)
+    comp, decomp, add, ratio = [], [], [], 1.0
+    for n in SIZES:
+        x = rng.standard_normal(n).astype(np.float32)
+        out, acc = np.empty_like(x), np.zeros_like(x)
+        nbytes = 4 * n
+        if raw:
+            decomp.append((nbytes, _median_s(lambda: np.divide(x, 2.0, out=out))))
+            add.append((nbytes, _median_s(lambda: server_sum.accumulate(acc, x, first=False))))
+            continue
+        worker, server = build_compressor(params, "worker"), build_compressor(params, "server")
+        state = {"round": 0}
+
+        def compress():
+            state["round"] += 1
+            return worker.compress(x, key=1, round=state["round"], lr=0.1)
+        comp.append((nbytes, _median_s(compress)))
+        header, buffers = compress()
+        frames = [bytes(memoryview(np.ascontiguousarray(b)).cast("B")) for b in buffers]
+        rnd = state["round"]
+        decomp.append((nbytes, _median_s(lambda: worker.decompress(header, frames, out, key=1, round=rnd))))
+        add.append((nbytes, _median_s(lambda: server.decompress_add(header, frames, acc, key=1, round=rnd))))
+        ratio = sum(len(f) for f in frames) / nbytes
+    zero = LinearCost(0.0, 0.0)
+    return CodecCost(zero if raw else fit_linear(comp), fit_linear(decomp), fit_linear(add), ratio)
+
+
+def _median_s(fn) -> float:
+    fn()  # first call: compiled kernels load, buffers fault in
+    times = []
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _to_dict(c: CodecCost) -> dict:
+    return {"compress": vars(c.compress), "decompress": vars(c.decompress), "add": vars(c.add),
+            "payload_ratio": c.payload_ratio}
+
+
+def _from_dict(d: dict) -> CodecCost:
+    return CodecCost(LinearCost(**d["compress"]), LinearCost(**d["decompress"]), LinearCost(**d["add"]),
+                     float(d["payload_ratio"]))

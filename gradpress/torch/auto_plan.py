@@ -1,0 +1,219 @@
+"""``compression_params={"compressor": "auto"}`` in DistributedOptimizer: profile, plan, apply.
+
+1. Profiling (the first ``GRADPRESS_PLAN_STEPS`` steps): gradients travel uncompressed, one
+   push_pull each, while the hooks record when each becomes ready.
+2. Planning (at a step boundary, every worker at once): a network probe (uncompressed
+   push_pulls of a few sizes, timed), the codecs' costs on this host (``planner/calibrate``),
+   rank 0's profile broadcast to every worker, and the same decision everywhere
+   (``planner/decide``). ``GRADPRESS_PLAN_FILE`` keeps rank 0's profile for ``gradpress-plan``.
+3. Planned: gradients travel in fused groups (``fusion.py``), each the way the plan says.
+   Every ``DRIFT_CHECK_STEPS`` steps the workers sum a drift flag; when measured iteration
+   times have left the prediction by more than 20% for several steps (the link changed),
+   they re-measure the network and re-plan together. Residuals of groups that stop
+   existing are handed to the next push of their members (the servers' through rank 0),
+   so no gradient is lost.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..compressors import auto
+from ..compressors.spec import CodecSpec
+from ..planner import calibrate
+from ..planner.decide import Plan, decide
+from ..planner.profile import Profile, TensorProfile, fit_link, fit_message
+from ..trace import now_us
+from . import ops
+from .fusion import FusedGroup
+
+log = logging.getLogger(__name__)
+PROBE_BYTES = (64 << 10, 512 << 10, 2 << 20)
+PROBE_BATCHES = (1, 8, 32)   # tiny push_pulls in flight at once: what one message costs
+PROBE_REPEATS = 3
+DRIFT = 0.2                 # relative distance from the prediction that counts as drift
+DRIFT_STEPS = 5             # ... for this many consecutive steps
+DRIFT_CHECK_STEPS = 10      # how often the workers agree on whether to re-plan
+
+
+class AutoPlanner:
+    def __init__(self, params: list[torch.Tensor], names: dict[int, str], priority: dict[int, int],
+                 lr_of: dict[int, float], compression_params: dict[str, Any]):
+        self.params = params
+        self.names = names
+        self.priority = priority
+        self.lr_of = lr_of
+        self.options = auto.options(compression_params)
+        self.settings = ops.settings()
+        self.plan: Plan | None = None
+        self.version = 0
+        self.groups: list[FusedGroup] = []
+        self.group_of: dict[int, FusedGroup] = {}
+        self.carry: dict[int, torch.Tensor] = {}
+        self.profile: Profile | None = None
+        self._steps = 0
+        self._iter_start = time.perf_counter()
+        self._backward_end = 0.0
+        self._ready: dict[int, list[float]] = {id(p): [] for p in params}
+        self._timeline: list[tuple[float, float]] = []   # (backward end, step) per profiled step
+        self._measured: list[float] = []
+
+    # ---- called by the optimizer ------------------------------------------------
+
+    def manages(self, p: torch.Tensor) -> bool:
+        return id(p) in self._ready
+
+    def on_ready(self, p: torch.Tensor) -> bool:
+        """A hook: ``p`` has its gradient. True when the plan sends it (else the caller does, raw)."""
+        if self.plan is None:
+            self._ready[id(p)].append(time.perf_counter() - self._iter_start)
+            return False
+        group = self.group_of[id(p)]
+        if group.mark_ready(p):
+            group.start(self.carry)
+        return True
+
+    def synchronize(self) -> None:
+        self._backward_end = time.perf_counter() - self._iter_start
+        for group in self.groups:
+            if group.handle is None:
+                group.start(self.carry)
+        for group in self.groups:
+            group.finish()
+
+    def after_step(self, step_s: float) -> None:
+        """At the end of every step: profile, plan, or watch for drift."""
+        self._steps += 1
+        elapsed = time.perf_counter() - self._iter_start
+        if self.plan is None:
+            if self._steps > 1:  # the first step compiles, allocates and declares
+                self._timeline.append((self._backward_end, step_s))
+            if self._steps >= max(2, self.settings.plan_steps):
+                self._make_plan()
+        else:
+            self._measured.append(elapsed)
+            if self._steps % DRIFT_CHECK_STEPS == 0 and self._drift_agreed():
+                self._replan()
+        self._iter_start = time.perf_counter()
+
+    # ---- planning ---------------------------------------------------------------------
+
+    def _make_plan(self) -> None:
+        round_trips, batches = self._probe()
+        if ops.rank() == 0:
+            costs = calibrate.codec_costs(self.options)
+            message_s = fit_message(batches)
+            link = fit_link(round_trips, ops.size(), costs["none"].add, message_s)
+            order = sorted(self.params, key=lambda p: (statistics.mean(self._ready[id(p)] or [0.0]),
+                                                         -self.priority[id(p)]))
+            tensors = tuple(TensorProfile(self.names[id(p)], 4 * p.numel(),
+                                          statistics.mean(self._ready[id(p)] or [0.0]), self.priority[id(p)])
+                            for p in order)
+            s = self.settings
+            profile = Profile(ops.size(), len(ops.client().book.servers), tensors,
+                              statistics.mean(b for b, _ in self._timeline),
+                              statistics.mean(t for _, t in self._timeline), costs, link, message_s,
+                              s.partition_bytes, s.scheduling_credit, s.server_engine_threads,
+                              notes={"profiled_steps": len(self._timeline), "round_trips": round_trips,
+                                     "batches": batches})
+            text = profile.to_json()
+            if s.plan_file:
+                with open(s.plan_file, "w") as fh:
+                    fh.write(text)
+        else:
+            text = None
+        from .broadcast import broadcast_object
+        self.profile = Profile.from_json(broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.version}"),
+                                         "rank 0's profile")
+        self._apply(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
+
+    def _probe(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+        """Median times of uncompressed push_pulls, every worker at once: one partition of a
+        few sizes (round trips), and batches of tiny ones in flight together (messages)."""
+        round_trips, batches = [], []
+        for nbytes in PROBE_BYTES:
+            nbytes = min(nbytes, self.settings.partition_bytes)
+            tensors = [torch.zeros(nbytes // 4)]
+            round_trips.append((nbytes, self._timed(tensors, f"PlanProbe.{self.version}.{nbytes}")))
+        for k in PROBE_BATCHES:
+            tensors = [torch.zeros(64) for _ in range(k)]
+            batches.append((k, self._timed(tensors, f"PlanProbe.{self.version}.batch{k}")))
+        return round_trips, batches
+
+    @staticmethod
+    def _timed(tensors: list[torch.Tensor], name: str) -> float:
+        times = []
+        for r in range(PROBE_REPEATS + 1):
+            t = time.perf_counter()
+            handles = [ops.push_pull_async_inplace(x, average=False, name=f"{name}.{i}") for i, x in enumerate(tensors)]
+            for h in handles:
+                ops.synchronize(h)
+            if r:  # the first declares the keys and sets the servers up
+                times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    def _apply(self, plan: Plan) -> None:
+        by_name = {self.names[id(p)]: p for p in self.params}
+        groups = []
+        for g, (members, option) in enumerate(zip(plan.groups, plan.options)):
+            params = [by_name[self.profile.tensors[i].name] for i in members]
+            spec = None if option == "none" else CodecSpec.from_params(self.options[option])
+            name = f"Plan{self.version}.{g}.{self.names[id(params[0])]}"
+            groups.append(FusedGroup(name, params, spec, max(self.priority[id(p)] for p in params), self.lr_of))
+        self.plan, self.groups = plan, groups
+        self.group_of = {id(p): grp for grp in groups for p in grp.members}
+        self._measured = []
+        log.info("gradpress plan %d (rank %d):\n%s", self.version, ops.rank(), plan.table(self.profile))
+        tracer = ops.client().tracer
+        now = now_us()
+        tracer.add(f"plan {self.version}: {len(groups)} groups, predicted {1e3 * plan.predicted_s:.1f} ms", now, now,
+                   key=-1, round=self._steps)
+
+    def _drift_agreed(self) -> bool:
+        recent = self._measured[-DRIFT_STEPS:]
+        predicted = self.plan.predicted_s
+        drifted = len(recent) == DRIFT_STEPS and all(abs(t / predicted - 1) > DRIFT for t in recent)
+        flag = torch.tensor([1.0 if drifted else 0.0])
+        ops.push_pull_inplace(flag, average=False, name="PlanDrift")
+        return float(flag[0]) > 0
+
+    def _replan(self) -> None:
+        log.info("gradpress: iteration times left the prediction (%.1f ms predicted, recent %s); re-planning",
+                 1e3 * self.plan.predicted_s, [round(1e3 * t, 1) for t in self._measured[-DRIFT_STEPS:]])
+        self._hand_over_residuals()
+        self.version += 1
+        round_trips, _ = self._probe()
+        text = None
+        if ops.rank() == 0:
+            link = fit_link(round_trips, ops.size(), self.profile.codecs["none"].add, self.profile.message_s)
+            text = self.profile.scaled(bytes_per_s=link.bytes_per_s).to_json()
+        from .broadcast import broadcast_object
+        self.profile = Profile.from_json(broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.version}"),
+                                         "rank 0's profile")
+        self._apply(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
+
+    def _hand_over_residuals(self) -> None:
+        """Each compressed group's error feedback goes into its members' next push."""
+        client = ops.client()
+        for group in self.groups:
+            if group.spec is None:
+                continue
+            parts = client.tensor(group.name).parts
+            flat = _flat_residual(client.compressor_state(group.name), parts)
+            if ops.rank() == 0:  # the servers' residual joins the sum once, through rank 0
+                server = client.server_state(group.name)
+                flat += _flat_residual({"residuals": {i: r for i, (r, _) in server.items() if r is not None}}, parts)
+            for pid, part in group.flat_to_members(torch.from_numpy(flat)).items():
+                self.carry[pid] = self.carry[pid] + part if pid in self.carry else part
+
+
+def _flat_residual(state: dict | None, parts: list[int]) -> np.ndarray:
+    """An error-feedback state's residuals laid out like the tensor (zeros where a partition has none)."""
+    residuals = (state or {}).get("residuals") or {}
+    return np.concatenate([np.asarray(residuals[i], np.float32) if i in residuals else np.zeros(n, np.float32)
+                           for i, n in enumerate(parts)])

@@ -1,0 +1,81 @@
+"""A plan applied to gradients: fused groups, each pushed and pulled as one tensor.
+
+A group's members are consecutive in backward order (MergeComp): when the last of them
+has its gradient, the gradients are copied into the group's flat buffer and the buffer
+is push_pulled once, compressed as the plan says; ``finish`` copies the average back.
+A group of one pushes its gradient in place, with no copy. A member's ``carry`` (error
+feedback handed over from a previous plan) is added to its gradient before it travels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..compressors.spec import CodecSpec
+from . import ops
+
+
+@dataclass
+class FusedGroup:
+    name: str
+    members: list[torch.Tensor]          # parameters, in backward order
+    spec: CodecSpec | None
+    priority: int
+    lr_of: dict[int, float]              # id(param) -> its param group's learning rate (read at start)
+    ready: set[int] = field(default_factory=set)
+    handle: int | None = None
+    buffer: torch.Tensor | None = None
+
+    @property
+    def fused(self) -> bool:
+        return len(self.members) > 1
+
+    def mark_ready(self, p: torch.Tensor) -> bool:
+        """Record that ``p`` has its gradient; True when the whole group has."""
+        self.ready.add(id(p))
+        return len(self.ready) == len(self.members)
+
+    def start(self, carry: dict[int, torch.Tensor]) -> None:
+        for p in self.members:
+            if p.grad is None:  # unused in this backward: every worker must still take part
+                p.grad = torch.zeros_like(p)
+            extra = carry.pop(id(p), None)
+            if extra is not None:
+                p.grad.add_(extra.view_as(p.grad))
+        lr = self.lr_of[id(self.members[0])] if self.spec is not None else None
+        if not self.fused:
+            tensor = self.members[0].grad
+        else:
+            if self.buffer is None:
+                self.buffer = torch.empty(sum(p.numel() for p in self.members), dtype=torch.float32)
+            offset = 0
+            with torch.no_grad():
+                for p in self.members:
+                    n = p.numel()
+                    self.buffer[offset:offset + n].copy_(p.grad.reshape(-1))
+                    offset += n
+            tensor = self.buffer
+        self.handle = ops.push_pull_async_inplace(tensor, average=True, name=self.name, priority=self.priority,
+                                                  compression_params=self.spec, lr=lr)
+
+    def finish(self) -> None:
+        """Wait for the group's push_pull and put the averages into the members' gradients."""
+        handle, self.handle = self.handle, None
+        self.ready.clear()
+        out = ops.synchronize(handle)
+        if self.fused:
+            offset = 0
+            with torch.no_grad():
+                for p in self.members:
+                    n = p.numel()
+                    p.grad.copy_(out[offset:offset + n].view_as(p.grad))
+                    offset += n
+
+    def flat_to_members(self, flat: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Split a tensor laid out like the group's buffer into its members' parts."""
+        parts, offset = {}, 0
+        for p in self.members:
+            parts[id(p)] = flat[offset:offset + p.numel()].clone()
+            offset += p.numel()
+        return parts

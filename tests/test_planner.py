@@ -1,0 +1,178 @@
+"""gradpress/planner: the timeline simulator against answers worked out by hand, the
+decision on profiles whose right answer is known, profiles and plan files, gradpress-plan."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gradpress.planner.decide import decide, group_by_threshold
+from gradpress.planner.profile import (CodecCost, LinearCost, Link, Profile, ProfileError, TensorProfile,
+                                       fit_linear, fit_link, fit_message)
+from gradpress.planner.simulate import predict
+from gradpress.planner.synthetic import synthetic_profile
+
+MB = 1 << 20
+ZERO = LinearCost(0.0, 0.0)
+RAW = CodecCost(ZERO, LinearCost(0.0, 1e-10), LinearCost(0.0, 2e-10), 1.0)  # copy 10 GB/s, sum 5 GB/s
+
+
+def profile(tensors, workers=1, servers=1, rate=100e6, alpha=1e-4, backward=0.1, step=0.01, codecs=None,
+            credit=8, message=0.0) -> Profile:
+    return Profile(workers, servers, tuple(TensorProfile(f"t{i}", b, r, -i) for i, (b, r) in enumerate(tensors)),
+                   backward, step, codecs or {"none": RAW}, Link(alpha, rate), message, partition_bytes=4 * MB,
+                   credit=credit)
+
+
+def test_one_tensor_by_hand():
+    b, rate, alpha, w = MB, 100e6, 1e-4, 1
+    prof = profile([(b, 0.1)], workers=w, rate=rate, alpha=alpha)
+    arrive = 0.1 + b / rate + alpha                    # up the worker's link (the server's in step)
+    done = arrive + w * 2e-10 * b                       # the server sums the push
+    land = done + w * b / rate + alpha                  # down the server's and the worker's links
+    want = land + 1e-10 * b + 0.01                      # the worker copies the reply out, then steps
+    assert predict(prof, [(0,)], ["none"]) == pytest.approx(want, rel=1e-12)
+
+
+def test_two_tensors_overlap_with_backward():
+    # the first gradient's round trip (about 21 ms) hides behind the 50 ms of backward left
+    prof = profile([(MB, 0.05), (MB, 0.1)])
+    alone = predict(profile([(MB, 0.1)]), [(0,)], ["none"])
+    assert predict(prof, [(0,), (1,)], ["none", "none"]) == pytest.approx(alone, rel=1e-12)
+    # fused, the pair waits for the second and travels as 2 MB plus the copies in and out
+    fused = predict(prof, [(0, 1)], ["none"])
+    copy = 1e-10 * 2 * MB
+    b, rate, alpha = 2 * MB, 100e6, 1e-4
+    land = 0.1 + copy + b / rate + alpha + 2e-10 * b + b / rate + alpha
+    assert fused == pytest.approx(land + 1e-10 * b + copy + 0.01, rel=1e-12)
+
+
+def test_a_server_that_is_the_bottleneck():
+    # 4 workers on one server: its link carries 4 copies of every push and every reply
+    b, rate, alpha = MB, 100e6, 0.0
+    prof = profile([(b, 0.1)], workers=4, rate=rate, alpha=alpha)
+    arrive = 0.1 + 4 * b / rate
+    done = arrive + 4 * 2e-10 * b
+    land = done + 4 * b / rate
+    assert predict(prof, [(0,)], ["none"]) == pytest.approx(land + 1e-10 * b + 0.01, rel=1e-12)
+    # two servers share the load: two tensors, one each, in parallel
+    two = profile([(b, 0.1), (b, 0.1)], workers=4, servers=2, rate=rate, alpha=alpha)
+    one = profile([(b, 0.1), (b, 0.1)], workers=4, servers=1, rate=rate, alpha=alpha)
+    assert predict(two, [(0,), (1,)], ["none"] * 2) < predict(one, [(0,), (1,)], ["none"] * 2)
+
+
+def test_credit_holds_pushes_back():
+    tensors = [(MB, 0.1)] * 4
+    free = predict(profile(tensors, credit=8, servers=4), [(i,) for i in range(4)], ["none"] * 4)
+    one = predict(profile(tensors, credit=1, servers=4), [(i,) for i in range(4)], ["none"] * 4)
+    assert one > free
+
+
+SLOW_CODEC = CodecCost(LinearCost(0, 1 / 0.5e9), LinearCost(0, 1 / 2e9), LinearCost(0, 1 / 2e9), 1 / 32)
+
+
+def test_no_compression_where_it_costs_more_than_it_saves():
+    # 10 GB/s links: 64 MB of gradients take 6.4 ms raw, 128 ms to compress at 0.5 GB/s
+    prof = profile([(16 * MB, 0.02 * (i + 1)) for i in range(4)], rate=10e9, backward=0.1,
+                   codecs={"none": RAW, "onebit": SLOW_CODEC})
+    plan = decide(prof, ["none", "onebit"])
+    assert set(plan.options) == {"none"}, plan.options
+
+
+def test_a_codec_where_the_link_is_slow():
+    # 10 MB/s: 64 MB raw take 6.4 s each way; onebit sends 2 MB
+    prof = profile([(16 * MB, 0.02 * (i + 1)) for i in range(4)], rate=10e6, backward=0.1,
+                   codecs={"none": RAW, "onebit": SLOW_CODEC})
+    plan = decide(prof, ["none", "onebit"])
+    assert set(plan.options) == {"onebit"}, plan.options
+    assert plan.predicted_s < predict(prof, [(i,) for i in range(4)], ["none"] * 4) / 5
+
+
+def test_a_message_costs_the_communication_thread():
+    one = predict(profile([(MB, 0.1)]), [(0,)], ["none"])
+    assert predict(profile([(MB, 0.1)], message=1e-3), [(0,)], ["none"]) == pytest.approx(one + 1e-3, rel=1e-12)
+
+
+def test_small_tensors_are_fused_when_messages_dominate():
+    # 100 tensors of 4 KB ready in the last 10 ms, 0.5 ms of CPU per message: 50 ms apart
+    prof = profile([(4096, 0.09 + 1e-4 * i) for i in range(100)], rate=1e9, backward=0.1, message=5e-4)
+    plan = decide(prof, ["none"])
+    assert len(plan.groups) < 10, plan.groups
+    assert sorted(i for g in plan.groups for i in g) == list(range(100))  # every tensor, once, in order
+
+
+def test_group_boundaries_keep_backward_order():
+    prof = synthetic_profile(50)
+    for threshold in (0, 64 << 10, 1 << 20):
+        groups = group_by_threshold(prof, threshold)
+        assert [i for g in groups for i in g] == list(range(50))
+
+
+def test_the_decision_is_a_pure_function_of_the_profile():
+    prof = synthetic_profile(120, bytes_per_s=30e6)
+    again = Profile.from_json(prof.to_json())
+    a, b = decide(prof, sorted(prof.codecs)), decide(again, sorted(again.codecs))
+    assert (a.groups, a.options, a.predicted_s) == (b.groups, b.options, b.predicted_s)
+
+
+def test_unknown_or_no_options_are_refused():
+    prof = synthetic_profile(10)
+    with pytest.raises(ValueError, match=r"options \['gzip'\] have no measured costs"):
+        decide(prof, ["none", "gzip"])
+    with pytest.raises(ValueError, match="at least one option"):
+        decide(prof, [])
+
+
+def test_fits():
+    assert fit_linear([(0, 1.0), (10, 3.0), (20, 5.0)]) == LinearCost(1.0, 0.2)
+    m = 2e-4
+    link = fit_link([(b, m + 2 * 1e-4 + 2 * 2 * b / 1e8) for b in (1e5, 1e6, 4e6)], workers=2, server_add=ZERO,
+                    message_s=m)
+    assert link.alpha_s == pytest.approx(1e-4) and link.bytes_per_s == pytest.approx(1e8)
+    assert fit_message([(1, 1e-3 + m), (8, 1e-3 + 8 * m), (32, 1e-3 + 32 * m)]) == pytest.approx(m)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("not json", "not a gradpress profile"),
+    ("[]", "expected a JSON object"),
+    ('{"version": 99}', "profile version 99"),
+    ('{"version": 1, "workers": 2}', "not a gradpress profile.*KeyError"),
+])
+def test_a_corrupt_profile_is_named(text, match):
+    with pytest.raises(ProfileError, match=match):
+        Profile.from_json(text, "plan file x.json")
+
+
+def test_profile_checks_its_values():
+    good = json.loads(synthetic_profile(5).to_json())
+    good["link"]["bytes_per_s"] = -1
+    with pytest.raises(ProfileError, match="needs a positive rate"):
+        Profile.from_json(json.dumps(good))
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "gradpress.planner.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_gradpress_plan_prints_the_plan_and_projects_it(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(synthetic_profile(40, bytes_per_s=12.5e6).to_json())
+    out = run_cli(str(path))
+    assert out.returncode == 0, out.stderr
+    assert "predicted iteration:" in out.stdout and "t39" in out.stdout
+    out = run_cli(str(path), "--sweep-workers", "8,64", "--sweep-bandwidth", "1gbit,100gbit", "--json")
+    rows = json.loads(out.stdout)
+    assert [(r["workers"], r["gbit_per_s"]) for r in rows] == [(8, 1), (64, 1), (8, 100), (64, 100)]
+    assert rows[2]["predicted_s"] <= rows[0]["predicted_s"]  # a faster link is never slower
+
+
+def test_gradpress_plan_refuses_a_corrupt_file(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text("{ truncated")
+    out = run_cli(str(path))
+    assert out.returncode == 2 and "not a gradpress profile" in out.stderr
+    out = run_cli(str(tmp_path / "missing.json"))
+    assert out.returncode == 2 and "No such file" in out.stderr
