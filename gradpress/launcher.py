@@ -145,6 +145,7 @@ class ProcessGroup:
 
     def __init__(self, log_dir: str | None = None):
         self.procs: dict[str, subprocess.Popen] = {}
+        self.envs: dict[str, dict] = {}
         self.readers: list[threading.Thread] = []
         self.log_dir = log_dir
         self._print = threading.Lock()
@@ -157,6 +158,7 @@ class ProcessGroup:
         return os.path.join(self.log_dir or "", f"{name.replace(' ', '_')}.log")
 
     def start(self, name: str, cmd: list[str], env: dict, prefix: bool = True) -> None:
+        self.envs[name] = env
         if self.log_dir is not None:
             with open(self.log_path(name), "wb") as log:  # the child keeps its own descriptor
                 self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -184,8 +186,7 @@ class ProcessGroup:
                     code = proc.poll()
                     if code not in (None, 0):
                         self._say(f"{name} exited with code {code}; stopping the job")
-                        self.stop()
-                        return 1
+                        return self._fail(name, proc, code)
                 if all(self.procs[n].poll() == 0 for n in essential):
                     break
                 time.sleep(0.1)
@@ -207,6 +208,34 @@ class ProcessGroup:
             for t in self.readers:
                 t.join(timeout=2)
 
+    def _fail(self, name: str, proc: subprocess.Popen, code: int) -> int:
+        """``name`` exited with ``code``: report a worker's failure to the scheduler, give the
+        others PS_HEARTBEAT_TIMEOUT to stop by themselves (each saying why; the scheduler
+        lingers after a failure and is not waited for), then stop what is left.
+
+        Returns:
+            the exit code of the first worker seen failing (of ``name`` if no worker failed),
+            a signal as 128 + its number, as shells say.
+        """
+        first = [(name, code)]
+        try:
+            grace_s = Settings.load(self.envs.get(name, os.environ)).heartbeat_timeout_s
+        except ValueError:
+            grace_s = STOP_GRACE_S
+        if name.startswith("worker") and name in self.envs:
+            _report_worker_exit(proc, self.envs[name], code)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(
+                p.poll() is None for n, p in self.procs.items() if n != "scheduler"):
+            time.sleep(0.05)
+        for other, p in self.procs.items():
+            if other != name and p.poll() not in (None, 0):
+                self._say(f"{other} exited with code {p.returncode}")
+                first.append((other, p.returncode))
+        self.stop()
+        culprit = next((c for n, c in first if n.startswith("worker")), code)
+        return culprit if culprit > 0 else 128 - culprit
+
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
@@ -222,6 +251,19 @@ class ProcessGroup:
     def _say(self, text: str) -> None:
         with self._print:
             print(f"gradpress-launch: {text}", file=sys.stderr, flush=True)
+
+
+def _report_worker_exit(proc: subprocess.Popen, env: dict, code: int) -> None:
+    """Tell the job's scheduler that this worker process exited with ``code`` (ABORT), so
+    that every other node stops at once, naming it (a no-op if the worker said so itself)."""
+    from .worker.abort import report_failure  # here: the worker package is heavy for a launcher to import
+    try:
+        settings = Settings.load(env)
+    except ValueError:
+        return
+    how = f"exited with code {code}" if code > 0 else f"was killed by signal {-code}"
+    report_failure(settings, "launcher", how, pid=proc.pid, worker_id=settings.worker_id,
+                   local_rank=settings.local_rank, wait_s=min(2.0, settings.heartbeat_timeout_s))
 
 
 def _wait_for_port(path: str, group: ProcessGroup, timeout_s: float = 60.0) -> int:

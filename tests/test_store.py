@@ -111,16 +111,27 @@ def test_float64_keeps_its_precision():
     assert r[0].buffers[0][0] == 1.0 + 1e-12
 
 
-def test_async_mode_adds_at_once_and_pulls_read_the_store():
+def test_async_mode_round_0_initialises_the_store_then_pushes_add_at_once_and_pulls_read_it():
     k = key(workers=2, async_mode=True)
-    assert k.push(A, 0, arr(1)) == []
-    assert np.all(k.pull(A, 0)[0].buffers[0] == 1)
-    k.push(A, 1, arr(1))
-    k.push(B, 0, arr(3))
-    snapshot = k.pull(B, 0)[0].buffers[0]
-    assert np.all(snapshot == 5)
-    k.push(B, 1, arr(1))
-    assert np.all(snapshot == 5), "a pulled snapshot must not change under later pushes"
+    assert k.push(A, 0, arr(10)) == []           # rank 0's initial parameters
+    assert k.pull(A, 0) == []                    # round 0 waits for every worker
+    k.push(B, 1, arr(100))                       # B races ahead: held until round 0 completes
+    replies = k.push(B, 0, arr(0))               # the others push zeros
+    assert [r.to for r in replies] == [A] and np.all(replies[0].buffers[0] == 10), \
+        "round 0 answers with the initial parameters, before any delta"
+    assert np.all(k.pull(B, 1)[0].buffers[0] == 110), "B's early delta was added after the initialisation"
+    k.push(A, 1, arr(-1))
+    snapshot = k.pull(A, 1)[0].buffers[0]
+    assert np.all(snapshot == 109) and k.pull(A, 1)[0].fields["round"] == 1
+    k.push(A, 7, arr(-2))                        # any round: a delta is a delta
+    assert np.all(k.pull(B, 3)[0].buffers[0] == 107)
+    assert np.all(snapshot == 109), "a pulled snapshot must not change under later pushes"
+
+
+def test_async_mode_refuses_compressed_keys():
+    with pytest.raises(PushError, match="BYTEPS_ENABLE_ASYNC"):
+        KeyState(key=5, name="w", count=64, dtype="float32", num_workers=2, async_mode=True,
+                 compression_params={"compressor": "onebit"})
 
 
 def test_compressed_key_sums_decoded_pushes_and_refuses_malformed_payloads_intact():

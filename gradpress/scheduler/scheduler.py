@@ -4,6 +4,8 @@ It waits for every worker and server to register, assigns ranks and sends the
 address book; then it serves barriers and tensor declarations, exchanges
 heartbeats with every node, announces a lost node to everyone (and ends the job:
 there is no recovery yet), and ends the job in order once every worker finished.
+A worker that fails (or its launcher) sends ABORT with its first error line: the
+others hear at once which worker failed and why, instead of at a heartbeat timeout.
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ class Scheduler:
         self._last_beat = 0.0
         self._started = time.monotonic()
         self.exit_code: int | None = None
+        self._failure = ""          # why the job failed (answered to late registrations)
+        self._linger_until = 0.0    # after a failure, keep answering until then
         if settings.port_file:
             tmp = settings.port_file + ".tmp"
             with open(tmp, "w") as fh:
@@ -71,9 +75,11 @@ class Scheduler:
     def run(self) -> int:
         """Serve until the job ends. Returns the process exit code."""
         try:
-            while self.exit_code is None:
+            while self.exit_code is None or time.monotonic() < self._linger_until:
                 if self.sock.poll(self.s.heartbeat_interval_s * 1000 / 2):
                     self._drain()
+                if self.exit_code is not None:
+                    continue  # a worker failed: only late arrivals are answered now
                 self._purge()
                 self._send_heartbeats()
                 self.health.beat()
@@ -99,8 +105,15 @@ class Scheduler:
 
     def _dispatch(self, identity: bytes, member: Member | None, h: dict) -> None:
         op = h["op"]
-        if op == Op.REGISTER:
+        if self.exit_code is not None:  # the job failed: late arrivals learn why instead of waiting
+            if op == Op.REGISTER:
+                self._refuse(identity, h, self._failure)
+            elif op == Op.ABORT:  # a second report (the launcher's, after the worker's own): acknowledge it
+                self._send_each([identity], Op.SHUTDOWN, reason=self._failure or "the job already ended")
+        elif op == Op.REGISTER:
             self._register(identity, h)
+        elif op == Op.ABORT:  # also from a launcher, or from a worker that failed before registering
+            self._abort(identity, member, h)
         elif op == Op.HEARTBEAT and member is not None:
             pass  # liveness was refreshed on receipt
         elif member is None or not self.registered:
@@ -222,6 +235,37 @@ class Scheduler:
                 self._send_each(others, Op.NODE_LOST, role=m.role, rank=m.rank, reason=reason)
                 self.exit_code = 1
                 return
+
+    def _abort(self, identity: bytes, sender: Member | None, h: dict) -> None:
+        """A worker failed: tell everyone else who and why, and end the job with an error.
+
+        The sender is the failed worker itself (registered or not), or its launcher, which
+        names the worker by pid, DMLC_WORKER_ID and local rank.
+        """
+        failed = sender if sender is not None and sender.role == "worker" and "pid" not in h else None
+        if failed is None and "pid" in h:
+            failed = next((m for m in self.members.values() if m.role == "worker" and m.pid == h["pid"]), None)
+        if failed is None and h.get("worker_id", -1) >= 0:
+            slot = (h["worker_id"], h.get("local_rank", 0))
+            failed = next((m for m in self.members.values()
+                           if m.role == "worker" and (m.worker_id, m.local_rank) == slot), None)
+        if failed is not None and failed.rank >= 0:
+            rank = failed.rank
+        elif h.get("worker_id", -1) >= 0:
+            rank = h["worker_id"] * (failed.local_size if failed else 1) + h.get("local_rank", 0)
+        else:
+            rank = -1
+        name = transport.node_name("worker", rank) if rank >= 0 else f"worker (pid {h.get('pid', '?')})"
+        reason = f"failed: {h['reason']}"
+        log.error("%s %s", name, reason)
+        self._failure = f"the job failed: {name} {reason}"
+        others = [m.identity for m in self.members.values() if m is not failed and m.identity != identity]
+        self._send_each(others, Op.NODE_LOST, role="worker", rank=rank, reason=reason)
+        self._send_each([identity], Op.SHUTDOWN, reason=self._failure)  # the sender's acknowledgement
+        if failed is not None and failed.identity != identity:
+            self._send_each([failed.identity], Op.SHUTDOWN, reason=self._failure)
+        self.exit_code = 1
+        self._linger_until = time.monotonic() + self.s.heartbeat_timeout_s
 
     def _missing_summary(self) -> str:
         workers = sum(m.role == "worker" for m in self.members.values())

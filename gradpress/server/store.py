@@ -4,8 +4,13 @@ Sync mode, per key: the first push of round r is stored into the accumulator,
 later ones are added; once all workers have pushed, round r is complete, its
 result is kept as the reply and every pull waiting for r is answered. A pull that
 arrives early waits; a push for round r+1 that arrives before r completes is
-held aside and applied after, so rounds never mix. Async mode: a push is added
-into the store at once and a pull reads the store as it is.
+held aside and applied after, so rounds never mix.
+
+Async mode (BYTEPS_ENABLE_ASYNC=1), as BytePS defines it: the key holds parameters.
+Round 0 is synchronous and initialises them (rank 0 pushes its values, the others
+zeros, every pull of round 0 waits for the sum); after it, a push (a worker's
+parameter delta) is added into the store at once and a pull reads the store as it
+is, whatever round the worker is at. Compressed keys are refused in async mode.
 
 A compressed key decompresses every push into the fp32 sum and, once the round
 is complete, compresses the sum with the server's own error feedback
@@ -68,6 +73,8 @@ class KeyState:
             self.sink = FrameSink(self.key, self.count, self.dtype)
         self.acc = self.sink.accumulator(self.round)
         self.compressor = None
+        if self.async_mode and self.compression_params is not None:
+            raise PushError(f"{self.describe()}: compressed keys are not supported with BYTEPS_ENABLE_ASYNC=1")
         if self.compression_params is not None:
             try:  # untrusted input: checked here, once, like the policy checks a user's dict
                 spec = CodecSpec.from_params(self.compression_params, "INIT_KEY compression_params")
@@ -135,7 +142,7 @@ class KeyState:
         return np.frombuffer(bufs[0], dtype=self.dtype)
 
     def push(self, sender: bytes, rnd: int, values: np.ndarray | Payload, lr: float | None = None) -> list[Reply]:
-        if self.async_mode:
+        if self.async_mode and self.done_round >= 0:  # initialised: add the delta at once
             self._absorb(values, rnd, first=False)
             return []
         if rnd == self.round:
@@ -156,7 +163,7 @@ class KeyState:
         raise PushError(f"{self.describe()}: push for round {rnd}, but the key is at round {self.round}")
 
     def pull(self, sender: bytes, rnd: int) -> list[Reply]:
-        if self.async_mode:
+        if self.async_mode and self.done_round >= 0:
             return [self.sink.snapshot(sender, rnd, self.acc)]
         if rnd == self.done_round:
             return [self._reply(sender, rnd)]
@@ -181,12 +188,13 @@ class KeyState:
 
     def _complete(self) -> list[Reply]:
         self.failure = ""
+        store = self.acc.copy() if self.async_mode else None  # the initial parameters stay the store
         if self.compressor is not None:
             self._compress_aggregate()
         else:
             self.sink.publish(self.round, self.acc)
         self.done_round, self.round = self.round, self.round + 1
-        self.acc = self.sink.accumulator(self.round)
+        self.acc = self.sink.accumulator(self.round) if store is None else store
         self.pushed = set()
         replies = [self._reply(s, self.done_round) for s in self.waiting]
         self.waiting = []

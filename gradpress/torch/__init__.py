@@ -1,13 +1,16 @@
 """The byteps.torch API: change ``import byteps.torch as bps`` to ``import gradpress.torch as bps``."""
+from .allgather import allgather, allgather_object
 from .broadcast import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression
+from .elastic import resume, suspend
 from .ops import (declare, init, local_rank, local_size, poll, push_pull, push_pull_async,
                   push_pull_async_inplace, push_pull_inplace, rank, shutdown, size, synchronize)
+from .ops import push_pull_async_inplace as byteps_push_pull
 from .onebit_adam import OneBitAdam
 from .optimizer import DistributedOptimizer
 from .zero_one_adam import ZeroOneAdam
 
-__all__ = ["init", "shutdown", "rank", "size", "local_rank", "local_size", "declare",
-           "push_pull", "push_pull_async", "push_pull_inplace", "push_pull_async_inplace",
-           "poll", "synchronize", "DistributedOptimizer", "OneBitAdam", "ZeroOneAdam", "Compression",
-           "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object"]
+__all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank", "local_size", "declare",
+           "push_pull", "push_pull_async", "push_pull_inplace", "push_pull_async_inplace", "byteps_push_pull",
+           "poll", "synchronize", "allgather", "allgather_object", "DistributedOptimizer", "OneBitAdam", "ZeroOneAdam",
+           "Compression", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object"]

@@ -1,12 +1,14 @@
-"""Broadcasts: parameters, optimizer state and plain objects from one root worker.
+"""Broadcasts: parameters, optimizer state and objects from one root worker.
 
 A broadcast is a push_pull in which every worker but the root contributes zeros,
-as in BytePS. Objects are serialised with msgpack (plus tuples, numpy arrays and
-tensors), never pickle: a value of another type is refused with a TypeError.
+as in BytePS. ``broadcast_object`` takes any picklable object, as BytePS does; the
+bytes come only from the job's own push_pulls and are size-limited (objects.py). The
+optimizer state's own layout travels as msgpack (plain values, tuples, arrays), so
+the library itself never unpickles anything.
 """
 from __future__ import annotations
 
-import collections
+import pickle
 from typing import Any
 
 import msgpack
@@ -14,8 +16,8 @@ import numpy as np
 import torch
 
 from . import ops
+from .objects import MAX_OBJECT_BYTES, broadcast_bytes
 
-_calls = collections.Counter()
 _EXT_TUPLE, _EXT_NDARRAY, _EXT_TENSOR = 1, 2, 3
 
 
@@ -44,23 +46,22 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
             ops.synchronize(h)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
-    """Every worker gets the root's ``obj`` (msgpack-able values, tuples, arrays, tensors)."""
-    name = name or "broadcast_object"
-    call = _calls[name]
-    _calls[name] += 1
-    base = f"Object.{name}.{call}"
-    payload = _pack(obj) if ops.rank() == root_rank else b""
-    length = torch.tensor([float(len(payload))], dtype=torch.float64)
-    ops.push_pull_inplace(length if ops.rank() == root_rank else length.zero_(), average=False,
-                          name=base + ".length")
-    n = int(length.item())
-    # bytes travel as float16 integers 0..255: exact, and the zeros of the others add nothing
-    data = torch.zeros(n, dtype=torch.float16)
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     max_bytes: int = MAX_OBJECT_BYTES) -> Any:
+    """Every worker gets the root's ``obj`` (any picklable object; the others pass anything).
+
+    Raises:
+        ObjectError: on every worker, when the root's object does not pickle or pickles
+            to more than ``max_bytes`` (the root's reason is in the message).
+    """
+    payload, error = None, None
     if ops.rank() == root_rank:
-        data.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
-    ops.push_pull_inplace(data, average=False, name=base + ".data")
-    return _unpack(data.to(torch.uint8).numpy().tobytes())
+        try:
+            payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 - pickling raises many types; all end the same way
+            error = f"{type(obj).__name__} does not pickle: {type(e).__name__}: {e}"
+    data = broadcast_bytes(payload, error, root_rank, name or "broadcast_object", max_bytes)
+    return pickle.loads(data)
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
@@ -81,7 +82,13 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                                       if torch.is_tensor(v) else ["value", v])
                                   for k, v in st.items()}
                             for pid, st in sd["state"].items()}}
-    layout = broadcast_object(layout, root_rank, name=prefix + "optimizer_layout")
+    packed, error = None, None
+    if is_root:
+        try:
+            packed = _pack(layout)
+        except TypeError as e:  # every worker fails with it, not only the root
+            error = str(e)
+    layout = _unpack(broadcast_bytes(packed, error, root_rank, prefix + "optimizer_layout"))
     state = {}
     handles = []
     for pid, entries in sorted(layout["state"].items()):
@@ -109,7 +116,7 @@ def _pack(obj: Any) -> bytes:
         if torch.is_tensor(o):
             a = o.detach().cpu().numpy()
             return msgpack.ExtType(_EXT_TENSOR, _pack([a.dtype.str, list(a.shape), a.tobytes()]))
-        raise TypeError(f"broadcast_object cannot send a {type(o).__name__}; it sends None, bool, int, "
+        raise TypeError(f"the optimizer state holds a {type(o).__name__}; it may hold None, bool, int, "
                         f"float, str, bytes, lists, tuples, dicts, numpy arrays and tensors")
     return msgpack.packb(obj, default=default, use_bin_type=True, strict_types=True)
 

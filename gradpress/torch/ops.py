@@ -22,6 +22,7 @@ from ..config import Settings
 from ..errors import JobError
 from ..worker import WorkerClient
 from ..worker.future import Future
+from . import failures, modes
 from .compression import Compression
 
 _WIRE = {torch.float16: torch.float16, torch.float32: torch.float32, torch.float64: torch.float64,
@@ -33,6 +34,8 @@ _lock = threading.Lock()
 _handles: dict[int, "_Pending"] = {}
 _handle_ids = itertools.count(1)
 _noname = itertools.count()
+_epoch = 0  # how many jobs this process joined (resume() joins another): per-job counters key on it
+_atexit_registered = False
 
 
 @dataclass
@@ -48,8 +51,12 @@ def init(lazy: bool = True) -> None:
     Settings come from the environment (``DMLC_*``, ``BYTEPS_*``, ``GRADPRESS_*``) and
     the job file named by ``GRADPRESS_CONFIG``. ``lazy`` is accepted for BytePS
     compatibility; gradpress always connects at once.
+
+    Raises:
+        ValueError: a setting is wrong, or asks for a BytePS mode gradpress does not
+            implement (named). The scheduler hears of it, so the other workers stop too.
     """
-    global _client, _settings
+    global _client, _settings, _epoch, _noname, _atexit_registered
     with _lock:
         if _client is not None:
             return
@@ -57,10 +64,27 @@ def init(lazy: bool = True) -> None:
         if settings.role != "worker":
             raise ValueError(f"gradpress.torch.init() runs in workers; DMLC_ROLE is {settings.role!r}")
         logs.configure(settings.log_level)
-        client = WorkerClient(settings)
-        client.start()
+        try:
+            modes.check(settings)
+            client = WorkerClient(settings)
+            client.start()
+        except JobError:
+            raise  # the scheduler ended the job, or cannot be reached: nothing to report to
+        except Exception as e:
+            failures.report_init_failure(settings, e)
+            raise
         _client, _settings = client, settings
-        atexit.register(shutdown)
+        _epoch += 1
+        _noname = itertools.count()
+        failures.install(lambda: _client)
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+
+
+def job_epoch() -> int:
+    """How many jobs this process has joined: 1 after init(), 2 after a resume(), ..."""
+    return _epoch
 
 
 def shutdown() -> None:
@@ -135,13 +159,35 @@ def push_pull_async_inplace(tensor: torch.Tensor, average: bool = True, name: st
     return _start(tensor, tensor, average, name, priority, compression_params, lr)
 
 
+class _PushPull(torch.autograd.Function):
+    """push_pull as an autograd function, as in BytePS: the gradient of a push_pull is the
+    push_pull (same name, same ``average``) of the gradients every worker's output got."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, version, priority, compression_params, lr):
+        ctx.args = (average, name, version, priority, compression_params)
+        return synchronize(push_pull_async(tensor, average, name, version, priority,
+                                           compression_params=compression_params, lr=lr))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        average, name, version, priority, compression_params = ctx.args
+        summed = push_pull(grad_output, average, name, version, priority, compression_params=compression_params)
+        return summed, None, None, None, None, None, None
+
+
 def push_pull(tensor: torch.Tensor, average: bool = True, name: str | None = None, version: int = 0,
               priority: int = 0, compression=Compression.none, *, compression_params: dict | None = None,
               lr: float | None = None) -> torch.Tensor:
-    """Sum (or average) ``tensor`` over all workers; returns a new tensor."""
+    """Sum (or average) ``tensor`` over all workers; returns a new tensor.
+
+    Differentiable: when ``tensor`` requires grad, the backward pass push_pulls the
+    gradient under the same name (every worker must then run backward through it).
+    """
     compressed, ctx = compression.compress(tensor)
-    out = synchronize(push_pull_async(compressed, average, name, version, priority,
-                                      compression_params=compression_params, lr=lr))
+    if name is None:  # the backward pass reuses the forward's name: fix it now
+        name = f"push_pull.noname.{next(_noname)}"
+    out = _PushPull.apply(compressed, average, name, version, priority, compression_params, lr)
     return compression.decompress(out, ctx)
 
 

@@ -64,7 +64,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if compression_params or compression_rules or compression is not Compression.none:
                 raise ValueError("BYTEPS_ENABLE_ASYNC=1: asynchronous training pushes uncompressed parameter "
                                  "deltas; drop compression / compression_params / compression_rules")
-            self._gp_hooks = []
+            self._gp_hooks, self._gp_auto = [], None
             self._gp_async_init()
             return
         self._gp_spec = self._gp_compression(compression_params, compression_rules)

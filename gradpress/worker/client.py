@@ -154,6 +154,14 @@ class WorkerClient:
         self.comm.submit(cmd.Barrier(group, fut))
         fut.result(self.s.op_timeout_s)
 
+    def abort(self, reason: str, wait_s: float = 2.0) -> None:
+        """This worker failed (``reason``: its first error line): tell the scheduler, which
+        stops every other node at once, and wait up to ``wait_s`` for its acknowledgement."""
+        if self.fatal is not None or self.comm.stopped.is_set() or not self.comm.is_alive():
+            return  # the job is already ending, or this worker never joined it
+        self.comm.submit(cmd.Abort(reason))
+        self.comm.stopped.wait(wait_s)
+
     def finish(self) -> None:
         """Tell the scheduler this worker is done and wait for the job to end (deadline applies)."""
         if self.comm.stopped.is_set():

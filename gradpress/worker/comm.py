@@ -58,7 +58,8 @@ class CommunicationThread(threading.Thread):
         self._handlers = {cmd.Declare: self._declare, cmd.StartPushPull: self._start_push_pull,
                           cmd.Barrier: self._barrier, cmd.GetServerState: self._get_server_state,
                           cmd.LoadServerState: self._load_server_state,
-                          cmd.LoadCompressorState: self._load_compressor_state, cmd.Finish: self._finish_job}
+                          cmd.LoadCompressorState: self._load_compressor_state, cmd.Finish: self._finish_job,
+                          cmd.Abort: self._abort_job}
 
     def submit(self, command: Any) -> None:
         """Hand ``command`` to the thread (from any thread)."""
@@ -184,6 +185,10 @@ class CommunicationThread(threading.Thread):
     def _finish_job(self, c: cmd.Finish) -> None:
         self._finish = c.future
         self.link.send(Op.FINISH)
+
+    def _abort_job(self, c: cmd.Abort) -> None:
+        # the scheduler answers with SHUTDOWN, which ends this thread through _die
+        self.link.send(Op.ABORT, reason=c.reason)
 
     def _from_scheduler(self) -> None:
         _, h, _ = transport.recv(self.link.sock, routed=False)

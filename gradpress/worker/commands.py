@@ -62,3 +62,9 @@ class LoadCompressorState:
 @dataclass(frozen=True)
 class Finish:
     future: Future
+
+
+@dataclass(frozen=True)
+class Abort:
+    """This worker failed: tell the scheduler (``reason`` is its first error line)."""
+    reason: str

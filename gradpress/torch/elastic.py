@@ -1,0 +1,69 @@
+"""``suspend()`` / ``resume()``: leave the job and join another, keeping the model and state.
+
+As in BytePS's elastic training: ``suspend()`` stops this worker's communication (the
+job ends once every worker suspended, so its scheduler and servers exit), while the
+model, the optimizer and everything else in the process stay as they are.
+``resume(num_workers, num_servers)`` joins the next job, which the operator starts
+with a scheduler and servers of its own, possibly with a different number of workers.
+
+What lives in gradpress itself is carried across: each compressed tensor's worker
+error-feedback residuals and the servers' residuals (checkpointed at suspend, installed
+before the tensor's first push in the new job, by rank 0 for the servers'), so a
+compressed run continues the same trajectory.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import JobError
+from . import ops
+
+_carried: dict[str, tuple[Any, dict | None]] | None = None
+
+
+def suspend() -> None:
+    """Stop communicating: leave the job (waiting for every worker to suspend too)."""
+    global _carried
+    client = ops.client()
+    carried: dict[str, tuple[Any, dict | None]] = {}
+    for name, tensor in client.tensors.items():
+        if tensor.spec is None:
+            continue
+        servers = client.server_state(name)
+        if all(residual is None for residual, _ in servers.values()):
+            servers = None
+        carried[name] = (client.compressor_state(name), servers)
+    ops.shutdown()
+    _carried = carried
+
+
+def resume(num_workers: int, num_servers: int, global_rank: int | None = None, context: Any = None) -> None:
+    """Join the next job: ``num_workers`` worker machines and ``num_servers`` servers.
+
+    Args:
+        num_workers: DMLC_NUM_WORKER of the new job.
+        num_servers: DMLC_NUM_SERVER of the new job.
+        global_rank: this worker's rank in the new job (sets DMLC_WORKER_ID to
+            ``global_rank // BYTEPS_LOCAL_SIZE``); None keeps DMLC_WORKER_ID as it is.
+        context: accepted for BytePS compatibility; unused.
+    The scheduler is found at DMLC_PS_ROOT_URI / DMLC_PS_ROOT_PORT as they are now.
+    """
+    global _carried
+    if _carried is None:
+        raise JobError("resume() needs a suspend() first")
+    if num_workers < 1 or num_servers < 1:
+        raise ValueError(f"resume({num_workers}, {num_servers}): both counts must be at least 1")
+    os.environ["DMLC_NUM_WORKER"] = str(num_workers)
+    os.environ["DMLC_NUM_SERVER"] = str(num_servers)
+    if global_rank is not None:
+        local_size = int(os.environ.get("BYTEPS_LOCAL_SIZE") or 1)
+        os.environ["DMLC_WORKER_ID"] = str(global_rank // local_size)
+    ops.init()
+    client = ops.client()
+    for name, (worker_state, server_state) in _carried.items():
+        if worker_state is not None:
+            client.load_compressor_state(name, worker_state)
+        if server_state is not None and ops.rank() == 0:
+            client.load_server_state(name, server_state)
+    _carried = None

@@ -1,0 +1,66 @@
+"""Bytes from one root worker to all: the transport under broadcast_object and the
+optimizer state's layout.
+
+Bytes travel as float16 integers 0..255 (exact, and the zeros the other workers push
+add nothing), after their length. The root sends a one-byte kind first: 0 for a
+payload, 1 for an error message, so that a root that cannot send its object (it does
+not pickle, it is too large) fails every worker with the same error instead of
+leaving the others waiting. Receivers check the length against ``max_bytes`` before
+they allocate anything.
+"""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import torch
+
+from . import ops
+
+# Largest object broadcast_object / allgather_object move (pickled), unless told otherwise.
+MAX_OBJECT_BYTES = 64 << 20
+_PAYLOAD, _ERROR = 0, 1
+_calls: collections.Counter = collections.Counter()
+
+
+class ObjectError(ValueError):
+    """The root could not send its object; every worker raises it with the root's reason."""
+
+
+def bytes_to_float16(data: bytes) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).astype(np.float16))
+
+
+def float16_to_bytes(values: torch.Tensor) -> bytes:
+    return values.to(torch.uint8).numpy().tobytes()
+
+
+def broadcast_bytes(payload: bytes | None, error: str | None, root_rank: int, name: str,
+                    max_bytes: int = MAX_OBJECT_BYTES) -> bytes:
+    """The root's ``payload`` on every worker (the root passes it, or ``error``; others None).
+
+    Raises:
+        ObjectError: the root sent an error, or the length is over ``max_bytes``.
+    """
+    is_root = ops.rank() == root_rank
+    key = (ops.job_epoch(), name)
+    base = f"Object.{name}.{_calls[key]}"
+    _calls[key] += 1
+    frame = b""
+    if is_root:
+        if error is None and len(payload) > max_bytes:
+            error = f"the object is {len(payload)} bytes serialised, over max_bytes={max_bytes}"
+        frame = bytes([_ERROR]) + error.encode()[:4096] if error is not None else bytes([_PAYLOAD]) + payload
+    length = torch.tensor([float(len(frame))], dtype=torch.float64)
+    ops.push_pull_inplace(length, average=False, name=base + ".length")
+    n = int(length.item())
+    if not 1 <= n <= max_bytes + 1:
+        raise ObjectError(f"broadcast of {name!r} from rank {root_rank}: {n} bytes announced, "
+                          f"outside 1..max_bytes+1={max_bytes + 1}")
+    data = bytes_to_float16(frame) if is_root else torch.zeros(n, dtype=torch.float16)
+    ops.push_pull_inplace(data, average=False, name=base + ".data")
+    received = float16_to_bytes(data)
+    if received[0] == _ERROR:
+        raise ObjectError(f"broadcast of {name!r}: the root (rank {root_rank}) could not send it: "
+                          f"{received[1:].decode(errors='replace')}")
+    return received[1:]

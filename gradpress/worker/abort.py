@@ -1,0 +1,58 @@
+"""Reporting a failed worker to the scheduler, so that the job stops in seconds.
+
+A worker whose training code raises sends ABORT over its own scheduler link
+(``WorkerClient.abort``). This module covers the two cases where that link does not
+exist: a worker that fails inside ``init()`` before it registered, and a launcher that
+saw its worker process exit with a non-zero code (``os._exit``, a signal). Both send
+ABORT from a short-lived socket of their own, naming the worker by pid, DMLC_WORKER_ID
+and local rank, and wait briefly for the scheduler's acknowledgement.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+import uuid
+
+import zmq
+
+from ..config import Settings
+from ..net import transport
+from ..net.protocol import Op
+
+# The longest first error line sent; a traceback's last line can be a whole repr.
+MAX_REASON_CHARS = 500
+
+
+def first_error_line(error: BaseException) -> str:
+    """``"ValueError: boom"``: the exception's type and the first line of its message."""
+    lines = traceback.format_exception_only(type(error), error)
+    text = lines[-1].strip() if lines else type(error).__name__
+    return text.splitlines()[0][:MAX_REASON_CHARS] if text else type(error).__name__
+
+
+def report_failure(settings: Settings, sender: str, reason: str, pid: int, worker_id: int, local_rank: int,
+                   wait_s: float = 2.0) -> bool:
+    """Send ABORT for the worker (pid, worker_id, local_rank) to the scheduler; ``sender``
+    names who reports it in the scheduler's log (``"launcher"``, ``"worker (pid 12)"``).
+
+    Returns:
+        True once the scheduler acknowledged it within ``wait_s``; False if it did not
+        answer (gone already, or never reachable): the heartbeat timeout then applies.
+    """
+    sock = transport.dealer(transport.context(), settings.root_uri, settings.root_port,
+                            f"abort-{uuid.uuid4().hex[:12]}".encode())
+    try:
+        transport.send(sock, Op.ABORT, sender, reason=reason[:MAX_REASON_CHARS],
+                       pid=pid, worker_id=worker_id, local_rank=local_rank)
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not sock.poll(left * 1000):
+                return False
+            _, header, _ = transport.recv(sock, routed=False)
+            if header is not None and header["op"] in (Op.SHUTDOWN, Op.ERROR):
+                return True
+        return False
+    except zmq.ZMQError:
+        return False
+    finally:
+        sock.close()

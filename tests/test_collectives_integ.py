@@ -1,0 +1,61 @@
+"""allgather, allgather_object, a differentiable push_pull, broadcast_object of any
+picklable object, and byteps_push_pull, across real worker processes."""
+import pytest
+
+pytestmark = pytest.mark.integ
+
+COLLECTIVES = """
+import argparse, os, torch, gradpress.torch as bps
+from gradpress.torch.objects import ObjectError
+bps.init()
+r, n = bps.rank(), bps.size()
+
+# allgather: uneven first dimensions, concatenated in rank order, dtype kept
+mine = torch.arange(3 * (r + 1) * 2, dtype=torch.float32).view(3 * (r + 1), 2) + 100 * r
+got = bps.allgather(mine, name="rows")
+want = torch.cat([torch.arange(3 * (w + 1) * 2, dtype=torch.float32).view(3 * (w + 1), 2) + 100 * w
+                  for w in range(n)])
+assert got.dtype == torch.float32 and torch.equal(got, want), (got, want)
+ints = bps.allgather(torch.tensor([r] * (r + 1), dtype=torch.int64))
+assert ints.dtype == torch.int64 and ints.tolist() == [w for w in range(n) for _ in range(w + 1)], ints
+again = bps.allgather(mine + 1, name="rows")  # a recurring shape: the same keys, the next round
+assert torch.equal(again, want + 1)
+assert bps.allgather_object({"rank": r, "tag": "x" * r}) == [{"rank": w, "tag": "x" * w} for w in range(n)]
+
+# push_pull is differentiable: the backward is the push_pull of the gradients
+x = torch.full((4,), float(r + 1), requires_grad=True)
+y = bps.push_pull(x * 2, average=True, name="diff")
+assert torch.allclose(y, torch.full((4,), 2.0 * sum(range(1, n + 1)) / n))
+(y * (r + 1)).sum().backward()
+# dL_r/dx_r = 2 * mean over workers w of (w + 1)
+assert torch.allclose(x.grad, torch.full((4,), 2.0 * sum(range(1, n + 1)) / n)), x.grad
+z = torch.ones(3, requires_grad=True)
+bps.push_pull(z, average=False, name="summed").sum().backward()
+assert torch.equal(z.grad, torch.full((3,), float(n)))
+
+# broadcast_object: any picklable object, from the root
+ns = bps.broadcast_object(argparse.Namespace(lr=0.1, layers=[1, 2], rank=r) if r == 0 else None, root_rank=0)
+assert isinstance(ns, argparse.Namespace) and ns.lr == 0.1 and ns.layers == [1, 2] and ns.rank == 0, ns
+# a root whose object cannot be sent fails every worker with its reason (none waits)
+cases = [((lambda: 1) if r == 0 else None, "does not pickle"), (b"x" * 5000 if r == 0 else None, "over max_bytes")]
+for bad, why in cases:
+    try:
+        bps.broadcast_object(bad, root_rank=0, max_bytes=1000)
+        raise SystemExit("no error")
+    except ObjectError as e:
+        assert why in str(e) and "rank 0" in str(e), e
+
+# byteps_push_pull is BytePS's top-level name of push_pull_async_inplace
+t = torch.full((5,), float(r))
+assert torch.equal(bps.synchronize(bps.byteps_push_pull(t, average=False, name="alias")),
+                   torch.full((5,), float(sum(range(n)))))
+print("OK collectives", flush=True)
+bps.shutdown()
+"""
+
+
+def test_allgather_autograd_push_pull_and_broadcast_object(cluster):
+    c = cluster(workers=3, servers=2)
+    c.start(COLLECTIVES).assert_success()
+    for w in range(3):
+        assert "OK collectives" in c.log(f"worker {w}"), c.logs()
