@@ -2,6 +2,11 @@
 back. Stateless codecs subclass ``Compressor`` and implement ``_encode``, ``_decode`` and
 ``encoded_nbytes``; the wrappers (error feedback, momentum) hold per-key state around one.
 
+Error feedback (``ErrorFeedback``) runs inside a codec's own kernels where the codec
+implements ``_encode_feedback`` (and ``_encode_device_feedback``): p = g + lambda * e,
+C(p) and the new residual p - D(C(p)) in the fewest passes over memory, with the same
+payload and residual bytes as the generic steps.
+
 A payload is never bigger than the raw array: when a codec's encoding of ``n`` elements
 would not be smaller (``encoded_nbytes(n, itemsize) >= n * itemsize``, e.g. n = 0, or
 onebit with n = 1), the raw array travels instead, marked by the header field ``raw`` (its
@@ -18,6 +23,11 @@ from gradpress.compressors.payload import FLOAT_DTYPES, buffer_array, expect_buf
 Header = dict
 Buffers = list
 MAX_ELEMENTS = (1 << 32) - 1  # indices travel as uint32
+
+
+class FeedbackRefused(ValueError):
+    """Fused error feedback met a NaN/inf (in g or e, or the codec overflowed); the
+    residual ``e`` is unchanged."""
 
 
 def raw_payload(x: np.ndarray) -> tuple[dict, list]:
@@ -81,6 +91,52 @@ class Compressor(ABC):
         else:
             fields, buffers = self._encode(x, key, round)
         return {"codec": self.name, "n": x.shape[0], **fields}, buffers
+
+    # whether _encode_feedback checks p before it writes e_out (so e_out may be e)
+    FEEDBACK_IN_PLACE: ClassVar[bool] = False
+
+    def compress_with_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
+                               round: int) -> tuple[Header, Buffers] | None:
+        """Error feedback fused into this codec's kernels: the payload of C(p) for
+        p = g + lam * e, and e_out = p - D(C(p)), exactly as the generic steps give them.
+
+        Args:
+            g, e: float32 arrays of one length (host, or device on a GPU worker); ``e = g``
+                with ``lam = 0`` is the first step (p = g bit for bit).
+            e_out: receives the residual; may be ``e`` only when ``FEEDBACK_IN_PLACE``.
+        Returns:
+            (header, buffers), or None where this codec has no fused kernel for this input
+            (float64 input, or a raw payload): the caller runs the generic steps.
+        Raises:
+            FeedbackRefused: p or the residual is not finite; ``e`` is left unchanged.
+        """
+        device = is_device_array(g)
+        if device:
+            from gradpress.kernels.cuda import device as gpu
+            n = gpu.length(g)
+        else:
+            n = g.shape[0]
+            if g.dtype != np.float32:
+                return None
+        if n > MAX_ELEMENTS or self.encoded_nbytes(n, 4) >= 4 * n:
+            return None
+        encode = self._encode_device_feedback if device else self._encode_feedback
+        encoded = encode(g, e, lam, e_out, key, round)
+        if encoded is None:
+            return None
+        fields, buffers = encoded
+        return {"codec": self.name, "n": n, **fields}, buffers
+
+    def _encode_feedback(self, g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
+                         key: int, round: int) -> tuple[dict, list] | None:
+        """Fields and buffers of the fused path for host float32 arrays (None: no fused
+        kernel). Raises FeedbackRefused for a non-finite p or residual."""
+        return None
+
+    def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
+                                round: int) -> tuple[dict, list] | None:
+        """The same for float32 device arrays."""
+        return None
 
     def _compress_device(self, x: Any, key: int, round: int) -> tuple[Header, Buffers]:
         from gradpress.kernels.cuda import device  # numba.cuda only when needed

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gradpress.compressors.arrays import as_float32
-from gradpress.compressors.base import Compressor
+from gradpress.compressors.base import Compressor, FeedbackRefused
 from gradpress.kernels.bitlayout import packed_nbytes
 from gradpress.kernels.cpu import dithering, norms
 from gradpress.kernels.quantize import code_table
@@ -66,6 +66,28 @@ class Dithering(Compressor):
         codes = np.empty(packed_nbytes(x.shape[0], self.width), np.uint8)
         dithering.encode(x, norm, self.s, self.partition == "natural", self.width,
                          stream_id(self.seed, key, round), codes)
+        return self._fields(), [np.array([norm], np.float32), codes]
+
+    FEEDBACK_IN_PLACE = True  # pass 1 (the norm) checks p before pass 2 writes
+
+    def _encode_feedback(self, g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
+                         key: int, round: int) -> tuple[dict, list]:
+        codes = np.empty(packed_nbytes(g.shape[0], self.width), np.uint8)
+        norm = dithering.encode_feedback(g, e, lam, self.s, self.partition == "natural",
+                                         self.normalize, self.width,
+                                         stream_id(self.seed, key, round), codes, e_out)
+        if norm is None:
+            raise FeedbackRefused(self.name)
+        return self._fields(), [np.array([norm], np.float32), codes]
+
+    def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
+                                round: int) -> tuple[dict, list]:
+        from gradpress.kernels.cuda import dithering as gpu_dithering
+        encoded = gpu_dithering.encode_feedback(g, e, lam, self,
+                                                stream_id(self.seed, key, round), e_out)
+        if encoded is None:
+            raise FeedbackRefused(self.name)
+        norm, codes = encoded
         return self._fields(), [np.array([norm], np.float32), codes]
 
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:

@@ -4,6 +4,10 @@ lambda is 1 (vanilla) or eta_{t-1} / eta_t (corrected; ``lr`` is an argument of
 ``compress``, and the first step of a key uses 1). Used on workers (inside Momentum) and
 on servers, where g is the sum of the decompressed pushes.
 
+The codec's own kernels do all of it where the codec has them (``fused``, the default:
+one or two passes over g and e; see ``Compressor.compress_with_feedback``); otherwise, and
+with ``fused=False``, the generic steps below.
+
 Non-finite values: if p or the new residual is not finite (NaN/inf input, or a codec
 overflow such as fp16 beyond 65504), compress raises ValueError and no state changes.
 Returned buffers may alias this wrapper's scratch memory: they stay valid until the next
@@ -13,17 +17,22 @@ from typing import Any
 
 from gradpress.compressors.array_ops import check_same_layout, ops_for, to_host
 from gradpress.compressors.wrapper import Wrapper
-from gradpress.compressors.base import Compressor, Header, Buffers
+from gradpress.compressors.base import Compressor, FeedbackRefused, Header, Buffers
 
 
 class ErrorFeedback(Wrapper):
-    """Wraps a stateless ``Compressor``; offers the same compress/decompress interface."""
+    """Wraps a stateless ``Compressor``; offers the same compress/decompress interface.
 
-    def __init__(self, inner: Compressor, corrected: bool = False) -> None:
+    ``fused`` (default) runs the codec's fused kernels (``compress_with_feedback``) where it
+    has them; ``fused=False`` keeps the generic steps (the reference the fused kernels are
+    tested against, and the baseline of ``benchmarks/kernels.py``)."""
+
+    def __init__(self, inner: Compressor, corrected: bool = False, fused: bool = True) -> None:
         super().__init__(inner)
         self.corrected = corrected
+        self.fused = fused
         self._residuals: dict = {}  # key -> e
-        self._spares: dict = {}  # key -> (p scratch, D(c) scratch)
+        self._spares: dict = {}  # key -> (p scratch or None, spare residual or None)
         self._lrs: dict = {}  # key -> learning rate of the key's previous step
 
     def _lambda(self, key: int, lr: float | None) -> float:
@@ -42,7 +51,42 @@ class ErrorFeedback(Wrapper):
         if residual is not None:
             residual = ops.adopt(residual, g)
             check_same_layout(residual, g, key, "error-feedback residual")
-        p_scratch, decoded = self._spares.get(key) or (ops.empty_like(g), ops.empty_like(g))
+        compressed = self._compress_fused(ops, g, residual, scale, key, round) \
+            if self.fused else None
+        if compressed is None:
+            compressed = self._compress_generic(ops, g, residual, scale, key, round)
+        if lr is not None:
+            self._lrs[key] = lr
+        return compressed
+
+    def _refused(self, key: int) -> ValueError:
+        return ValueError(f"key {key}: error feedback met NaN/inf (in the input, or the "
+                          f"{self.name} codec overflowed); state left unchanged")
+
+    def _compress_fused(self, ops: Any, g: Any, residual: Any, scale: float, key: int,
+                        round: int) -> tuple[Header, Buffers] | None:
+        """One call into the codec's kernels; None where it has none for this input."""
+        p_scratch, spare = self._spares.get(key) or (None, None)
+        in_place = residual is not None and self.inner.FEEDBACK_IN_PLACE
+        e_out = residual if in_place else (spare if spare is not None else ops.empty_like(g))
+        e, lam = (residual, scale) if residual is not None else (g, 0.0)  # p = g exactly
+        try:
+            compressed = self.inner.compress_with_feedback(g, e, lam, e_out, key, round)
+        except FeedbackRefused:
+            raise self._refused(key) from None
+        if compressed is not None:
+            self._residuals[key] = e_out
+            self._spares[key] = (p_scratch, spare if in_place else residual)
+        elif not in_place:
+            self._spares[key] = (p_scratch, e_out)
+        return compressed
+
+    def _compress_generic(self, ops: Any, g: Any, residual: Any, scale: float, key: int,
+                          round: int) -> tuple[Header, Buffers]:
+        """p in scratch, C(p), D(C(p)) in scratch, the difference, the check: five passes."""
+        p_scratch, decoded = self._spares.get(key) or (None, None)
+        p_scratch = ops.empty_like(g) if p_scratch is None else p_scratch
+        decoded = ops.empty_like(g) if decoded is None else decoded
         p = g
         if residual is not None:
             ops.add_scaled(p_scratch, g, scale, residual)
@@ -51,13 +95,9 @@ class ErrorFeedback(Wrapper):
         self.inner.decompress(header, buffers, decoded, key, round)
         ops.subtract(decoded, p, decoded)
         if not ops.all_finite(decoded):
-            raise ValueError(f"key {key}: error feedback met NaN/inf (in the input, or the "
-                             f"{self.name} codec overflowed); state left unchanged")
+            raise self._refused(key)
         self._residuals[key] = decoded
-        old = residual if residual is not None else ops.empty_like(g)
-        self._spares[key] = (p_scratch, old)
-        if lr is not None:
-            self._lrs[key] = lr
+        self._spares[key] = (p_scratch, residual)
         return header, buffers
 
     def residual(self, key: int) -> Any:

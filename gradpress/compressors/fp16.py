@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gradpress.compressors.base import Compressor
+from gradpress.compressors.base import Compressor, FeedbackRefused
 from gradpress.kernels.cpu import fp16
 from gradpress.compressors.payload import buffer_array, expect_buffer_count
 from gradpress.compressors.registry import register
@@ -27,6 +27,21 @@ class Fp16(Compressor):
             return {}, [x.astype(np.float16).view(np.uint16)]
         bits = np.empty(x.shape[0], np.uint16)
         fp16.to_half_bits(x, bits)
+        return {}, [bits]
+
+    def _encode_feedback(self, g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
+                         key: int, round: int) -> tuple[dict, list]:
+        bits = np.empty(g.shape[0], np.uint16)
+        if not fp16.encode_feedback(g, e, lam, bits, e_out):
+            raise FeedbackRefused(self.name)
+        return {}, [bits]
+
+    def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
+                                round: int) -> tuple[dict, list]:
+        from gradpress.kernels.cuda import fp16 as gpu_fp16
+        bits = gpu_fp16.encode_feedback(g, e, lam, e_out)
+        if bits is None:
+            raise FeedbackRefused(self.name)
         return {}, [bits]
 
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gradpress.compressors.arrays import as_float32
-from gradpress.compressors.base import Compressor
+from gradpress.compressors.base import Compressor, FeedbackRefused
 from gradpress.kernels.bitlayout import packed_nbytes
 from gradpress.kernels.cpu import norms, onebit
 from gradpress.kernels.scaling import reject_non_finite, scale_from_norms
@@ -48,6 +48,24 @@ class OneBit(Compressor):
         l2 = norms.square_sum(x) if self.scaling == "l2" else 0.0
         scale = np.array([scale_from_norms(self.scaling, n, l1, l2)], np.float32)
         return {}, [scale, bits]
+
+    FEEDBACK_IN_PLACE = True  # pass 1 (the norm) checks p before pass 2 writes
+
+    def _encode_feedback(self, g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
+                         key: int, round: int) -> tuple[dict, list]:
+        bits = np.empty(packed_nbytes(g.shape[0], 1), np.uint8)
+        scale = onebit.encode_feedback(g, e, lam, self.scaling, bits, e_out)
+        if scale is None:
+            raise FeedbackRefused(self.name)
+        return {}, [np.array([scale], np.float32), bits]
+
+    def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
+                                round: int) -> tuple[dict, list]:
+        from gradpress.kernels.cuda import onebit as gpu_onebit
+        encoded = gpu_onebit.encode_feedback(g, e, lam, self.scaling, e_out)
+        if encoded is None:
+            raise FeedbackRefused(self.name)
+        return encoded
 
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
         from gradpress.kernels.cuda import onebit as gpu_onebit

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gradpress.compressors.arrays import as_float32
-from gradpress.compressors.base import Compressor
+from gradpress.compressors.base import Compressor, FeedbackRefused
 from gradpress.kernels.cpu import randomk
 from gradpress.kernels.rng import stream_id
 from gradpress.compressors.params import flag, keep_count, number
@@ -49,6 +49,27 @@ class RandomK(Compressor):
         randomk.gather_scaled(x, chosen_indices(n, k, self.seed, key, round),
                               n / k if self.scaling else 1.0, values)
         reject_non_finite(values, self.name)
+        return self._fields(k), [values]
+
+    def _encode_feedback(self, g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
+                         key: int, round: int) -> tuple[dict, list]:
+        n, k = g.shape[0], keep_count(self.k, g.shape[0])
+        values = np.empty(k, np.float32)
+        if not randomk.gather_feedback(g, e, lam, e_out,
+                                       chosen_indices(n, k, self.seed, key, round),
+                                       n / k if self.scaling else 1.0, values):
+            raise FeedbackRefused(self.name)
+        return self._fields(k), [values]
+
+    def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
+                                round: int) -> tuple[dict, list]:
+        from gradpress.kernels.cuda import randomk as gpu_randomk
+        n, k = g.shape[0], keep_count(self.k, g.shape[0])
+        values = gpu_randomk.gather_feedback(g, e, lam, e_out,
+                                             chosen_indices(n, k, self.seed, key, round),
+                                             n / k if self.scaling else 1.0)
+        if values is None:
+            raise FeedbackRefused(self.name)
         return self._fields(k), [values]
 
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:

@@ -5,13 +5,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from gradpress.compressors.arrays import as_float32
-from gradpress.compressors.base import Compressor
+from gradpress.compressors.base import Compressor, FeedbackRefused
 from gradpress.kernels.cpu import topk
 from gradpress.compressors.payload import buffer_array, expect_buffer_count, header_int
 from gradpress.compressors.params import keep_count
 from gradpress.compressors.registry import register
 from gradpress.compressors.sparse import (
-    decode_pairs, k_from_params, reject_non_finite, values_buffer)
+    decode_pairs, k_from_params, values_buffer)
 
 
 @register
@@ -31,12 +31,30 @@ class TopK(Compressor):
 
     def _encode(self, x: np.ndarray, key: int, round: int) -> tuple[dict, list]:
         x = as_float32(x)
-        reject_non_finite(x, self.name)
         k = keep_count(self.k, x.shape[0])
         indices = np.empty(k, np.uint32)
         values = np.empty(k, np.float32)
-        topk.select_topk(x, indices, values)
+        if not topk.topk(x, indices, values):
+            raise ValueError(f"{self.name} input contains NaN or inf")
         return {"k": k}, [indices, values]
+
+    def _encode_feedback(self, g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
+                         key: int, round: int) -> tuple[dict, list]:
+        k = keep_count(self.k, g.shape[0])
+        indices = np.empty(k, np.uint32)
+        values = np.empty(k, np.float32)
+        if not topk.topk_feedback(g, e, lam, e_out, indices, values):
+            raise FeedbackRefused(self.name)
+        return {"k": k}, [indices, values]
+
+    def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
+                                round: int) -> tuple[dict, list]:
+        from gradpress.kernels.cuda import topk as gpu_topk
+        k = keep_count(self.k, g.shape[0])
+        selected = gpu_topk.select_topk_feedback(g, e, lam, e_out, k)
+        if selected is None:
+            raise FeedbackRefused(self.name)
+        return {"k": k}, list(selected)
 
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
         from gradpress.kernels.cuda import topk as gpu_topk

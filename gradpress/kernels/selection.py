@@ -5,12 +5,17 @@ Keys are the float32 bit patterns of ``|x_i|`` (monotone in ``|x_i|``). The thre
 key > T is kept, and of those with key == T the lowest indices are kept until k are
 chosen. Output is in increasing index order. These helpers work on the histograms, which
 are small, so the GPU path runs them on the host.
+
+Finding T needs passes over the whole input; ``sample_plan`` lets both paths skip them: a
+strided sample of ``SAMPLE`` keys gives an estimate a little below T, one pass collects
+the candidates above it, and T is found among those (see ``cpu/topk.py``).
 """
 import numpy as np
 from numba import njit
 
 HIGH_BINS = 1 << 15  # keys of finite |x| are below 0x7F800000: 15 high bits suffice
 LOW_BINS = 1 << 16
+SAMPLE = 4096  # keys sampled (elements j * n // SAMPLE) to estimate the threshold
 
 
 @njit(nogil=True, cache=True)
@@ -33,3 +38,15 @@ def threshold_from_histograms(high_bin: int, above_high: int, low_histogram: np.
     threshold = (high_bin << 16) | low_bin
     keep_equal = k - above_high - above_low
     return threshold, keep_equal
+
+
+@njit(nogil=True, cache=True)
+def sample_plan(n: int, k: int) -> tuple:
+    """(sample size m, rank r, candidate capacity) for top-k of ``n`` (k >= 1): the r-th
+    largest sampled key is the estimate; r aims at 1.25k candidates (plus 8 against
+    sampling noise), the capacity at twice the expected count. With m = n the estimate
+    is at most the true threshold, so it always holds unless ties overflow the capacity."""
+    m = min(n, SAMPLE)
+    rank = min(m, (5 * m * k + 4 * n - 1) // (4 * n) + 8)
+    expected = (n * rank + m - 1) // m
+    return m, rank, min(n, 2 * expected + 64)

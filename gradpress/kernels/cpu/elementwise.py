@@ -11,6 +11,15 @@ def add_scaled(out: np.ndarray, a: np.ndarray, alpha: float, b: np.ndarray) -> N
 
 
 @njit(nogil=True, cache=True)
+def compensate(g: np.ndarray, e: np.ndarray, lam: float, p: np.ndarray) -> None:
+    """``p = g + lam * e`` rounded to ``p``'s dtype, as ``add_scaled`` computes it (so the
+    fused error-feedback kernels give the generic wrapper's p bit for bit). ``lam = 0``
+    with ``e = g`` gives g itself, -0.0 included: the first step of a key."""
+    for i in range(p.shape[0]):
+        p[i] = g[i] + lam * e[i]
+
+
+@njit(nogil=True, cache=True)
 def subtract(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     """``out = a - b`` (``out`` may alias either)."""
     for i in range(out.shape[0]):

@@ -1,6 +1,14 @@
-"""CPU kernels of the onebit codec: sign bits (1 = negative) in the shared bit layout."""
+"""CPU kernels of the onebit codec: sign bits (1 = negative) in the shared bit layout,
+and the codec with error feedback fused in (``encode_feedback``)."""
+import math
+
 import numpy as np
 from numba import njit
+
+from gradpress.kernels.cpu.elementwise import compensate
+from gradpress.kernels.cpu.norms import chunk_sum
+from gradpress.kernels.reduction import CHUNK, LANES, pairwise_total
+from gradpress.kernels.scaling import scale_from_norms
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -38,3 +46,53 @@ def unpack_signs(bits: np.ndarray, scale: np.float32, out: np.ndarray, accumulat
             out[i] += value
         else:
             out[i] = value
+
+
+@njit(nogil=True, cache=True)
+def _feedback_norms(g: np.ndarray, e: np.ndarray, lam: float, square: bool) -> tuple:
+    """Pass 1: (sum |p|, sum p^2 if ``square``) of p = g + lam * e, in the order of
+    ``kernels.reduction``; p lives only in a one-chunk scratch that stays in cache."""
+    n = g.shape[0]
+    chunks = (n + CHUNK - 1) // CHUNK
+    l1 = np.empty(chunks)
+    l2 = np.zeros(chunks)
+    p = np.empty(CHUNK, np.float32)
+    lanes = np.empty(LANES)
+    for c in range(chunks):
+        start, end = c * CHUNK, min((c + 1) * CHUNK, n)
+        block = p[:end - start]
+        compensate(g[start:end], e[start:end], lam, block)
+        l1[c] = chunk_sum(block, 0, False, lanes)
+        if square:
+            l2[c] = chunk_sum(block, 0, True, lanes)
+    return pairwise_total(l1), pairwise_total(l2)
+
+
+@njit(nogil=True, cache=True)
+def _pack_feedback(g: np.ndarray, e: np.ndarray, lam: float, scale: np.float32,
+                   bits: np.ndarray, e_out: np.ndarray) -> None:
+    """Pass 2: sign bits of p and e_out = p - D(c) (``e_out`` may be ``e``: each chunk of
+    p is computed before its residual overwrites e)."""
+    n = g.shape[0]
+    p = np.empty(CHUNK, np.float32)
+    negative = -scale
+    for start in range(0, n, CHUNK):
+        end = min(start + CHUNK, n)
+        block = p[:end - start]
+        compensate(g[start:end], e[start:end], lam, block)
+        _pack_range(block, bits[start // 8:], 0, (end - start + 7) // 8)
+        for i in range(end - start):
+            e_out[start + i] = block[i] - (negative if block[i] < 0 else scale)
+
+
+def encode_feedback(g: np.ndarray, e: np.ndarray, lam: float, scaling: str, bits: np.ndarray,
+                    e_out: np.ndarray) -> np.float32 | None:
+    """Error feedback fused into onebit: p = g + lam * e; ``bits`` = C(p); e_out = p - D(C(p)).
+    Returns the scale, or None (nothing written) when p has a NaN or inf: pass 1's L1 sum
+    is the check, so ``e_out`` may alias ``e``. Two passes over g and e."""
+    l1, l2 = _feedback_norms(g, e, lam, scaling == "l2")
+    if not math.isfinite(l1):
+        return None
+    scale = scale_from_norms(scaling, g.shape[0], l1, l2)
+    _pack_feedback(g, e, lam, scale, bits, e_out)
+    return scale

@@ -1,5 +1,5 @@
 """CPU kernels of random-k: the index set (also used by the GPU path, on the host) and the
-gather of scaled values.
+gather of scaled values, and error feedback fused into them (``gather_feedback``).
 
 Index choice is Floyd's algorithm driven by the counter hash: for step ``t = 0..k-1``,
 ``j = n - k + t`` and ``r = below(draw_bits(stream, t), j + 1)``; ``r`` joins the set unless
@@ -9,9 +9,12 @@ yields the indices sorted. O(k) draws, O(n/64) words to clear and scan.
 import numpy as np
 from numba import njit
 
+from gradpress.kernels.cpu.elementwise import compensate
+from gradpress.kernels.cpu.norms import INF_BITS, max_abs_bits
 from gradpress.kernels.rng import below, draw_bits
 
 _WORD = np.uint64(1)
+_BLOCK = 4096  # elements per in-cache block of the error-feedback pass
 
 
 @njit(nogil=True, cache=True)
@@ -30,7 +33,7 @@ def random_indices(n: int, k: int, stream: np.uint64) -> np.ndarray:
         word = bitmap[w]
         while word:
             low = word & (~word + _WORD)  # lowest set bit
-            indices[out] = w * 64 + _bit_position(low)
+            indices[out] = w * 64 + bit_position(low)
             out += 1
             word ^= low
     return indices
@@ -44,7 +47,8 @@ for _bit in range(64):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _bit_position(single_bit: np.uint64) -> int:
+def bit_position(single_bit: np.uint64) -> int:
+    """Position (0..63) of the one set bit of ``single_bit``."""
     return _BIT_OF_SLOT[(single_bit * _DE_BRUIJN) >> np.uint64(58)]
 
 
@@ -53,3 +57,43 @@ def gather_scaled(x: np.ndarray, indices: np.ndarray, scale: float, values: np.n
     """``values[j] = float32(float64(x[indices[j]]) * scale)``."""
     for j in range(indices.shape[0]):
         values[j] = np.float32(np.float64(x[indices[j]]) * scale)
+
+
+@njit(nogil=True, cache=True)
+def _compensate_checked(g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray) -> bool:
+    """e_out = p = g + lam * e, and whether all of p is finite (each block's check reads
+    it back from cache; one loop doing both measured slower)."""
+    n = g.shape[0]
+    largest = np.uint32(0)
+    bits = e_out.view(np.uint32)
+    for start in range(0, n, _BLOCK):
+        end = min(start + _BLOCK, n)
+        compensate(g[start:end], e[start:end], lam, e_out[start:end])
+        largest = max(largest, max_abs_bits(bits[start:end].view(np.float32)))
+    return largest < INF_BITS
+
+
+@njit(nogil=True, cache=True)
+def _take_feedback(e_out: np.ndarray, indices: np.ndarray, scale: float,
+                   values: np.ndarray) -> bool:
+    """values = p[indices] scaled; e_out[indices] = p - values; whether all are finite."""
+    finite = True
+    for j in range(indices.shape[0]):
+        i = indices[j]
+        value = np.float32(np.float64(e_out[i]) * scale)
+        values[j] = value
+        e_out[i] = e_out[i] - value
+        finite &= abs(value) < np.inf and abs(e_out[i]) < np.inf
+    return finite
+
+
+@njit(nogil=True, cache=True)
+def gather_feedback(g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
+                    indices: np.ndarray, scale: float, values: np.ndarray) -> bool:
+    """Error feedback fused into random-k: e_out = p = g + lam * e in one pass, then the
+    chosen entries are read out (``gather_scaled``'s rounding) and become p - value.
+    False when anything is not finite; ``e_out`` then holds garbage and must not alias
+    ``e``. ``lam = 0`` with ``e = g`` gives p = g bit for bit."""
+    if not _compensate_checked(g, e, lam, e_out):
+        return False
+    return _take_feedback(e_out, indices, scale, values)

@@ -50,3 +50,21 @@ class DeviceOps:
         if isinstance(state, np.ndarray):
             return device.from_host(state.astype(np.float32))
         return state
+
+
+@cuda.jit
+def _compensate_checked(g, e, lam, e_out, flag):
+    """e_out = p = g + lam * e (``_add_scaled``'s arithmetic); flag[0] = 1 on a NaN/inf."""
+    i = cuda.grid(1)
+    if i < e_out.shape[0]:
+        p = g[i] + lam * e[i]
+        e_out[i] = p
+        if not abs(p) < np.inf:
+            cuda.atomic.max(flag, 0, 1)
+
+
+def compensate_checked(g: Any, e: Any, lam: float, e_out: Any) -> bool:
+    """e_out = g + lam * e in one pass; whether all of it is finite."""
+    flag = cuda.to_device(np.zeros(1, np.int32))
+    _compensate_checked[blocks(e_out.shape[0]), THREADS](g, e, np.float32(lam), e_out, flag)
+    return int(flag.copy_to_host()[0]) == 0

@@ -17,3 +17,27 @@ def to_half_bits(x) -> np.ndarray:
     half = cuda.device_array(x.shape[0], np.float16)
     _to_half[blocks(x.shape[0]), THREADS](x, half)
     return half.copy_to_host().view(np.uint16)
+
+
+@cuda.jit
+def _encode_feedback(g, e, lam, half, e_out, flag):
+    i = cuda.grid(1)
+    if i < g.shape[0]:
+        p = g[i] + lam * e[i]
+        h = np.float16(p)
+        half[i] = h
+        residual = p - np.float32(h)
+        e_out[i] = residual
+        if not abs(residual) < np.inf:
+            cuda.atomic.max(flag, 0, 1)
+
+
+def encode_feedback(g, e, lam: float, e_out) -> np.ndarray | None:
+    """Error feedback fused into fp16, one pass: half(p) bits and e_out = p - float(half(p));
+    None when a residual is not finite (e_out then holds garbage; it must not be e)."""
+    half = cuda.device_array(g.shape[0], np.float16)
+    flag = cuda.to_device(np.zeros(1, np.int32))
+    _encode_feedback[blocks(g.shape[0]), THREADS](g, e, np.float32(lam), half, e_out, flag)
+    if int(flag.copy_to_host()[0]):
+        return None
+    return half.copy_to_host().view(np.uint16)
