@@ -7,14 +7,21 @@ For each task (digits CNN; byte-level transformer LM on the stdlib's sources, se
 ``convergence_models.py``) and each setting, a job of 2 workers + 1 server is started with
 ``gradpress-launch --local``; both workers use the same seed, recipe and number of steps.
 Settings (``SETTINGS``): uncompressed Adam; Adam on two-way onebit + error feedback; on
-topk 1% + EF; on randomk at about 333x against fp16 + EF; 1-bit Adam (``OneBitAdam``).
+topk 1% + EF; on randomk at about 333x against fp16 + EF; 1-bit Adam (``OneBitAdam``) with
+onebit or topk 1% on the momentum; 0/1 Adam (``ZeroOneAdam``) with onebit or topk 1%.
 
 Reported per run: final validation accuracy (digits) or loss (lm), payload bytes on the
 wire per step per worker (pushed + pulled, counted by the worker client over the training
 steps only) and the compression ratio against fp32 and fp16 (the same parameters pushed
-and pulled as 4 or 2 bytes per element). Charts: ``docs/convergence_<task>.png``. The last
-line is ``RESULT {json}`` with ``digits_<setting>_acc``, ``lm_<setting>_loss`` and
-``<setting>_ratio_fp16`` (from the digits runs when there are any), averaged over seeds.
+and pulled as 4 or 2 bytes per element), over the whole run (warm-up included) and, for the
+settings with a freeze, after it. Charts: ``docs/convergence_<task>.png``, training loss and
+the validation metric against steps and against bytes sent. The last line is
+``RESULT {json}`` with ``digits_<setting>_acc``, ``lm_<setting>_loss``,
+``<setting>_ratio_fp16_run`` (whole run) and ``<setting>_ratio_fp16_frozen`` (after the
+freeze), ratios from the digits runs when there are any, everything averaged over seeds;
+and ``best_ratio_at_parity``: among the settings within ``PARITY`` of ``adam`` on every task
+run (mean of the seeds), the largest run-averaged ratio against fp16, a setting's ratio
+being the smallest over its tasks (``best_at_parity`` names it).
 """
 from __future__ import annotations
 
@@ -33,6 +40,8 @@ ROOT = os.path.dirname(HERE)
 # What a setting sends. "params"/"rules": DistributedOptimizer's compression_params and
 # compression_rules (None: uncompressed); "optimizer": "onebit_adam" selects OneBitAdam;
 # "env": settings of the job (e.g. BYTEPS_PARTITION_BYTES, the block of a onebit scale).
+# "zero_one_adam" selects ZeroOneAdam: "var_freeze" and "local_step_scaler" are fractions of
+# the run's steps (so both tasks get the same shape of schedule), the scaler and clipper counts.
 # Every compressed setting runs with BYTEPS_MIN_COMPRESS_BYTES=0: the rules alone decide
 # what is exempt, so the bytes counted are what the settings say.
 SMALL = [("*bias", {"compressor": "none"}), ("*norm*", {"compressor": "none"})]
@@ -43,7 +52,19 @@ SETTINGS = {
     "randomk": {"params": {"compressor": "randomk", "k": 0.0014, "seed": 1, "ef": "corrected"}},
     "onebit_adam": {"optimizer": "onebit_adam", "freeze": 0.25, "eps": 1e-8, "variance_floor": 0.1,
                     "params": {"compressor": "onebit", "scaling": "l2", "ef": "vanilla"}, "rules": SMALL},
+    "onebit_adam_topk": {"optimizer": "onebit_adam", "freeze": 0.25, "eps": 1e-8, "variance_floor": 0.1,
+                         "params": {"compressor": "topk", "k": 0.01, "ef": "vanilla"}, "rules": SMALL},
+    "zero_one_adam": {"optimizer": "zero_one_adam", "var_freeze": 0.1, "var_update_scaler": 2,
+                      "local_step_scaler": 0.05, "local_step_clipper": 16, "eps": 1e-8, "variance_floor": 0.1,
+                      "variance_params": {"compressor": "fp16"},
+                      "params": {"compressor": "onebit", "scaling": "l2", "ef": "vanilla"}, "rules": SMALL},
+    "zero_one_adam_topk": {"optimizer": "zero_one_adam", "var_freeze": 0.1, "var_update_scaler": 2,
+                           "local_step_scaler": 0.05, "local_step_clipper": 16, "eps": 1e-8, "variance_floor": 0.1,
+                           "variance_params": {"compressor": "fp16"},
+                           "params": {"compressor": "topk", "k": 0.01, "ef": "vanilla"}, "rules": SMALL},
 }
+# a setting is at parity with adam within 0.5 points of accuracy (digits) and 3% of validation loss (lm)
+PARITY = {"digits": 0.005, "lm": 0.03}
 # The same recipe for every setting of a task: Adam, lr with a linear warm-up over
 # `warmup` of the steps then cosine decay to 10%; batch per worker.
 RECIPES = {
@@ -84,6 +105,14 @@ def run_worker(args) -> None:
         opt = bps.OneBitAdam(model.parameters(), lr=recipe["lr"], eps=spec["eps"], freeze_step=freeze,
                              compression_params=spec.get("params"), compression_rules=rules,
                              named_parameters=named, variance_floor=spec["variance_floor"])
+    elif spec.get("optimizer") == "zero_one_adam":
+        freeze = max(1, int(spec["var_freeze"] * steps))
+        opt = bps.ZeroOneAdam(model.parameters(), lr=recipe["lr"], eps=spec["eps"], var_freeze_step=freeze,
+                              var_update_scaler=spec["var_update_scaler"],
+                              local_step_scaler=max(1, int(spec["local_step_scaler"] * steps)),
+                              local_step_clipper=spec["local_step_clipper"], compression_params=spec.get("params"),
+                              compression_rules=rules, named_parameters=named, variance_floor=spec["variance_floor"],
+                              variance_compression_params=spec.get("variance_params"))
     else:
         freeze = None
         opt = bps.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=recipe["lr"]),
@@ -95,7 +124,8 @@ def run_worker(args) -> None:
     start = (client.bytes_pushed, client.bytes_pulled)
     at_freeze = None
     batches = task.batches(rank, size, recipe["batch"], args.seed)
-    losses, evals = [], []
+    losses, evals, sent = [], [], []  # sent: bytes pushed + pulled by this worker after each step
+    digest, kinds = None, {}
     t0 = time.perf_counter()
     for step in range(steps):
         if freeze is not None and step == freeze:
@@ -107,18 +137,23 @@ def run_worker(args) -> None:
         opt.step()
         sched.step()
         losses.append(loss.item())
+        sent.append(client.bytes_pushed + client.bytes_pulled - start[0] - start[1])
+        kind = getattr(opt, "last_kind", None) or "step"
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if getattr(opt, "in_sync", True):  # between 0/1 Adam's syncs workers differ, by design
+            digest = (step + 1, float(sum(p.detach().double().sum() * (i + 1)
+                                          for i, p in enumerate(model.parameters()))))
         if rank == 0 and ((step + 1) % recipe["eval_every"] == 0 or step + 1 == steps):
-            evals.append({"step": step + 1, **task.evaluate(model)})
+            evals.append({"step": step + 1, "sent": sent[-1], **task.evaluate(model)})
     seconds = time.perf_counter() - t0
     end = (client.bytes_pushed, client.bytes_pulled)
-    # sanity: every worker holds the same parameters (after the byte count)
-    digest = float(sum(p.detach().double().sum() * (i + 1) for i, p in enumerate(model.parameters())))
-    digests = [bps.broadcast_object(digest, root_rank=r, name=f"digest.{r}") for r in range(size)]
+    # sanity: every worker held the same parameters after the last step that synchronised them
+    digests = [tuple(bps.broadcast_object(digest, root_rank=r, name=f"digest.{r}")) for r in range(size)]
     if rank == 0:
         d = sum(p.numel() for p in model.parameters())
         out = {"task": args.task, "setting": args.setting, "seed": args.seed, "steps": steps,
-               "params": d, "seconds": seconds, "train_loss": losses, "evals": evals,
-               "final": evals[-1], "identical": len(set(digests)) == 1,
+               "params": d, "seconds": seconds, "train_loss": losses, "evals": evals, "sent": sent,
+               "kinds": kinds, "final": evals[-1], "identical": len(set(digests)) == 1, "synced_at": digest[0],
                "pushed_per_step": (end[0] - start[0]) / steps, "pulled_per_step": (end[1] - start[1]) / steps}
         if at_freeze is not None:
             out["frozen_per_step"] = (end[0] - at_freeze[0] + end[1] - at_freeze[1]) / (steps - freeze)
@@ -147,7 +182,7 @@ def launch(task: str, setting: str, spec: dict, recipe: dict, seed: int, tmp: st
 
 
 def summarise(runs: list[dict]) -> dict:
-    """Mean over seeds of the final metrics and the bytes per step."""
+    """Mean over seeds of the final metrics and the bytes per step (whole run; after the freeze)."""
     first = runs[0]
     wire = sum(r["pushed_per_step"] + r["pulled_per_step"] for r in runs) / len(runs)
     d = first["params"]
@@ -155,45 +190,75 @@ def summarise(runs: list[dict]) -> dict:
          "loss": sum(r["final"]["loss"] for r in runs) / len(runs),
          "acc_runs": [r["final"]["acc"] for r in runs], "loss_runs": [r["final"]["loss"] for r in runs],
          "bytes": wire, "ratio_fp32": 2 * 4 * d / wire, "ratio_fp16": 2 * 2 * d / wire,
-         "seconds": sum(r["seconds"] for r in runs) / len(runs),
+         "seconds": sum(r["seconds"] for r in runs) / len(runs), "kinds": first.get("kinds", {}),
          "identical": all(r["identical"] for r in runs)}
     if "frozen_per_step" in first:
         frozen = sum(r["frozen_per_step"] for r in runs) / len(runs)
         s["frozen_bytes"] = frozen
-        s["frozen_ratio_fp16"] = 2 * 2 * d / frozen
+        s["frozen_ratio_fp16"] = 2 * 2 * d / frozen if frozen else math.inf
     return s
 
 
+def parity(summary: dict, tasks: list[str], names: list[str]) -> dict:
+    """Each setting's gap to ``adam`` per task, whether it is within ``PARITY`` on all of them,
+    and the best run-averaged ratio against fp16 among those that are (a setting's ratio: the
+    smallest over its tasks)."""
+    if "adam" not in names:
+        return {}
+    out, best = {}, (None, 0.0)
+    for setting in names:
+        gaps = {}
+        for t in tasks:
+            base, got = summary[(t, "adam")], summary[(t, setting)]
+            gaps[t] = base["acc"] - got["acc"] if t == "digits" else got["loss"] / base["loss"] - 1
+        ok = all(gaps[t] <= PARITY[t] for t in tasks)
+        ratio = min(summary[(t, setting)]["ratio_fp16"] for t in tasks)
+        out[setting] = {"gaps": gaps, "at_parity": ok, "ratio_fp16_run": ratio}
+        if ok and ratio > best[1]:
+            best = (setting, ratio)
+    return {"settings": out, "best_at_parity": best[0], "best_ratio_at_parity": best[1]}
+
+
 def chart(task: str, results: dict, path: str) -> None:
+    """Training loss and the validation metric, against steps (left) and bytes sent (right)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     metric = "acc" if task == "digits" else "loss"
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    label = "accuracy" if metric == "acc" else "loss"
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for setting, runs in results.items():
         losses = runs[0]["train_loss"]
         ema, smooth = losses[0], []
         for v in losses:
             ema = 0.95 * ema + 0.05 * v
             smooth.append(ema)
-        line, = left.plot(range(1, len(smooth) + 1), smooth, label=setting)
+        sent = [max(b, 1) / 1e6 for b in runs[0]["sent"]]  # MB this worker pushed + pulled so far
+        line, = axes[0, 0].plot(range(1, len(smooth) + 1), smooth, label=setting)
+        axes[0, 1].plot(sent, smooth, color=line.get_color(), label=setting)
         steps = [e["step"] for e in runs[0]["evals"]]
-        right.plot(steps, [sum(r["evals"][i][metric] for r in runs) / len(runs) for i in range(len(steps))],
-                   color=line.get_color(), label=setting)
-    left.set(xlabel="step", ylabel="training loss (worker 0, EMA 0.95)", title=f"{task}: training loss")
-    left.set_yscale("log")
-    right.set(xlabel="step", ylabel="validation " + ("accuracy" if metric == "acc" else "loss"),
-              title=f"{task}: validation {'accuracy' if metric == 'acc' else 'loss'} (mean of seeds)")
-    if metric == "acc":
-        right.set_ylim(0.8, 1.0)
-    else:
-        right.set_ylim(top=min(4.0, right.get_ylim()[1]))
-    for ax in (left, right):
+        values = [sum(r["evals"][i][metric] for r in runs) / len(runs) for i in range(len(steps))]
+        axes[1, 0].plot(steps, values, color=line.get_color(), label=setting)
+        axes[1, 1].plot([max(e["sent"], 1) / 1e6 for e in runs[0]["evals"]], values, color=line.get_color(),
+                        label=setting)
+    for ax in axes[0]:
+        ax.set(ylabel="training loss (worker 0, EMA 0.95)", yscale="log", title=f"{task}: training loss")
+    for ax in axes[1]:
+        ax.set(ylabel=f"validation {label} (mean of seeds)", title=f"{task}: validation {label}")
+        if metric == "acc":
+            ax.set_ylim(0.8, 1.0)
+        else:
+            ax.set_ylim(top=min(4.0, ax.get_ylim()[1]))
+    for ax in axes[:, 0]:
+        ax.set_xlabel("step")
+    for ax in axes[:, 1]:
+        ax.set(xlabel="MB sent by worker 0 (pushed + pulled, log scale)", xscale="log")
+    for ax in axes.flat:
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -242,25 +307,30 @@ def main() -> None:
                 results[task][setting] = runs
                 everything += runs
                 s = summary[(task, setting)] = summarise(runs)
-                print(f"{task:6s} {setting:14s} acc {s['acc']:.4f} loss {s['loss']:.4f} "
-                      f"bytes/step {s['bytes']:10.0f} x{s['ratio_fp32']:7.1f} fp32 x{s['ratio_fp16']:7.1f} fp16"
-                      + (f" (after freeze x{s['frozen_ratio_fp16']:.1f} fp16)" if "frozen_ratio_fp16" in s else "")
-                      + f"  {s['seconds']:.1f} s/run" + ("" if s["identical"] else "  WORKERS DIFFER"),
+                print(f"{task:6s} {setting:18s} acc {s['acc']:.4f} loss {s['loss']:.4f} "
+                      f"bytes/step {s['bytes']:10.0f} x{s['ratio_fp32']:7.1f} fp32 x{s['ratio_fp16']:7.1f} fp16 (run)"
+                      + (f" x{s['frozen_ratio_fp16']:.1f} fp16 (after freeze)" if "frozen_ratio_fp16" in s else "")
+                      + f"  {s['seconds']:.1f} s/run  {s['kinds']}" + ("" if s["identical"] else "  WORKERS DIFFER"),
                       flush=True)
             if args.charts:
                 chart(task, results[task], os.path.join(args.charts, f"convergence_{task}.png"))
+    at_parity = parity(summary, tasks, names)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"runs": everything, "summary": {f"{t}_{s}": v for (t, s), v in summary.items()}}, fh)
+            json.dump({"runs": everything, "summary": {f"{t}_{s}": v for (t, s), v in summary.items()},
+                       "parity": at_parity}, fh)
     print("\n| setting | " + " | ".join(f"{t} {'accuracy' if t == 'digits' else 'val loss'}" for t in tasks)
-          + " | bytes/step/worker (" + ", ".join(tasks) + ") | ratio vs fp32 | ratio vs fp16 |")
-    print("| --- " * (4 + len(tasks)) + "|")
+          + " | bytes/step/worker (" + ", ".join(tasks) + ") | ratio vs fp16, run (" + ", ".join(tasks)
+          + ") | ratio vs fp16, after freeze | at parity |")
+    print("| --- " * (5 + len(tasks)) + "|")
     for setting in names:
         cells = [f"{summary[(t, setting)]['acc' if t == 'digits' else 'loss']:.4f}" for t in tasks]
         wire = ", ".join(f"{summary[(t, setting)]['bytes']:.0f}" for t in tasks)
-        r32 = ", ".join(f"{summary[(t, setting)]['ratio_fp32']:.1f}" for t in tasks)
-        r16 = ", ".join(f"{summary[(t, setting)]['ratio_fp16']:.1f}" for t in tasks)
-        print(f"| {setting} | " + " | ".join(cells) + f" | {wire} | {r32} | {r16} |")
+        run = ", ".join(f"{summary[(t, setting)]['ratio_fp16']:.1f}" for t in tasks)
+        frozen = ", ".join(f"{summary[(t, setting)].get('frozen_ratio_fp16', math.nan):.1f}" for t in tasks)
+        ok = at_parity.get("settings", {}).get(setting, {}).get("at_parity")
+        print(f"| {setting} | " + " | ".join(cells) + f" | {wire} | {run} | {frozen} | "
+              + {True: "yes", False: "no", None: "-"}[ok] + " |")
     result = {}
     for setting in names:
         if "digits" in tasks:
@@ -268,7 +338,12 @@ def main() -> None:
         if "lm" in tasks:
             result[f"lm_{setting}_loss"] = round(summary[("lm", setting)]["loss"], 4)
         ratio_task = "digits" if "digits" in tasks else tasks[0]
-        result[f"{setting}_ratio_fp16"] = round(summary[(ratio_task, setting)]["ratio_fp16"], 1)
+        result[f"{setting}_ratio_fp16_run"] = round(summary[(ratio_task, setting)]["ratio_fp16"], 1)
+        if "frozen_ratio_fp16" in summary[(ratio_task, setting)]:
+            result[f"{setting}_ratio_fp16_frozen"] = round(summary[(ratio_task, setting)]["frozen_ratio_fp16"], 1)
+    if at_parity:
+        result["best_at_parity"] = at_parity["best_at_parity"]
+        result["best_ratio_at_parity"] = round(at_parity["best_ratio_at_parity"], 1)
     print(f"total {time.time() - t_start:.0f} s")
     print("RESULT " + json.dumps(result))
 

@@ -41,6 +41,7 @@ from typing import Iterable
 
 import torch
 
+from ..compressors.policy import CompressionPolicy
 from . import momentum_path as mp
 from . import ops
 from .zero_one_schedule import ZeroOneSchedule
@@ -71,6 +72,10 @@ class ZeroOneAdam(torch.optim.Optimizer):
         named_parameters: ``model.named_parameters()``; names must agree across workers.
         compression_rules: ``[(pattern, params), ...]`` by parameter name, first match wins.
         variance_floor: ``sqrt(v_hat)`` is at least this fraction of the tensor's mean; 0 disables.
+        variance_compression_params: how the gradient of a variance step travels: None
+            (uncompressed, the default) or ``{"compressor": "fp16"}``, what DeepSpeed's
+            variance steps send when training in fp16; no other codec (v needs the gradient's
+            own magnitudes).
     Raises:
         ValueError: bad arguments (a freeze before the first variance update, a scaler
             below 1, a codec the momentum path cannot carry), before the first step.
@@ -81,16 +86,23 @@ class ZeroOneAdam(torch.optim.Optimizer):
                  var_update_scaler: int = 16, local_step_scaler: int = 32678, local_step_clipper: int = 16,
                  bias_correction: bool = True, compression_params: dict | None = None,
                  named_parameters: Iterable | None = None, compression_rules: list[tuple[str, dict]] | None = None,
-                 variance_floor: float = 0.1):
+                 variance_floor: float = 0.1, variance_compression_params: dict | None = None):
         mp.check_adam_args(lr, betas, eps, weight_decay, variance_floor)
+        if variance_compression_params not in (None, {"compressor": "none"}, {"compressor": "fp16"}):
+            raise ValueError(f"ZeroOneAdam: variance_compression_params={variance_compression_params!r}: the "
+                             "variance needs the gradient at full precision: None or {'compressor': 'fp16'}")
         self.schedule = ZeroOneSchedule(var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper)
         policy = mp.momentum_policy(compression_params, compression_rules, "ZeroOneAdam")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.bias_correction = bias_correction
         self.variance_floor = variance_floor
         self.last_kind: str | None = None  # the kind of the last step taken
-        self._table = mp.ParameterTable([p for group in self.param_groups for p in group["params"]],
-                                        named_parameters, policy)
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        named_parameters = None if named_parameters is None else list(named_parameters)  # read twice
+        self._table = mp.ParameterTable(all_params, named_parameters, policy)
+        # the job file's rules are for the momentum path: the variance's codec is this argument alone
+        variance_policy = CompressionPolicy(variance_compression_params, None, ops.settings().min_compress_bytes)
+        self._variance_table = mp.ParameterTable(all_params, named_parameters, variance_policy)
 
     @property
     def in_sync(self) -> bool:
@@ -125,7 +137,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         for group, p in params:
             if kind == "variance":
                 buf = p.grad.detach().clone()  # the gradient itself stays the worker's own
-                pending.append(self._table.push_pull(buf, p, GRAD_PREFIX, group["lr"], compressed=False))
+                pending.append(self._variance_table.push_pull(buf, p, GRAD_PREFIX, group["lr"], compressed=True))
             else:
                 beta1 = group["betas"][0]
                 buf = torch.mul(self.state[p]["exp_avg"], beta1).add_(p.grad, alpha=1 - beta1)
