@@ -1,0 +1,86 @@
+"""suspend() / resume(): leave a job, join the next one (here with fewer workers),
+keeping the model and the optimizer: the trajectory is the one of an uninterrupted run."""
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.integ
+
+MODEL = """
+import torch, torch.nn as nn
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+def batch(worker, step):
+    g = torch.Generator().manual_seed(1000 * step + worker)
+    return torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+"""
+
+ELASTIC = MODEL + """
+import os, time, gradpress.torch as bps
+d = os.environ["GP_TEST_DIR"]
+bps.init()
+r = bps.rank()
+model = make_model()
+opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                               named_parameters=model.named_parameters())
+def train(steps):
+    for step in steps:
+        opt.zero_grad()
+        x, y = batch(r, step)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+train(range(3))
+bps.suspend()
+try:
+    bps.rank()
+    raise SystemExit("gradpress still answered after suspend()")
+except Exception as e:
+    assert "not initialised" in str(e), e
+if r == 1:
+    raise SystemExit(0)            # worker 1 leaves; worker 0 goes on alone
+open(os.path.join(d, "suspended"), "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists(os.path.join(d, "port2")):
+    assert time.monotonic() < deadline, "no second job"
+    time.sleep(0.05)
+os.environ["DMLC_PS_ROOT_PORT"] = open(os.path.join(d, "port2")).read()
+bps.resume(1, 1, 0)
+assert (bps.rank(), bps.size()) == (0, 1)
+train(range(3, 6))
+torch.save(model.state_dict(), os.path.join(d, "params.pt"))
+bps.shutdown()
+"""
+
+
+def test_suspend_then_resume_with_fewer_workers_continues_the_same_trajectory(cluster):
+    first = cluster(workers=2, servers=1)
+    first.start(ELASTIC)
+    deadline = time.monotonic() + 60
+    while not (first.tmp / "suspended").exists():
+        assert time.monotonic() < deadline, first.logs()
+        time.sleep(0.05)
+    for name in ("scheduler", "server 0", "worker 1"):  # the first job ended cleanly
+        assert first.procs[name].wait(timeout=30) == 0, first.logs()
+    second = cluster(workers=1, servers=1)
+    second.start_scheduler()
+    second.start_server(0)
+    (first.tmp / "port2").write_text(str(second.port))
+    assert first.procs["worker 0"].wait(timeout=60) == 0, first.logs() + second.logs()
+    second.assert_success(timeout_s=30)
+
+    ns = {}
+    exec(MODEL, ns)
+    model = ns["make_model"]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(6):
+        opt.zero_grad()
+        workers = range(2) if step < 3 else range(1)
+        for w in workers:
+            x, y = ns["batch"](w, step)
+            (torch.nn.functional.cross_entropy(model(x), y) / len(workers)).backward()
+        opt.step()
+    got = torch.load(first.tmp / "params.pt")
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
