@@ -12,15 +12,18 @@ momentum recurrence:
 - a codec that drops or shrinks part of its input (onebit, topk, randomk without scaling,
   and any codec not known to be unbiased, such as powersgd or acpsgd once they exist)
   needs ``ef``: without it that part of the momentum is lost at every step;
-- ``randomk`` with ``scaling`` (unbiased, n/k times the sent values) must not have ``ef``:
-  its residual is ``-(n/k - 1) x`` on the sent coordinates and grows without bound
-  (mean |m| 0.09 to 16,000 in 300 steps at k = 1%);
+- ``randomk`` with ``scaling`` (unbiased, n/k times the sent values) cannot carry it at
+  all: with ``ef`` its residual is ``-(n/k - 1) x`` on the sent coordinates and grows
+  without bound (mean |m| 0.09 to 16,000 in 300 steps at k = 1%); without, the pulled
+  momentum is fed back through ``beta1 * m``, so its variance grows by about
+  ``beta1^2 n/k`` per step (a regression's loss reached 1e27 in 40 steps of OneBitAdam, 1e9
+  of ZeroOneAdam, at k = 10%, tests/test_momentum_path.py);
 - ``onebit`` needs a scale (``scaling``: l1 or l2): without one every coordinate of the
   momentum becomes +-1;
 - worker momentum (a ``momentum`` key): the optimizer's own momentum is what travels.
 
-Dithering (unbiased, bounded error) works with or without ``ef`` (mean |m| stays at the
-uncompressed value in the same probe).
+Dithering (unbiased, its error bounded by the norm / s) works with or without ``ef``
+(mean |m| stays at the uncompressed value in the same probe).
 """
 from __future__ import annotations
 
@@ -52,10 +55,9 @@ def momentum_codec_problem(params: dict) -> str | None:
     if codec == "onebit" and not scaled:
         return "onebit on the momentum path needs 'scaling' (l1 or l2): without it every coordinate becomes +-1"
     if codec == "randomk" and scaled:
-        if has_ef:
-            return "randomk with 'scaling' is unbiased but not contractive: with error feedback its residual " \
-                   "grows by n/k every round; drop 'ef' or 'scaling'"
-        return None
+        return "randomk with 'scaling' diverges on the momentum path: with error feedback its residual grows " \
+               "by n/k every round (it is not contractive), without it the n/k-scaled noise is fed back through " \
+               "beta1 * m; use randomk without 'scaling', with 'ef'"
     if codec not in UNBIASED and not has_ef:
         return f"{codec} drops part of the momentum at every step: it needs error feedback ('ef': vanilla " \
                "or corrected)"
