@@ -1,0 +1,137 @@
+"""compressor 'auto' in a real job (gradpress/torch/auto_plan.py, fusion.py): every worker
+makes the same plan from rank 0's profile, and the fused groups' results are bit-identical
+to a numpy replay of the same grouping (raw, and onebit with error feedback both ways)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gradpress.compressors import reference as ref
+from gradpress.placement import make_key
+
+STEPS, PLAN_STEPS, LAYERS, WIDTH, LR = 7, 3, 6, 24, 0.05
+
+WORKER = f"""
+import json, os, torch, gradpress.torch as bps
+from gradpress.torch import ops
+bps.init()
+r = bps.rank()
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear({WIDTH}, {WIDTH}) for _ in range({LAYERS})])
+opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr={LR}), named_parameters=model.named_parameters(),
+                               compression_params=json.loads(os.environ["GP_AUTO"]))
+g = torch.Generator().manual_seed(100 + r)
+planned = []
+for step in range({STEPS}):
+    x, y = torch.randn(8, {WIDTH}, generator=g), torch.randn(8, {WIDTH}, generator=g)
+    planned.append(opt.gradpress_plan is not None)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+plan = opt.gradpress_plan
+names = {{id(p): n for n, p in model.named_parameters()}}
+groups = [([names[id(p)] for p in grp.members], grp.name, grp.spec.compression_params if grp.spec else None)
+          for grp in opt._gp_auto.groups]
+keys = {{n: [t.tensor_id, t.parts] for n, t in ops.client().tensors.items()}}
+torch.save({{"state": model.state_dict(), "planned": planned, "groups": groups, "keys": keys,
+             "options": plan.options, "predicted": plan.predicted_s}},
+           os.path.join(os.environ["GP_TEST_DIR"], f"w{{r}}.pt"))
+bps.shutdown()
+"""
+
+
+def replay(results: list[dict], workers: int) -> dict:
+    """SGD on each worker's gradients (computed again here, one thread, as the workers did),
+    summed the way the plan sends them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _replay(results, workers)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _replay(results: list[dict], workers: int) -> dict:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    sgd = torch.optim.SGD(model.parameters(), lr=LR)
+    params = dict(model.named_parameters())
+    data = [torch.Generator().manual_seed(100 + r) for r in range(workers)]
+    worker_e, server_e = {}, {}
+    first = results[0]
+    for step in range(STEPS):
+        grads = []
+        for g in data:
+            x, y = torch.randn(8, WIDTH, generator=g), torch.randn(8, WIDTH, generator=g)
+            model.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            grads.append({n: p.grad.clone() for n, p in params.items()})
+        if not first["planned"][step]:
+            for name, p in params.items():
+                p.grad = (sum(g[name] for g in grads[1:]) + grads[0][name]) / workers
+        else:
+            for members, group_name, compression in first["groups"]:
+                flat = [torch.cat([g[n].reshape(-1) for n in members]).numpy() for g in grads]
+                out = _group_average(flat, compression, first["keys"][group_name], step, worker_e, server_e)
+                lo = 0
+                for n in members:
+                    params[n].grad = torch.from_numpy(out[lo:lo + params[n].numel()].copy()).view_as(params[n])
+                    lo += params[n].numel()
+        with torch.no_grad():
+            sgd.step()
+    return model.state_dict()
+
+
+def _group_average(flat: list[np.ndarray], compression: dict | None, key_info: list, step: int,
+                   worker_e: dict, server_e: dict) -> np.ndarray:
+    workers = len(flat)
+    if compression is None:
+        total = flat[0].copy()
+        for f in flat[1:]:
+            total = total + f
+        return total / np.float32(workers)
+    assert compression["compressor"] == "onebit" and compression["scaling"] is True
+    tensor_id, parts = key_info
+    out, lo = np.empty(flat[0].size, np.float32), 0
+    for i, n in enumerate(parts):
+        key = make_key(tensor_id, i)
+        acc = None
+        for r in range(workers):
+            g = flat[r][lo:lo + n]
+            e = worker_e.get((r, key))
+            p = g if e is None else (g.astype(np.float64) + e.astype(np.float64)).astype(np.float32)
+            d = ref.onebit_decode(ref.onebit(p, "l1"), n)
+            worker_e[(r, key)] = p - d
+            acc = d.copy() if acc is None else acc + d
+        e = server_e.get(key)
+        s = acc if e is None else (acc.astype(np.float64) + e.astype(np.float64)).astype(np.float32)
+        d = ref.onebit_decode(ref.onebit(s, "l1"), n)
+        server_e[key] = s - d
+        out[lo:lo + n] = d / np.float32(workers)
+        lo += n
+    return out
+
+
+@pytest.mark.integ
+@pytest.mark.parametrize("auto", [{"compressor": "auto", "allowed": ["none"]},
+                                  {"compressor": "auto", "allowed": ["onebit"]}], ids=["raw", "onebit"])
+def test_every_worker_plans_alike_and_fused_sums_match_the_replay(cluster, auto):
+    import json
+    c = cluster(workers=2, servers=1, env={"GP_AUTO": json.dumps(auto),
+                                          "GRADPRESS_PLAN_STEPS": str(PLAN_STEPS), "BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    c.start(WORKER).assert_success(180)
+    results = [torch.load(c.tmp / f"w{r}.pt", weights_only=False) for r in range(2)]
+    a, b = results
+    assert a["planned"] == [False] * PLAN_STEPS + [True] * (STEPS - PLAN_STEPS)
+    assert (a["groups"], a["options"], a["predicted"]) == (b["groups"], b["options"], b["predicted"]), \
+        "workers made different plans"
+    expected = set(auto["allowed"])
+    assert set(a["options"]) == expected
+    assert sorted(n for members, _, _ in a["groups"] for n in members) == sorted(a["state"]), \
+        "a tensor is missing from the plan, or in two groups"
+    for name in a["state"]:
+        assert torch.equal(a["state"][name], b["state"][name]), f"{name}: workers' parameters differ"
+    want = replay(results, 2)
+    for name, value in want.items():
+        assert torch.equal(a["state"][name], value), f"{name}: differs from the replay of the plan's grouping"
