@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from numba import cuda  # noqa: E402
 
-from gradpress.compressors import build_compressor  # noqa: E402
+from gradpress.compressors import ErrorFeedback, build_compressor  # noqa: E402
 from gradpress.compressors.arrays import is_device_array  # noqa: E402
 from tests.compressors.cases import CODEC_PARAMS, gaussian  # noqa: E402
 
@@ -83,6 +83,42 @@ def wrapper_cases():
         yield f"error-feedback/{name}", problem
 
 
+def fused_cases():
+    """Error feedback fused into the CUDA kernels against the generic steps on the same
+    device (``fused=False``): payload and residual bytes, every lossy codec, both kinds;
+    then a NaN in g refused with the device residual unchanged."""
+    for name, params in CODEC_PARAMS:
+        if name == "none":
+            continue
+        for kind in ("vanilla", "corrected"):
+            for n in (1, 9, 300):
+                pair = [ErrorFeedback(build_compressor(params, "server"), kind == "corrected",
+                                      fused) for fused in (True, False)]
+                problem = ""
+                for round in range(2):
+                    g = cuda.to_device(np.round(gaussian(n, seed=round) * 2).astype(np.float32)
+                                       if round else gaussian(n, seed=n))
+                    lr = 0.1 / (1 + round) ** 2
+                    fused, generic = (c.compress(g, key=1, round=round, lr=lr) for c in pair)
+                    problem = problem or same_payload(fused, generic)
+                    residuals = [c.residual(1).copy_to_host() for c in pair]
+                    if not problem and residuals[0].tobytes() != residuals[1].tobytes():
+                        problem = f"residuals differ at round {round}"
+                yield f"fused/{name}/{kind}/n={n}", problem
+        c = ErrorFeedback(build_compressor(params, "server"), True)
+        c.compress(cuda.to_device(gaussian(300, seed=1)), key=1, round=0, lr=0.1)
+        before = c.residual(1).copy_to_host()
+        bad = gaussian(300, seed=2)
+        bad[123] = np.nan
+        try:
+            c.compress(cuda.to_device(bad), key=1, round=1, lr=0.1)
+            problem = "no ValueError for NaN input"
+        except ValueError:
+            unchanged = c.residual(1).copy_to_host().tobytes() == before.tobytes()
+            problem = "" if unchanged else "the residual changed"
+        yield f"fused-nan/{name}", problem
+
+
 def decompress_case():
     c = build_compressor(dict(CODEC_PARAMS)["topk-frac"], "server")
     x = gaussian(100)
@@ -98,6 +134,7 @@ def decompress_case():
 if __name__ == "__main__":
     warnings.simplefilter("ignore")  # simulated uint64 arithmetic warns on (intended) wrap
     with np.errstate(over="ignore"):
-        for source in (codec_cases, rejection_cases, wrapper_cases, decompress_case):
+        for source in (codec_cases, rejection_cases, wrapper_cases, decompress_case,
+                       fused_cases):
             for case, problem in source():
                 print(json.dumps({"case": case, "problem": problem}), flush=True)

@@ -1,4 +1,5 @@
-"""CUDA kernels under Numba's simulator: payloads byte-identical to the CPU kernels.
+"""CUDA kernels under Numba's simulator: payloads byte-identical to the CPU kernels, and
+fused error feedback byte-identical to the generic steps on the device.
 
 The simulator is chosen by NUMBA_ENABLE_CUDASIM=1 before numba is first imported, so the
 comparison runs in a subprocess (cudasim_payloads.py) and this process stays unaffected.
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.timeout(170 * 3 + 30)  # the simulator is slow; one run serves all
 SCRIPT = Path(__file__).with_name("cudasim_payloads.py")
 REPO = SCRIPT.parents[2]
 
@@ -19,7 +21,7 @@ REPO = SCRIPT.parents[2]
 def results() -> dict:
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(REPO)}
     run = subprocess.run([sys.executable, str(SCRIPT)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=170)
+                         capture_output=True, text=True, timeout=170 * 3)
     assert run.returncode == 0, f"simulator run failed:\n{run.stderr[-4000:]}"
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     return {line["case"]: line["problem"] for line in lines}
@@ -28,7 +30,7 @@ def results() -> dict:
 @pytest.mark.parametrize("group, minimum", [
     ("device-path-taken", 1), ("none/", 3), ("fp16/", 4), ("onebit", 12), ("topk", 8),
     ("randomk", 8), ("dither", 16), ("nan-rejected/", 4), ("error-feedback/", 3),
-    ("decompress-to-device", 1)])
+    ("decompress-to-device", 1), ("fused/", 12 * 2 * 3), ("fused-nan/", 12)])
 def test_gpu_path_matches_cpu_kernels_byte_for_byte(results, group, minimum):
     cases = {case: problem for case, problem in results.items() if case.startswith(group)}
     assert len(cases) >= minimum, f"only {len(cases)} simulator cases for {group}"
