@@ -14,7 +14,9 @@ STEPS, PLAN_STEPS, LAYERS, WIDTH, LR = 7, 3, 6, 24, 0.05
 
 WORKER = f"""
 import json, os, torch, gradpress.torch as bps
-from gradpress.torch import ops
+from gradpress.torch import auto_plan, ops
+if os.environ.get("GP_FORCE_REPLAN"):  # every other step counts as drifted: re-plan every 2 steps
+    auto_plan.DRIFT, auto_plan.DRIFT_STEPS, auto_plan.DRIFT_CHECK_STEPS = -1.0, 1, 2
 bps.init()
 r = bps.rank()
 torch.manual_seed(0)
@@ -22,19 +24,22 @@ model = torch.nn.Sequential(*[torch.nn.Linear({WIDTH}, {WIDTH}) for _ in range({
 opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr={LR}), named_parameters=model.named_parameters(),
                                compression_params=json.loads(os.environ["GP_AUTO"]))
 g = torch.Generator().manual_seed(100 + r)
-planned = []
+planned, step_groups = [], []
+names = {{id(p): n for n, p in model.named_parameters()}}
+def groups_now():
+    return [([names[id(p)] for p in grp.members], grp.name, grp.spec.compression_params if grp.spec else None)
+            for grp in opt._gp_auto.groups]
 for step in range({STEPS}):
     x, y = torch.randn(8, {WIDTH}, generator=g), torch.randn(8, {WIDTH}, generator=g)
     planned.append(opt.gradpress_plan is not None)
+    step_groups.append(groups_now() if planned[-1] else None)
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.step()
 plan = opt.gradpress_plan
-names = {{id(p): n for n, p in model.named_parameters()}}
-groups = [([names[id(p)] for p in grp.members], grp.name, grp.spec.compression_params if grp.spec else None)
-          for grp in opt._gp_auto.groups]
 keys = {{n: [t.tensor_id, t.parts] for n, t in ops.client().tensors.items()}}
-torch.save({{"state": model.state_dict(), "planned": planned, "groups": groups, "keys": keys,
+torch.save({{"state": model.state_dict(), "planned": planned, "groups": groups_now(), "step_groups": step_groups,
+             "keys": keys, "version": opt._gp_auto.version,
              "options": plan.options, "predicted": plan.predicted_s}},
            os.path.join(os.environ["GP_TEST_DIR"], f"w{{r}}.pt"))
 bps.shutdown()
@@ -59,6 +64,7 @@ def _replay(results: list[dict], workers: int) -> dict:
     params = dict(model.named_parameters())
     data = [torch.Generator().manual_seed(100 + r) for r in range(workers)]
     worker_e, server_e = {}, {}
+    carry = [{} for _ in range(workers)]
     first = results[0]
     for step in range(STEPS):
         grads = []
@@ -67,11 +73,18 @@ def _replay(results: list[dict], workers: int) -> dict:
             model.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
             grads.append({n: p.grad.clone() for n, p in params.items()})
-        if not first["planned"][step]:
+        groups = first["step_groups"][step]
+        if step and groups is not None and first["step_groups"][step - 1] not in (None, groups):
+            _hand_over(first["step_groups"][step - 1], first["keys"], params, worker_e, server_e, carry)
+        for r in range(workers):
+            for name, extra in carry[r].items():
+                grads[r][name] = grads[r][name] + extra.view_as(grads[r][name])
+            carry[r] = {}
+        if groups is None:
             for name, p in params.items():
                 p.grad = (sum(g[name] for g in grads[1:]) + grads[0][name]) / workers
         else:
-            for members, group_name, compression in first["groups"]:
+            for members, group_name, compression in groups:
                 flat = [torch.cat([g[n].reshape(-1) for n in members]).numpy() for g in grads]
                 out = _group_average(flat, compression, first["keys"][group_name], step, worker_e, server_e)
                 lo = 0
@@ -81,6 +94,25 @@ def _replay(results: list[dict], workers: int) -> dict:
         with torch.no_grad():
             sgd.step()
     return model.state_dict()
+
+
+def _hand_over(groups, keys, params, worker_e, server_e, carry) -> None:
+    """A re-plan: each compressed group's residuals go to its members' next push (the servers' via rank 0)."""
+    for members, group_name, compression in groups:
+        if compression is None:
+            continue
+        tensor_id, parts = keys[group_name]
+        for r in range(len(carry)):
+            flat = np.concatenate([worker_e.get((r, make_key(tensor_id, i)), np.zeros(n, np.float32))
+                                   for i, n in enumerate(parts)])
+            if r == 0:
+                flat = flat + np.concatenate([server_e.get(make_key(tensor_id, i), np.zeros(n, np.float32))
+                                              for i, n in enumerate(parts)])
+            lo = 0
+            for name in members:
+                n = params[name].numel()
+                carry[r][name] = carry[r].get(name, 0) + torch.from_numpy(flat[lo:lo + n].copy())
+                lo += n
 
 
 def _group_average(flat: list[np.ndarray], compression: dict | None, key_info: list, step: int,
@@ -114,16 +146,21 @@ def _group_average(flat: list[np.ndarray], compression: dict | None, key_info: l
 
 
 @pytest.mark.integ
-@pytest.mark.parametrize("auto", [{"compressor": "auto", "allowed": ["none"]},
-                                  {"compressor": "auto", "allowed": ["onebit"]}], ids=["raw", "onebit"])
-def test_every_worker_plans_alike_and_fused_sums_match_the_replay(cluster, auto):
+@pytest.mark.parametrize("auto,replan", [({"compressor": "auto", "allowed": ["none"]}, False),
+                                         ({"compressor": "auto", "allowed": ["onebit"]}, False),
+                                         ({"compressor": "auto", "allowed": ["onebit"]}, True)],
+                         ids=["raw", "onebit", "onebit-replanned"])
+def test_every_worker_plans_alike_and_fused_sums_match_the_replay(cluster, auto, replan):
     import json
-    c = cluster(workers=2, servers=1, env={"GP_AUTO": json.dumps(auto),
-                                          "GRADPRESS_PLAN_STEPS": str(PLAN_STEPS), "BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    env = {"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(PLAN_STEPS), "BYTEPS_MIN_COMPRESS_BYTES": "0"}
+    if replan:
+        env["GP_FORCE_REPLAN"] = "1"
+    c = cluster(workers=2, servers=1, env=env)
     c.start(WORKER).assert_success(180)
     results = [torch.load(c.tmp / f"w{r}.pt", weights_only=False) for r in range(2)]
     a, b = results
     assert a["planned"] == [False] * PLAN_STEPS + [True] * (STEPS - PLAN_STEPS)
+    assert a["version"] == (2 if replan else 0), "re-plans after steps 4 and 6 were expected"
     assert (a["groups"], a["options"], a["predicted"]) == (b["groups"], b["options"], b["predicted"]), \
         "workers made different plans"
     expected = set(auto["allowed"])
@@ -132,6 +169,6 @@ def test_every_worker_plans_alike_and_fused_sums_match_the_replay(cluster, auto)
         "a tensor is missing from the plan, or in two groups"
     for name in a["state"]:
         assert torch.equal(a["state"][name], b["state"][name]), f"{name}: workers' parameters differ"
-    want = replay(results, 2)
+    want = replay(results, 2)  # with the residuals handed over at each re-plan
     for name, value in want.items():
         assert torch.equal(a["state"][name], value), f"{name}: differs from the replay of the plan's grouping"

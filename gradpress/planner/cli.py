@@ -75,18 +75,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def sweep(profile: Profile, options: list[str], workers: list[int], rates: list[float],
+          servers: int | None = None, min_compress_bytes: int = 65536) -> list[dict]:
+    """Predicted iteration time per (link rate, workers); servers scale with the workers as in
+    the profile's job unless ``servers`` is given."""
+    rows = []
+    for bps in rates:
+        for w in workers:
+            n_servers = servers or max(1, w * profile.servers // profile.workers)
+            plan = decide(profile.scaled(w, n_servers, bps), options, min_compress_bytes)
+            rows.append({"workers": w, "servers": n_servers, "gbit_per_s": 8 * bps / 1e9,
+                         "predicted_s": plan.predicted_s, "groups": len(plan.groups),
+                         "options": {o: plan.options.count(o) for o in sorted(set(plan.options))}})
+    return rows
+
+
 def _sweep(profile: Profile, options: list[str], args) -> int:
     workers = args.sweep_workers or [profile.workers]
     rates = [rate_bytes_per_s(r) for r in (args.sweep_bandwidth or "").split(",") if r.strip()] \
         or [profile.link.bytes_per_s]
-    rows = []
-    for bps in rates:
-        for w in workers:
-            servers = args.servers or max(1, w * profile.servers // profile.workers)
-            plan = decide(profile.scaled(w, servers, bps), options, args.min_compress_bytes)
-            used = {o: plan.options.count(o) for o in sorted(set(plan.options))}
-            rows.append({"workers": w, "servers": servers, "gbit_per_s": 8 * bps / 1e9,
-                         "predicted_s": plan.predicted_s, "groups": len(plan.groups), "options": used})
+    rows = sweep(profile, options, workers, rates, args.servers, args.min_compress_bytes)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
