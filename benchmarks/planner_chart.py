@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from gradpress.planner.cli import sweep
 from gradpress.planner.profile import Profile
