@@ -30,6 +30,7 @@ class WorkerClient:
         self.s = settings
         self.tracer = Tracer(settings.trace)
         self.comm = CommunicationThread(settings, transport.context(), self.tracer)
+        self.aborted = False  # abort() was called: finish() must not wait for the others
 
     @property
     def fatal(self) -> JobError | None:
@@ -159,11 +160,15 @@ class WorkerClient:
         stops every other node at once, and wait up to ``wait_s`` for its acknowledgement."""
         if self.fatal is not None or self.comm.stopped.is_set() or not self.comm.is_alive():
             return  # the job is already ending, or this worker never joined it
+        self.aborted = True
         self.comm.submit(cmd.Abort(reason))
         self.comm.stopped.wait(wait_s)
 
     def finish(self) -> None:
         """Tell the scheduler this worker is done and wait for the job to end (deadline applies)."""
+        if self.aborted:  # this worker failed: nothing to wait for, even if the scheduler never answered
+            self.comm.stopped.set()
+            self.comm.wake()
         if self.comm.stopped.is_set():
             return
         fut = Future("shutdown (waiting for every worker to finish)")
