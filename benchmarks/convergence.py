@@ -227,6 +227,7 @@ def chart(task: str, results: dict, path: str) -> None:
     metric = "acc" if task == "digits" else "loss"
     label = "accuracy" if metric == "acc" else "loss"
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    lowest = math.inf
     for setting, runs in results.items():
         losses = runs[0]["train_loss"]
         ema, smooth = losses[0], []
@@ -238,6 +239,7 @@ def chart(task: str, results: dict, path: str) -> None:
         axes[0, 1].plot(sent, smooth, color=line.get_color(), label=setting)
         steps = [e["step"] for e in runs[0]["evals"]]
         values = [sum(r["evals"][i][metric] for r in runs) / len(runs) for i in range(len(steps))]
+        lowest = min(lowest, *values)
         axes[1, 0].plot(steps, values, color=line.get_color(), label=setting)
         axes[1, 1].plot([max(e["sent"], 1) / 1e6 for e in runs[0]["evals"]], values, color=line.get_color(),
                         label=setting)
@@ -248,7 +250,7 @@ def chart(task: str, results: dict, path: str) -> None:
         if metric == "acc":
             ax.set_ylim(0.8, 1.0)
         else:
-            ax.set_ylim(top=min(4.0, ax.get_ylim()[1]))
+            ax.set_ylim(0.95 * lowest, min(4.0, ax.get_ylim()[1]))
     for ax in axes[:, 0]:
         ax.set_xlabel("step")
     for ax in axes[:, 1]:
@@ -273,6 +275,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, help="override every task's steps")
     p.add_argument("--charts", default=os.path.join(ROOT, "docs"), help="folder for the PNGs ('' for none)")
     p.add_argument("--json", help="also write all runs here")
+    p.add_argument("--replot", metavar="JSON", help="only draw the charts again from a --json file")
     # worker mode (started by the launcher)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     for name in ("task", "setting", "spec", "recipe", "out"):
@@ -282,6 +285,16 @@ def main() -> None:
     if args.worker:
         return run_worker(args)
 
+    if args.replot:
+        with open(args.replot) as fh:
+            runs = json.load(fh)["runs"]
+        for task in dict.fromkeys(r["task"] for r in runs):
+            grouped: dict = {}
+            for r in runs:
+                if r["task"] == task:
+                    grouped.setdefault(r["setting"], []).append(r)
+            chart(task, grouped, os.path.join(args.charts, f"convergence_{task}.png"))
+        return
     settings = dict(SETTINGS)
     for d in args.define:
         name, _, spec = d.partition("=")
