@@ -170,8 +170,8 @@ class ZeroOneAdam(torch.optim.Optimizer):
             self._update(group, p, st, denom, t)
             if sync:
                 buf = (p.detach() - st["anchor"]).mul_(denom)  # momentum units, as DeepSpeed sends
-                pending.append((denom, buf, self._table.push_pull(buf, p, DELTA_PREFIX, group["lr"], compressed=True)))
-        for (group, p), (denom, buf, handle) in zip(params, pending):
+                pending.append((denom, self._table.push_pull(buf, p, DELTA_PREFIX, group["lr"], compressed=True)))
+        for (group, p), (denom, handle) in zip(params, pending):
             avg = ops.synchronize(handle)
             st = self.state[p]
             p.copy_(st["anchor"] + avg / denom)
