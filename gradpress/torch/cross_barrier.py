@@ -1,0 +1,150 @@
+"""``CrossBarrier``: the next forward pass starts layer by layer as each parameter lands.
+
+BytePS's wrapper around ``DistributedOptimizer`` (after ByteScheduler, SOSP'19): ``step()``
+does not wait for the push_pulls. An updater thread takes each parameter as its average
+arrives, in the order the next forward pass needs them, steps that one parameter with
+the wrapped optimizer's own algorithm and zeroes its gradient; a hook before each
+module's forward waits only for that module's parameters. Communication of the last
+layers thus overlaps the computation of the first ones of the next iteration.
+
+Each parameter is stepped by a one-parameter instance of the wrapped optimizer's class
+that shares its state and takes its group's hyper-parameters as they were at
+``step()``, so any torch optimizer works and the parameters are bit-identical to a
+plain ``DistributedOptimizer``'s (one that steps them all at once, per tensor, as
+torch does on CPU). ``zero_grad()`` is a no-op (the updater zeroes each gradient);
+call ``synchronize()`` before reading parameters outside a forward pass (checkpoints,
+evaluation). Differences from BytePS: every ``step()`` crosses the barrier (BytePS
+steps the first one locally), and any optimizer works, not only SGD, Adam and RMSprop.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+import torch
+
+from ..errors import JobError, OpTimeoutError
+from . import ops
+from .compression import Compression
+from .optimizer import DistributedOptimizer
+
+log = logging.getLogger(__name__)
+_STOP = object()
+
+
+class _CrossBarrier:
+    def __init__(self, model: torch.nn.Module, opt, num_steps: int = 10 ** 6):
+        if ops.settings().enable_async:
+            raise ValueError("CrossBarrier overlaps gradient push_pulls: it cannot run with BYTEPS_ENABLE_ASYNC=1")
+        self._model, self._opt = model, opt
+        self._step, self._final_step = 0, num_steps
+        params = opt._gp_params
+        self._forward_order = {id(p): i for i, p in enumerate(params)}
+        self._ready = {id(p): threading.Event() for p in params}
+        for event in self._ready.values():
+            event.set()
+        self._error: BaseException | None = None
+        base = opt._gp_base
+        group_of = opt._gp_group
+        self._single = {}
+        for p in params:  # one-parameter optimizers sharing the wrapped one's state
+            single = base([{**{k: v for k, v in group_of[id(p)].items() if k != "params"}, "params": [p]}])
+            single.state = opt.state
+            self._single[id(p)] = single
+        opt._gp_listener = self._started
+        self._hooks = [m.register_forward_pre_hook(self._before_forward)
+                       for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+        self._work: queue.Queue = queue.Queue()
+        self._updater = threading.Thread(target=self._update_loop, name="gp-cross-barrier", daemon=True)
+        self._updater.start()
+
+    def __getattr__(self, item):
+        return getattr(self._opt, item)
+
+    # ---- the training thread ------------------------------------------------
+
+    def _started(self, p: torch.Tensor, handle: int, ctx) -> None:
+        self._ready[id(p)].clear()
+
+    def _before_forward(self, module: torch.nn.Module, inputs) -> None:
+        for p in module.parameters(recurse=False):
+            event = self._ready.get(id(p))
+            if event is not None:
+                self._wait(event)
+
+    def _wait(self, event: threading.Event) -> None:
+        timeout_s = ops.settings().op_timeout_s + 5
+        if not event.wait(timeout_s):
+            raise OpTimeoutError(f"CrossBarrier: a parameter's update did not arrive within {timeout_s:g} s")
+        if self._error is not None:
+            raise JobError(f"CrossBarrier: updating the parameters failed: {self._error!r}") from self._error
+
+    def step(self, closure=None):
+        """Start the push_pulls backward did not reach and return; the updater steps each
+        parameter as its average lands."""
+        if self._error is not None:
+            raise JobError(f"CrossBarrier: updating the parameters failed: {self._error!r}") from self._error
+        loss = closure() if closure is not None else None
+        opt = self._opt
+        opt._gp_start_missing()
+        batch = sorted(opt._gp_handles.values(), key=lambda item: self._forward_order[id(item[0])])
+        # hyper-parameters as of this step: an LR scheduler may change them before the updater runs
+        hyper = {id(p): {k: v for k, v in opt._gp_group[id(p)].items() if k != "params"} for p, _, _ in batch}
+        opt._gp_handles.clear()
+        for p in opt._gp_params:
+            opt._gp_delay[id(p)] = opt.backward_passes_per_step
+        self._work.put((batch, hyper))
+        self._step += 1
+        if self._step >= self._final_step:
+            self.synchronize()
+            self._work.put(_STOP)
+            self._updater.join(timeout=5)
+        return loss
+
+    def synchronize(self) -> None:
+        """Wait until every parameter has been updated."""
+        for event in self._ready.values():
+            self._wait(event)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """A no-op: the updater zeroes each gradient once its parameter is updated."""
+
+    # ---- the updater thread ---------------------------------------------------
+
+    def _update_loop(self) -> None:
+        while (item := self._work.get()) is not _STOP:
+            batch, hyper = item
+            for p, handle, ctx in batch:
+                try:
+                    if self._error is None:
+                        self._update(p, handle, ctx, hyper[id(p)])
+                except BaseException as e:  # surfaced in the training thread at its next wait
+                    log.exception("CrossBarrier: updating a parameter failed")
+                    self._error = e
+                finally:
+                    self._ready[id(p)].set()
+
+    def _update(self, p: torch.Tensor, handle: int, ctx, hyper: dict) -> None:
+        self._opt._gp_finish(p, handle, ctx)
+        single = self._single[id(p)]
+        single.param_groups[0].update(hyper)
+        single.step()
+        with torch.no_grad():
+            p.grad.zero_()
+
+
+def CrossBarrier(model: torch.nn.Module, optimizer: torch.optim.Optimizer, named_parameters=None,
+                 compression=Compression.none, backward_passes_per_step: int = 1, num_steps: int = 10 ** 6,
+                 **distributed_kwargs):
+    """Wrap ``optimizer`` in a ``DistributedOptimizer`` whose ``step()`` does not wait.
+
+    Args:
+        model: the model whose modules' forward passes wait for their own parameters.
+        optimizer, named_parameters, compression, backward_passes_per_step: as for
+            ``DistributedOptimizer`` (and its keyword arguments: ``compression_params``, ...).
+        num_steps: after this many steps, wait for the last updates and stop the updater.
+    """
+    opt = DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
+                               **distributed_kwargs)
+    return _CrossBarrier(model, opt, num_steps)

@@ -1,0 +1,160 @@
+"""``DistributedDataParallel``: BytePS's DDP module, its gradients averaged by push_pull.
+
+As in BytePS: the constructor broadcasts the module's state from rank 0; every forward
+first broadcasts the buffers from rank 0 (``broadcast_buffers``); during backward each
+gradient, once accumulated, is pushed, and the backward pass that produced the last
+gradient waits for all of them, so that ``loss.backward()`` returns with averaged
+gradients and a plain torch optimizer steps. Parameters a forward pass did not use never
+get a gradient: call ``synchronize()`` after such a backward. Inside ``no_sync()``
+gradients accumulate locally and go out with the next backward outside it.
+
+Gradients travel in buckets, as torch's DDP sends them: parameters in reverse order
+(roughly the order backward produces them), cut at ``bucket_cap_mb``; a bucket is
+copied into one flat tensor and pushed when its last gradient is ready. Parameters
+whose compression differs (``compression_params`` / ``compression_rules``, the job
+file, BYTEPS_MIN_COMPRESS_BYTES) are never in one bucket. ``bucket_cap_mb=0`` gives
+every parameter a bucket of its own, named ``Gradient.<name>`` as BytePS names it.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from ...compressors.policy import CompressionPolicy
+from ...compressors.spec import CodecSpec
+from .. import ops
+from ..broadcast import broadcast_parameters
+from ..compression import Compression
+
+
+@dataclass
+class Bucket:
+    """Parameters whose gradients travel together in one flat tensor."""
+    name: str
+    params: list[torch.Tensor]
+    spec: CodecSpec | None
+    priority: int
+    ready: int = 0
+    handle: tuple[int, object] | None = field(default=None)  # (push_pull handle, compression ctx)
+    flat: torch.Tensor | None = None
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """Wrap ``module`` so that backward averages its gradients over every worker.
+
+    Args:
+        module: the model; all its parameters and buffers exist by now.
+        device_ids: BytePS's single-device list (one entry, or None on CPU).
+        broadcast_buffers: broadcast the buffers from rank 0 at every forward.
+        compression: ``Compression.none`` or ``Compression.fp16``.
+        bucket_cap_mb: largest bucket, in MiB; 0: one bucket per parameter.
+        compression_params / compression_rules: as for ``DistributedOptimizer``.
+    """
+
+    def __init__(self, module: torch.nn.Module, device_ids=None, broadcast_buffers: bool = True,
+                 compression=Compression.none, *, bucket_cap_mb: float = 25.0,
+                 compression_params: dict | None = None, compression_rules: list[tuple[str, dict]] | None = None):
+        super().__init__()
+        if device_ids is not None and len(device_ids) != 1:
+            raise ValueError(f"DistributedDataParallel: device_ids must hold exactly one device, got {device_ids}")
+        if ops.settings().enable_async:
+            raise ValueError("DistributedDataParallel averages gradients: it cannot run with BYTEPS_ENABLE_ASYNC=1")
+        if bucket_cap_mb < 0:
+            raise ValueError(f"bucket_cap_mb={bucket_cap_mb}: must be >= 0")
+        self.module = module
+        self.device_ids = list(device_ids or [])
+        self.broadcast_buffers = broadcast_buffers
+        self._compression = compression
+        self._sync = True
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._buckets = self._make_buckets(named, bucket_cap_mb, compression_params, compression_rules)
+        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
+        if module.state_dict():
+            broadcast_parameters(module.state_dict(), root_rank=0)
+
+    def _make_buckets(self, named, cap_mb: float, default, rules) -> list[Bucket]:
+        policy = CompressionPolicy.for_job(ops.settings(), default, rules)
+        order = {id(p): i for i, (_, p) in enumerate(named)}
+        buckets: list[Bucket] = []
+        current: list[tuple[str, torch.Tensor]] = []
+        current_spec, size = None, 0
+
+        def close() -> None:
+            if current:
+                params = [p for _, p in current]
+                name = f"Gradient.{current[0][0]}" if len(current) == 1 else f"Gradient.bucket.{len(buckets)}"
+                # the bucket holding the parameters nearest the input goes first, as in the optimizer
+                buckets.append(Bucket(name, params, current_spec, -min(order[id(p)] for p in params)))
+        for pname, p in reversed(named):
+            nbytes = p.numel() * p.element_size()
+            spec = policy.for_tensor(pname, nbytes, str(p.dtype).replace("torch.", ""))
+            if spec is not None and (spec.is_auto or spec.compression_params.get("ef") == "corrected"):
+                raise ValueError(f"DistributedDataParallel: parameter {pname!r}: compression {spec} needs the "
+                                 f"optimizer (learning rate, step times); use DistributedOptimizer")
+            same = current and spec == current_spec and p.dtype == current[0][1].dtype
+            if not same or size + nbytes > cap_mb * (1 << 20):
+                close()
+                current, current_spec, size = [], spec, 0
+            current.append((pname, p))
+            size += nbytes
+        close()
+        return buckets
+
+    def forward(self, *inputs, **kwargs):
+        if self.broadcast_buffers:
+            buffers = list(self.module.named_buffers())
+            if buffers:
+                broadcast_parameters(buffers, root_rank=0, prefix="Buffer.")
+        return self.module(*inputs, **kwargs)
+
+    @contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally; the next backward outside the block pushes them."""
+        before, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = before
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if not self._sync:
+            return
+        bucket = self._bucket_of[id(p)]
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params):
+            self._push(bucket)
+            if all(b.handle is not None for b in self._buckets):
+                self.synchronize()  # the last gradient of this backward: finish before it returns
+
+    def _push(self, bucket: Bucket) -> None:
+        for p in bucket.params:
+            if p.grad is None:  # not used by this forward: every worker must still take part
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.detach().reshape(-1) for p in bucket.params])
+        compressed, ctx = self._compression.compress(flat)
+        spec = bucket.spec if bucket.spec is not None and bucket.spec.accepts(
+            str(compressed.dtype).replace("torch.", "")) else None
+        bucket.flat = compressed
+        bucket.handle = (ops.push_pull_async_inplace(compressed, average=True, name=bucket.name,
+                                                     priority=bucket.priority, compression_params=spec), ctx)
+
+    def synchronize(self) -> None:
+        """Finish every bucket's push_pull (pushing those this backward did not complete)."""
+        for bucket in self._buckets:
+            if bucket.handle is None:
+                self._push(bucket)
+        try:
+            for bucket in self._buckets:
+                handle, ctx = bucket.handle
+                flat = self._compression.decompress(ops.synchronize(handle), ctx)
+                at = 0
+                with torch.no_grad():
+                    for p in bucket.params:
+                        p.grad.copy_(flat[at:at + p.numel()].view_as(p.grad))
+                        at += p.numel()
+        finally:
+            for bucket in self._buckets:
+                bucket.ready, bucket.handle, bucket.flat = 0, None, None

@@ -1,0 +1,51 @@
+"""CrossBarrier across real worker processes: its parameters are bit-identical to a
+plain DistributedOptimizer's after the same steps, with SGD+momentum and with Adam."""
+import pytest
+
+pytestmark = pytest.mark.integ
+
+CROSS = """
+import os, torch, torch.nn as nn, gradpress.torch as bps
+from gradpress.torch.cross_barrier import CrossBarrier
+bps.init()
+r = bps.rank()
+opt_name = os.environ["GP_OPT"]
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+def make_opt(params):
+    if opt_name == "SGD":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3)
+    return torch.optim.Adam(params, lr=0.01)
+def batch(step):
+    g = torch.Generator().manual_seed(1000 * step + r)
+    return torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+a, b = make_model(), make_model()
+opt_a = CrossBarrier(a, make_opt(a.parameters()), named_parameters=a.named_parameters(), num_steps=6)
+opt_b = bps.DistributedOptimizer(make_opt(b.parameters()),
+                                 named_parameters=[("b." + n, p) for n, p in b.named_parameters()])
+sched = torch.optim.lr_scheduler.StepLR(opt_b, step_size=2, gamma=0.5)
+for step in range(6):
+    x, y = batch(step)
+    opt_a.zero_grad()
+    nn.functional.cross_entropy(a(x), y).backward()   # a's forward waits for each layer's update
+    opt_a.step()
+    for group in opt_a.param_groups:                     # the same schedule, changed right after step()
+        group["lr"] = opt_b.param_groups[0]["lr"] * (0.5 if step % 2 == 1 else 1.0)
+    opt_b.zero_grad()
+    nn.functional.cross_entropy(b(x), y).backward()
+    opt_b.step()
+    sched.step()
+opt_a.synchronize()
+for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+    assert torch.equal(pa, pb), f"{name}: CrossBarrier and DistributedOptimizer differ by {(pa - pb).abs().max()}"
+print("OK cross barrier", flush=True)
+bps.shutdown()
+"""
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "Adam"])
+def test_cross_barrier_is_bit_identical_to_the_plain_optimizer(cluster, opt_name):
+    c = cluster(workers=2, servers=1)
+    c.start(CROSS, worker_env={"GP_OPT": opt_name}).assert_success()
+    assert "OK cross barrier" in c.log("worker 0") and "OK cross barrier" in c.log("worker 1"), c.logs()

@@ -1,0 +1,72 @@
+"""DistributedDataParallel across real worker processes: the same parameters as
+DistributedOptimizer after the same steps (with buckets, no_sync, compression), and
+buffers broadcast from rank 0 at every forward."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.integ
+
+DDP = """
+import json, os, torch, torch.nn as nn, gradpress.torch as bps
+from gradpress.torch.parallel import DistributedDataParallel
+bps.init()
+r = bps.rank()
+variant = os.environ["GP_VARIANT"]
+params = {"compressor": "onebit", "ef": "vanilla", "scaling": True} if variant == "onebit" else None
+def make_model():
+    torch.manual_seed(r)                      # different on each worker: the constructors broadcast rank 0's
+    return nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+def batch(step, i):
+    g = torch.Generator().manual_seed(1000 * step + 10 * i + r)
+    return torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+# A: DDP (several buckets; one per parameter when compressed, named as the optimizer names them)
+a = DistributedDataParallel(make_model(), bucket_cap_mb=0 if params else 0.002, compression_params=params)
+opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
+# B: DistributedOptimizer under other names, accumulating the same two passes per step
+b = make_model()
+bps.broadcast_parameters([("b." + n, p) for n, p in b.state_dict().items()], root_rank=0)
+opt_b = bps.DistributedOptimizer(torch.optim.SGD(b.parameters(), lr=0.1),
+                                 named_parameters=[("b." + n, p) for n, p in b.named_parameters()],
+                                 backward_passes_per_step=2, compression_params=params)
+assert len(a._buckets) > 1, "the test needs several buckets"
+for step in range(4):
+    opt_a.zero_grad()
+    opt_b.zero_grad()
+    x0, y0 = batch(step, 0)
+    x1, y1 = batch(step, 1)
+    with a.no_sync():
+        (nn.functional.cross_entropy(a(x0), y0) / 2).backward()
+    (nn.functional.cross_entropy(a(x1), y1) / 2).backward()   # averaged when backward returns
+    opt_a.step()
+    for x, y in ((x0, y0), (x1, y1)):
+        (nn.functional.cross_entropy(b(x), y) / 2).backward()
+    opt_b.step()
+for (name, pa), pb in zip(a.module.named_parameters(), b.parameters()):
+    assert torch.equal(pa, pb), f"{name}: DDP and DistributedOptimizer differ by {(pa - pb).abs().max()}"
+torch.save(a.module.state_dict(), os.path.join(os.environ["GP_TEST_DIR"], f"ddp{r}.pt"))
+
+# buffers: rank 0's at every forward
+bn = DistributedDataParallel(nn.BatchNorm1d(4), bucket_cap_mb=0)
+bn.eval()
+bn.module.running_mean.fill_(float(r * 100 + 1))
+bn(torch.randn(2, 4))
+assert torch.all(bn.module.running_mean == 1.0), bn.module.running_mean
+# a parameter this forward did not use: synchronize() after backward, as in BytePS
+two = DistributedDataParallel(nn.ModuleDict({"used": nn.Linear(3, 1), "unused": nn.Linear(3, 1)}), bucket_cap_mb=0)
+two.module["used"](torch.ones(2, 3) * (r + 1)).sum().backward()
+two.synchronize()
+assert torch.equal(two.module["unused"].weight.grad, torch.zeros(1, 3))
+assert torch.allclose(two.module["used"].weight.grad, torch.full((1, 3), 3.0)), two.module["used"].weight.grad
+print("OK ddp", flush=True)
+bps.shutdown()
+"""
+
+
+@pytest.mark.parametrize("variant", ["plain", "onebit"])
+def test_ddp_equals_distributed_optimizer(cluster, variant):
+    c = cluster(workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    c.start(DDP, worker_env={"GP_VARIANT": variant}).assert_success()
+    assert "OK ddp" in c.log("worker 0") and "OK ddp" in c.log("worker 1"), c.logs()
+    p0, p1 = torch.load(c.tmp / "ddp0.pt"), torch.load(c.tmp / "ddp1.pt")
+    for k in p0:
+        assert torch.equal(p0[k], p1[k]), f"{k} differs between the workers"
