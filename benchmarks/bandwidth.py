@@ -320,6 +320,9 @@ def measure_one(cluster: netns.NetnsCluster, rate: str, model: str, system: str,
     if system == "gp_auto":
         extra = (f"; no plan after {len(rec0['warmup_times'])} warm-up iterations" if rec0["planned_at"] is None
                  else f"; planned after iteration {rec0['planned_at']}, predicted {row['predicted_s']}")
+    if "cpu_s_per_iter" in rec0:
+        extra += (f"; worker 0: {rec0['cpu_s_per_iter']:.3f} CPU s, {rec0['page_faults_per_iter']:.0f} page faults "
+                  f"per iter")
     print(f"  {row['s_per_iter']:.3f} s/iter, {row['MB_per_iter']:.2f} MB sent per iter per worker; "
           f"times {[round(t, 3) for t in rec0['times']]}{extra}; {time.monotonic() - t0:.0f} s in all", flush=True)
     return row

@@ -10,6 +10,7 @@ dictionary (``None``: uncompressed), torch DDP (gloo), or DDP with the PowerSGD 
 from __future__ import annotations
 
 import json
+import resource
 import statistics
 import sys
 import time
@@ -114,13 +115,18 @@ def train(system: str, model_name: str, warmup: int, iters: int, out: str, ddp_r
             for _ in range(max(1, warmup)):  # the first planned iterations set up fused keys
                 step()
     first = len(times)
-    tx0 = tx_bytes()
+    tx0, use0 = tx_bytes(), resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(iters):
         step()
-    sent = tx_bytes() - tx0
+    sent, use = tx_bytes() - tx0, resource.getrusage(resource.RUSAGE_SELF)
+    # where a worker's time goes beside the model: every thread's CPU, and the page faults of
+    # memory the process had to be given afresh (costly on this VM)
+    cpu_s = (use.ru_utime + use.ru_stime - use0.ru_utime - use0.ru_stime) / iters
+    faults = (use.ru_minflt - use0.ru_minflt) / iters
     with open(out, "w") as fh:
         json.dump({"rank": rank, "times": times[first:], "warmup_times": times[:first], "tx_bytes": sent,
-                   "losses": losses, "predicted_s": predictions[first:], "planned_at": planned_at}, fh)
+                   "cpu_s_per_iter": cpu_s, "page_faults_per_iter": faults, "losses": losses,
+                   "predicted_s": predictions[first:], "planned_at": planned_at}, fh)
     finish()
 
 
