@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cluster import LocalCluster
-from gradpress.compressors import reference as ref
+from replay_codecs import TwoWayEF
 
 pytestmark = pytest.mark.integ
 LR, BETAS, EPS, WD, FREEZE, FLOOR, STEPS = 0.01, (0.9, 0.999), 1e-8, 0.01, 2, 0.1, 5
@@ -57,15 +57,6 @@ bps.shutdown()
 """
 
 
-def f32(a, alpha, b):
-    """``a + alpha * b`` as the error-feedback kernels compute it: float64, rounded to float32."""
-    return (a.astype(np.float64) + alpha * b.astype(np.float64)).astype(np.float32)
-
-
-def onebit_roundtrip(x: np.ndarray) -> np.ndarray:
-    return ref.onebit_decode(ref.onebit(x, "l2"), x.shape[0])
-
-
 def replay(init: dict, grads: list, parts: list, steps: int) -> tuple[list, dict]:
     """1-bit Adam of two workers in numpy; returns the parameters after every step and the
     worker residuals of the weight at the end (per worker, per partition)."""
@@ -73,7 +64,7 @@ def replay(init: dict, grads: list, parts: list, steps: int) -> tuple[list, dict
     p = {n: v.numpy().ravel().astype(np.float32) for n, v in init.items()}
     m = {n: np.zeros_like(v) for n, v in p.items()}
     v = {n: np.zeros_like(x) for n, x in p.items()}
-    worker_e, server_e, history = {}, {}, []
+    ef, history = TwoWayEF({"compressor": "onebit", "scaling": "l2"}, parts), []
     for t in range(1, steps + 1):
         g = [{n: grads[r][t - 1][n].numpy().ravel() for n in p} for r in range(2)]
         for n in p:
@@ -90,23 +81,7 @@ def replay(init: dict, grads: list, parts: list, steps: int) -> tuple[list, dict
                 if n == "bias":  # exempt by rule: an uncompressed average
                     m[n] = (local[0] + local[1]) / np.float32(2)
                 else:
-                    lo, pulled = 0, np.empty_like(m[n])
-                    for i, size in enumerate(parts):
-                        acc = np.zeros(size, np.float32)
-                        for r in range(2):
-                            x = local[r][lo:lo + size]
-                            e = worker_e.get((r, i))
-                            x = x if e is None else f32(x, 1.0, e)
-                            d = onebit_roundtrip(x)
-                            worker_e[(r, i)] = x - d
-                            acc += d
-                        e = server_e.get(i)
-                        s = acc if e is None else f32(acc, 1.0, e)
-                        d = onebit_roundtrip(s)
-                        server_e[i] = s - d
-                        pulled[lo:lo + size] = d / np.float32(2)
-                        lo += size
-                    m[n] = pulled
+                    m[n] = ef.average(n, local)
             if t >= FREEZE:
                 denom = np.sqrt(v[n]) + np.float32(EPS)
             else:
@@ -114,7 +89,7 @@ def replay(init: dict, grads: list, parts: list, steps: int) -> tuple[list, dict
             update = m[n] / np.float32(1 - BETAS[0] ** t) / denom + np.float32(WD) * p[n]
             p[n] = p[n] - np.float32(LR) * update
         history.append({n: x.copy() for n, x in p.items()})
-    return history, worker_e
+    return history, {(r, i): e for (_, r, i), e in ef.worker_e.items()}
 
 
 @pytest.fixture(scope="module")
