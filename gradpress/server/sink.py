@@ -69,24 +69,32 @@ class ResultSink(ABC):
 
 
 class FrameSink(ResultSink):
-    """Results that travel in frames: raw values in the wire dtype, or a compressed payload."""
+    """Results that travel in frames: raw values in the wire dtype, or a compressed payload.
+
+    Two buffers alternate by round, as :class:`SharedSlots` do, and for the same reason
+    they suffice: a worker pushes round r + 2 only after it received round r + 1, which
+    completed only once every worker had pushed it, so after every worker received round
+    r. Round r + 2 never sums over a reply of round r still on its way, and no round
+    asks for fresh memory (on these VMs, first touching pages costs more than the sum).
+    """
 
     def __init__(self, key: int, count: int, dtype: str):
         super().__init__(key, count, dtype)
-        self._acc = np.zeros(count, sum_dtype(dtype))
+        self._accs = [np.zeros(count, sum_dtype(dtype)) for _ in (0, 1)]
+        # fp16 sums in fp32 in one accumulator and is rounded into alternating results
+        self._halves = [np.zeros(count, np.float16) for _ in (0, 1)] if dtype == "float16" else None
         self._values: np.ndarray | None = None
         self._compressed: tuple[dict, list] | None = None
 
     def accumulator(self, rnd: int) -> np.ndarray:
-        return self._acc
+        return self._accs[0 if self._halves is not None else rnd % 2]
 
     def publish(self, rnd: int, acc: np.ndarray) -> None:
         self._compressed = None
-        if self.dtype == "float16":
-            self._values = kernels.to_half(acc)
+        if self._halves is not None:
+            self._values = kernels.to_half(acc, self._halves[rnd % 2])
         else:
-            # the accumulator becomes the result, so a reply still in flight is never overwritten
-            self._values, self._acc = acc, np.empty(self.count, acc.dtype)
+            self._values = acc  # the accumulator is the result: no copy
 
     def publish_compressed(self, rnd: int, fields: dict, buffers: list) -> None:
         self._values, self._compressed = None, (fields, buffers)
