@@ -177,7 +177,6 @@ def main() -> None:
     result = {"elements": n, "read_GBps": gb / median_seconds(lambda: _read_all(x), args.reps)}
     scratch = np.empty_like(x)
     result["write_GBps"] = gb / median_seconds(lambda: _write_all(scratch), args.reps)
-    del scratch
     print(f"{n} float32 elements; memory read {result['read_GBps']:.1f} GB/s, "
           f"write {result['write_GBps']:.1f} GB/s")
     print(f"{'codec':<10} {'compress':>9} {'decomp':>9} {'np comp':>9} {'np decomp':>9} "
