@@ -17,7 +17,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from gradpress.launcher import LocalJob, ProcessGroup
+from gradpress.launcher import LocalJob
+from gradpress.processes import ProcessGroup
 
 # Short heartbeats so that a lost node is noticed within a couple of seconds.
 FAST = {"PS_HEARTBEAT_INTERVAL": "0.2", "PS_HEARTBEAT_TIMEOUT": "5", "GRADPRESS_CONNECT_TIMEOUT_S": "60",
