@@ -241,10 +241,9 @@ bps.shutdown()
 
 
 @pytest.mark.integ
+@pytest.mark.parametrize("first_job", ["onebit"], indirect=True)  # the default codec's job
 @pytest.mark.parametrize("k", sorted(CHECKPOINTS))
 def test_checkpoint_in_each_phase_resumes_bit_for_bit(first_job, cluster, k):
-    if first_job.codec != "onebit":
-        pytest.skip("checkpoints are checked with the default codec")
     second = cluster(workers=2, servers=1, env=ENV)
     for r in range(2):  # the new job resumes from the first job's checkpoints
         name = f"ckpt{r}_{k}.pt"
