@@ -15,8 +15,12 @@ STEPS, PLAN_STEPS, LAYERS, WIDTH, LR = 7, 3, 6, 24, 0.05
 WORKER = f"""
 import json, os, torch, gradpress.torch as bps
 from gradpress.torch import auto_plan, ops
-if os.environ.get("GP_FORCE_REPLAN"):  # every other step counts as drifted: re-plan every 2 steps
+if os.environ.get("GP_FORCE_REPLAN"):  # every other step counts as drifted and the link as changed
     auto_plan.DRIFT, auto_plan.DRIFT_STEPS, auto_plan.DRIFT_CHECK_STEPS = -1.0, 1, 2
+    auto_plan.LINK_CHANGE = -1.0
+if os.environ.get("GP_FORCE_DRIFT"):  # drifted, but the link is as profiled: the plan must stay
+    auto_plan.DRIFT, auto_plan.DRIFT_STEPS, auto_plan.DRIFT_CHECK_STEPS = -1.0, 1, 2
+    auto_plan.LINK_CHANGE = 1e9
 bps.init()
 r = bps.rank()
 torch.manual_seed(0)
@@ -146,21 +150,23 @@ def _group_average(flat: list[np.ndarray], compression: dict | None, key_info: l
 
 
 @pytest.mark.integ
-@pytest.mark.parametrize("auto,replan", [({"compressor": "auto", "allowed": ["none"]}, False),
-                                         ({"compressor": "auto", "allowed": ["onebit"]}, False),
-                                         ({"compressor": "auto", "allowed": ["onebit"]}, True)],
-                         ids=["raw", "onebit", "onebit-replanned"])
-def test_every_worker_plans_alike_and_fused_sums_match_the_replay(cluster, auto, replan):
+@pytest.mark.parametrize("auto,force,versions", [({"compressor": "auto", "allowed": ["none"]}, "", 0),
+                                                 ({"compressor": "auto", "allowed": ["onebit"]}, "", 0),
+                                                 ({"compressor": "auto", "allowed": ["onebit"]}, "GP_FORCE_REPLAN", 2),
+                                                 ({"compressor": "auto", "allowed": ["onebit"]}, "GP_FORCE_DRIFT", 0)],
+                         ids=["raw", "onebit", "onebit-replanned", "onebit-drift-same-link"])
+def test_every_worker_plans_alike_and_fused_sums_match_the_replay(cluster, auto, force, versions):
     import json
     env = {"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(PLAN_STEPS), "BYTEPS_MIN_COMPRESS_BYTES": "0"}
-    if replan:
-        env["GP_FORCE_REPLAN"] = "1"
+    if force:
+        env[force] = "1"
     c = cluster(workers=2, servers=1, env=env)
     c.start(WORKER).assert_success(180)
     results = [torch.load(c.tmp / f"w{r}.pt", weights_only=False) for r in range(2)]
     a, b = results
     assert a["planned"] == [False] * PLAN_STEPS + [True] * (STEPS - PLAN_STEPS)
-    assert a["version"] == (2 if replan else 0), "re-plans after steps 4 and 6 were expected"
+    # a forced re-plan after steps 4 and 6; a drift on an unchanged link probes but keeps the plan
+    assert len({tuple(g[1] for g in groups) for groups in a["step_groups"] if groups}) == versions + 1
     assert (a["groups"], a["options"], a["predicted"]) == (b["groups"], b["options"], b["predicted"]), \
         "workers made different plans"
     expected = set(auto["allowed"])

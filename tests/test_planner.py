@@ -132,6 +132,11 @@ def test_fits():
                     message_s=m)
     assert link.alpha_s == pytest.approx(1e-4) and link.bytes_per_s == pytest.approx(1e8)
     assert fit_message([(1, 1e-3 + m), (8, 1e-3 + 8 * m), (32, 1e-3 + 32 * m)]) == pytest.approx(m)
+    # a link too fast for the probe sizes (flat, noisy times): the rate is bounded from below
+    flat = fit_link([(65536, 2.3e-3), (524288, 2.2e-3), (2097152, 2.1e-3)], workers=2, server_add=ZERO)
+    assert flat.bytes_per_s == pytest.approx(2 * 2 * 2097152 / 2.1e-3) and flat.alpha_s == pytest.approx(1.05e-3)
+    with pytest.raises(ProfileError, match="need two or more"):
+        fit_link([(65536, 1e-3)], workers=2, server_add=ZERO)
 
 
 @pytest.mark.parametrize("text,match", [

@@ -158,9 +158,16 @@ def fit_link(round_trips: list[tuple[int, float]], workers: int, server_add: Lin
     ``workers * b`` bytes in (the pushes) and out (the replies), and it sums ``workers``
     pushes, so ``t(b) = message_s + 2 alpha + 2 workers b / rate + workers * add(b)``.
     """
+    check(len(round_trips) >= 2 and all(b > 0 and t > 0 for b, t in round_trips),
+          f"push/pull round trips {round_trips}: need two or more positive sizes and times")
     fit = fit_linear([(float(b), t) for b, t in round_trips])
     per_byte = fit.per_byte_s - workers * server_add.per_byte_s
-    check(per_byte > 0, f"push/pull round trips {round_trips} give no positive per-byte time")
+    if per_byte <= 0:
+        # sizes too small for this link to tell apart (a fast link, noisy times): bound the
+        # rate from below by giving the largest probe's whole time to its bytes
+        b, t = max(round_trips)
+        return Link(alpha_s=max(min(t for _, t in round_trips) - message_s, 0.0) / 2,
+                    bytes_per_s=2 * workers * b / t)
     return Link(alpha_s=max(fit.fixed_s - message_s, 0.0) / 2, bytes_per_s=2 * workers / per_byte)
 
 

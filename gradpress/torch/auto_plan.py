@@ -9,9 +9,10 @@
 3. Planned: gradients travel in fused groups (``fusion.py``), each the way the plan says.
    Every ``DRIFT_CHECK_STEPS`` steps the workers sum a drift flag; when measured iteration
    times have left the prediction by more than 20% for several steps (the link changed),
-   they re-measure the network and re-plan together. Residuals of groups that stop
-   existing are handed to the next push of their members (the servers' through rank 0),
-   so no gradient is lost.
+   they re-measure the network; if the link did change, they re-plan together, and the
+   residuals of groups that stop existing are handed to the next push of their members
+   (the servers' through rank 0), so no gradient is lost. If it did not (the model
+   mispredicts this job), the plan stays and the measured time becomes the reference.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ PROBE_REPEATS = 3
 DRIFT = 0.2                 # relative distance from the prediction that counts as drift
 DRIFT_STEPS = 5             # ... for this many consecutive steps
 DRIFT_CHECK_STEPS = 10      # how often the workers agree on whether to re-plan
+LINK_CHANGE = 0.2           # a re-measured link this far from the profile's is a changed link
 
 
 class AutoPlanner:
@@ -168,6 +170,7 @@ class AutoPlanner:
         self.plan, self.groups = plan, groups
         self.group_of = {id(p): grp for grp in groups for p in grp.members}
         self._measured = []
+        self._reference_s = plan.predicted_s  # what drift is measured against
         log.info("gradpress plan %d (rank %d):\n%s", self.version, ops.rank(), plan.table(self.profile))
         tracer = ops.client().tracer
         now = now_us()
@@ -176,25 +179,33 @@ class AutoPlanner:
 
     def _drift_agreed(self) -> bool:
         recent = self._measured[-DRIFT_STEPS:]
-        predicted = self.plan.predicted_s
-        drifted = len(recent) == DRIFT_STEPS and all(abs(t / predicted - 1) > DRIFT for t in recent)
+        drifted = len(recent) == DRIFT_STEPS and all(abs(t / self._reference_s - 1) > DRIFT for t in recent)
         flag = torch.tensor([1.0 if drifted else 0.0])
         ops.push_pull_inplace(flag, average=False, name="PlanDrift")
         return float(flag[0]) > 0
 
     def _replan(self) -> None:
-        log.info("gradpress: iteration times left the prediction (%.1f ms predicted, recent %s); re-planning",
-                 1e3 * self.plan.predicted_s, [round(1e3 * t, 1) for t in self._measured[-DRIFT_STEPS:]])
-        self._hand_over_residuals()
+        recent = [round(1e3 * t, 1) for t in self._measured[-DRIFT_STEPS:]]
         self.version += 1
         round_trips, _ = self._probe()
         text = None
         if ops.rank() == 0:
             link = fit_link(round_trips, ops.size(), self.profile.codecs["none"].add, self.profile.message_s)
-            text = self.profile.scaled(bytes_per_s=link.bytes_per_s).to_json()
+            old = self.profile.link.bytes_per_s
+            changed = abs(link.bytes_per_s / old - 1) > LINK_CHANGE
+            text = self.profile.scaled(bytes_per_s=link.bytes_per_s).to_json() if changed else ""
         from .broadcast import broadcast_object
-        self.profile = Profile.from_json(broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.version}"),
-                                         "rank 0's profile")
+        text = broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.version}")
+        if not text:  # the link is as profiled: the model, not the network, is off
+            log.info("gradpress: iterations (%s ms) are off the prediction, but the link is as profiled; "
+                     "keeping plan %d", recent, self.version - 1)
+            self._reference_s = statistics.median(self._measured[-DRIFT_STEPS:])
+            self._measured = []
+            return
+        log.info("gradpress: the link changed (iterations %s ms, %.1f ms predicted); re-planning", recent,
+                 1e3 * self.plan.predicted_s)
+        self._hand_over_residuals()
+        self.profile = Profile.from_json(text, "rank 0's profile")
         self._apply(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
 
     def _hand_over_residuals(self) -> None:
