@@ -22,6 +22,9 @@ mode = os.environ["GP_MODE"]
 if mode == "init" and os.environ["DMLC_WORKER_ID"] == "1":
     os.environ["DMLC_ENABLE_RDMA"] = "1"      # a mode gradpress refuses at init()
 import gradpress.torch as bps
+if mode == "init" and os.environ["DMLC_WORKER_ID"] == "1":
+    with open(os.environ["GP_FAILED_AT"], "w") as fh:   # the clock starts at the failing call,
+        fh.write(repr(time.time()))                     # not at the (load-dependent) imports
 bps.init()
 r = bps.rank()
 for step in range(1000):
