@@ -17,8 +17,8 @@ from typing import Any, Mapping
 ROLES = ("scheduler", "server", "worker")
 
 
-def _setting(default: Any, env: str, doc: str) -> Any:
-    return field(default=default, metadata={"env": env, "doc": doc})
+def _setting(default: Any, env: str, doc: str, secret: bool = False) -> Any:
+    return field(default=default, repr=not secret, metadata={"env": env, "doc": doc})
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,9 @@ class Settings:
     plan_file: str = _setting("", "GRADPRESS_PLAN_FILE", "compressor 'auto': rank 0 writes its profile here (JSON, for gradpress-plan); empty: none")
     trace: str = _setting("", "GRADPRESS_TRACE", "write a Chrome-trace JSON of partition stages to this path; empty: off")
     log_level: str = _setting("WARNING", "BYTEPS_LOG_LEVEL", "logging level: DEBUG, INFO, WARNING, ERROR")
+    job_secret: str = _setting("", "GRADPRESS_JOB_SECRET", "the job's shared secret (at least 32 characters): members derive their CURVE keys from it; gradpress-launch --local makes one", secret=True)
+    job_secret_file: str = _setting("", "GRADPRESS_JOB_SECRET_FILE", "file holding the job secret (surrounding whitespace ignored); instead of GRADPRESS_JOB_SECRET, not with it")
+    insecure: bool = _setting(False, "GRADPRESS_INSECURE", "1: run without a job secret: no authentication, no encryption (logs a warning)")
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -73,6 +76,11 @@ class Settings:
                              f"PS_HEARTBEAT_INTERVAL={self.heartbeat_interval_s}")
         if self.min_compress_bytes < 0:
             raise ValueError(f"BYTEPS_MIN_COMPRESS_BYTES={self.min_compress_bytes}: must be >= 0")
+        if self.job_secret and self.job_secret_file:
+            raise ValueError("GRADPRESS_JOB_SECRET and GRADPRESS_JOB_SECRET_FILE are both set: set only one")
+        if self.insecure and (self.job_secret or self.job_secret_file):
+            raise ValueError("GRADPRESS_INSECURE=1 and a job secret are both set: unset GRADPRESS_INSECURE "
+                             "to use the secret, or the secret to run insecure")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"BYTEPS_LOG_LEVEL={self.log_level!r}: expected DEBUG, INFO, WARNING or ERROR")
 

@@ -10,6 +10,7 @@ whatever is left when the test ends.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,6 +24,10 @@ from gradpress.processes import ProcessGroup
 # Short heartbeats so that a lost node is noticed within a couple of seconds.
 FAST = {"PS_HEARTBEAT_INTERVAL": "0.2", "PS_HEARTBEAT_TIMEOUT": "5", "GRADPRESS_CONNECT_TIMEOUT_S": "60",
         "GRADPRESS_OP_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+# The job secret of in-process tests' sockets (a LocalCluster's job makes its own).
+TEST_SECRET = secrets.token_hex(32)
 
 
 class LocalCluster:
@@ -40,6 +45,11 @@ class LocalCluster:
     @property
     def port(self) -> int:
         return self.job.port
+
+    @property
+    def secret(self) -> str:
+        """The job secret its processes got (the launcher made it)."""
+        return self.job.env["GRADPRESS_JOB_SECRET"]
 
     def start_scheduler(self) -> None:
         try:

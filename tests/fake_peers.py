@@ -11,8 +11,9 @@ import time
 import numpy as np
 import zmq
 
+from cluster import TEST_SECRET
 from gradpress.config import Settings
-from gradpress.net import transport
+from gradpress.net import auth, transport
 from gradpress.net.protocol import Op
 from gradpress.worker import WorkerClient
 
@@ -30,12 +31,13 @@ class FakePeers:
     def _router(self) -> tuple[zmq.Socket, int]:
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        auth.make_server(sock, auth.job_keys(Settings(job_secret=TEST_SECRET)))  # the client talks CURVE
         return sock, sock.bind_to_random_port("tcp://127.0.0.1")
 
     def settings(self, **overrides) -> Settings:
         values = dict(num_worker=1, num_server=len(self.servers), root_uri="127.0.0.1", root_port=self.port,
                       node_host="127.0.0.1", shm=False, heartbeat_interval_s=0.2, heartbeat_timeout_s=30.0,
-                      connect_timeout_s=20.0, op_timeout_s=20.0)
+                      connect_timeout_s=20.0, op_timeout_s=20.0, job_secret=TEST_SECRET)
         values.update(overrides)
         return Settings(**values)
 

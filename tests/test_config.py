@@ -149,7 +149,7 @@ def test_launch_reads_the_file_and_the_environment_wins(tmp_path):
                               "heartbeat_timeout_s = 2.0\nlog_level = 'INFO'\n")
     start = time.monotonic()
     out = launch(["--config", path], {"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_PORT": "0",
-                                      "GRADPRESS_CONNECT_TIMEOUT_S": "0.5"})
+                                      "GRADPRESS_CONNECT_TIMEOUT_S": "0.5", "GRADPRESS_JOB_SECRET": "s" * 32})
     assert out.returncode == 1, out.stderr
     assert "scheduler listening on port" in out.stderr, f"log_level = 'INFO' from the file was not used:\n{out.stderr}"
     assert "GRADPRESS_CONNECT_TIMEOUT_S=0.5" in out.stderr, out.stderr

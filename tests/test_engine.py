@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import zmq
 
+from cluster import TEST_SECRET
 from gradpress.config import Settings
 from gradpress.net import protocol, transport
 from gradpress.net.node import SchedulerLink
@@ -78,7 +79,7 @@ def test_a_failing_engine_reports_an_error_naming_the_failure(inproc, monkeypatc
 def test_the_server_stops_with_an_error_naming_the_engine_failure(monkeypatch, caplog):
     monkeypatch.setattr(Engine, "_handle", _raise)
     common = dict(num_worker=1, num_server=1, root_uri="127.0.0.1", node_host="127.0.0.1",
-                  heartbeat_interval_s=0.1, heartbeat_timeout_s=30, connect_timeout_s=30)
+                  heartbeat_interval_s=0.1, heartbeat_timeout_s=30, connect_timeout_s=30, job_secret=TEST_SECRET)
     scheduler = Scheduler(Settings(role="scheduler", root_port=0, **common))
     threading.Thread(target=scheduler.run, daemon=True).start()
     at = dict(common, root_port=scheduler.port)
@@ -90,7 +91,7 @@ def test_the_server_stops_with_an_error_naming_the_engine_failure(monkeypatch, c
     dealer = None
     try:
         book = worker.register()
-        dealer = transport.dealer(transport.context(), "127.0.0.1", book.servers[0].port, b"w0")
+        dealer = transport.dealer(transport.context(), worker.settings, "127.0.0.1", book.servers[0].port, b"w0")
         with caplog.at_level(logging.ERROR, logger="gradpress.server.server"):
             transport.send(dealer, Op.INIT_KEY, "worker 0", key=1, name="t", count=4, dtype="float32")
             serving.join(timeout=15)

@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from cluster import TEST_SECRET
 from gradpress.config import Settings
 from gradpress.net import transport
 from gradpress.net.node import SchedulerLink
@@ -15,7 +16,7 @@ from gradpress.scheduler.scheduler import Scheduler
 def job():
     """A running scheduler with one worker and one server registered; yields their links."""
     common = dict(num_worker=1, num_server=1, root_uri="127.0.0.1", node_host="127.0.0.1",
-                  heartbeat_interval_s=0.1, heartbeat_timeout_s=30, connect_timeout_s=30)
+                  heartbeat_interval_s=0.1, heartbeat_timeout_s=30, connect_timeout_s=30, job_secret=TEST_SECRET)
     scheduler = Scheduler(Settings(role="scheduler", root_port=0, **common))
     running = threading.Thread(target=scheduler.run, daemon=True)
     running.start()

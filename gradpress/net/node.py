@@ -55,8 +55,8 @@ class SchedulerLink:
         self.settings = settings
         self.role = role
         self.port = port
-        self.host = settings.node_host or transport.local_address_towards(settings.root_uri, settings.root_port)
-        self.sock = transport.dealer(ctx, settings.root_uri, settings.root_port,
+        self.host = transport.announce_host(settings)
+        self.sock = transport.dealer(ctx, settings, settings.root_uri, settings.root_port,
                                      f"{role}-{uuid.uuid4().hex[:12]}".encode())
         self.health = HealthFile(settings.health_file, settings.heartbeat_interval_s)
         self.book: AddressBook | None = None

@@ -14,7 +14,9 @@ from typing import Any, Sequence
 
 import zmq
 
-from . import protocol
+from . import auth, protocol
+from .. import logs
+from ..config import Settings
 from .protocol import Op
 
 log = logging.getLogger(__name__)
@@ -34,26 +36,64 @@ def context() -> zmq.Context:
     return zmq.Context.instance(io_threads=IO_THREADS)
 
 
-def router(ctx: zmq.Context, host: str, port: int) -> tuple[zmq.Socket, int]:
-    """A ROUTER bound to ``host:port`` (port 0: any free port). Returns it and its port."""
-    sock = ctx.socket(zmq.ROUTER)
+def job_socket(ctx: zmq.Context, kind: int, settings: Settings, binds: bool) -> zmq.Socket:
+    """A socket of the job, with the options every one of them shares: CURVE with the job's
+    keys (server on a socket that binds, client on one that connects) and the linger.
+
+    Raises:
+        JobSecretError: no usable job secret (and not GRADPRESS_INSECURE=1).
+    """
+    keys = auth.job_keys(settings)  # first: a missing secret fails before a socket exists
+    sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, LINGER_MS)
+    sock.setsockopt(zmq.LINGER, LINGER_MS)
+    (auth.make_server if binds else auth.make_client)(sock, keys)
+    return sock
+
+
+def router(ctx: zmq.Context, settings: Settings, port: int) -> tuple[zmq.Socket, int]:
+    """A ROUTER bound to ``port`` (0: any free port) at this node's own address
+    (:func:`listen_host`). Returns it and its port."""
+    sock = job_socket(ctx, zmq.ROUTER, settings, binds=True)
     # Fail loudly rather than silently drop when a peer identity is unknown.
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    bind_host = "*" if host in ("", "0.0.0.0") else host
-    if port == 0:
-        port = sock.bind_to_random_port(f"tcp://{bind_host}")
-    else:
-        sock.bind(f"tcp://{bind_host}:{port}")
+    host = listen_host(settings)
+    try:
+        if port == 0:
+            port = sock.bind_to_random_port(f"tcp://{host}")
+        else:
+            sock.bind(f"tcp://{host}:{port}")
+    except zmq.ZMQError as e:
+        sock.close(linger=0)
+        raise OSError(f"cannot listen at {host}:{port} ({e}); DMLC_NODE_HOST={settings.node_host!r} "
+                      "must be an address of this machine") from None
     return sock, port
 
 
-def dealer(ctx: zmq.Context, host: str, port: int, identity: bytes) -> zmq.Socket:
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, LINGER_MS)
+def dealer(ctx: zmq.Context, settings: Settings, host: str, port: int, identity: bytes) -> zmq.Socket:
+    """A DEALER connected to ``host:port``, calling itself ``identity``."""
+    sock = job_socket(ctx, zmq.DEALER, settings, binds=False)
     sock.setsockopt(zmq.IDENTITY, identity)
     sock.connect(f"tcp://{host}:{port}")
     return sock
+
+
+# DMLC_NODE_HOST set to one of these: listen on every interface (the user asked for it).
+ANY_HOST = ("0.0.0.0", "*")
+
+
+def listen_host(settings: Settings) -> str:
+    """Where this node listens: ``DMLC_NODE_HOST``, else the local address that routes to
+    the scheduler; every interface only if ``DMLC_NODE_HOST=0.0.0.0`` says so."""
+    if settings.node_host in ANY_HOST:
+        return "*"
+    return settings.node_host or local_address_towards(settings.root_uri, settings.root_port)
+
+
+def announce_host(settings: Settings) -> str:
+    """The address other nodes reach this node at (the one it listens on)."""
+    host = listen_host(settings)
+    return local_address_towards(settings.root_uri, settings.root_port) if host == "*" else host
 
 
 def send(sock: zmq.Socket, op: Op, sender: str, buffers: Sequence[Any] = (),
@@ -81,12 +121,12 @@ def recv(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, dict | None, lis
         identity = frames[0].bytes
         frames = frames[1:]
     if not frames:
-        log.warning("dropped an empty message from %r", identity)
+        log.warning("dropped an empty message from %s", logs.peer(identity))
         return identity, None, []
     try:
         header = protocol.decode(frames[0].buffer)
     except protocol.ProtocolError as e:
-        log.warning("dropped a malformed message from %r: %s", identity, e)
+        log.warning("dropped a malformed message from %s: %s", logs.peer(identity), logs.peer(e))
         return identity, None, []
     return identity, header, frames[1:]
 

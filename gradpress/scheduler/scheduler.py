@@ -50,7 +50,7 @@ class Scheduler:
     def __init__(self, settings: Settings, ctx: zmq.Context | None = None):
         self.s = settings
         self.ctx = ctx or transport.context()
-        self.sock, self.port = transport.router(self.ctx, "", settings.root_port)
+        self.sock, self.port = transport.router(self.ctx, settings, settings.root_port)
         self.members: dict[bytes, Member] = {}
         self.registered = False
         self.barriers: dict[tuple[str, int], set[bytes]] = {}

@@ -31,7 +31,7 @@ class Server:
     def __init__(self, settings: Settings, ctx: zmq.Context | None = None):
         self.s = settings
         self.ctx = ctx or transport.context()
-        self.sock, self.port = transport.router(self.ctx, "", settings.server_port)
+        self.sock, self.port = transport.router(self.ctx, settings, settings.server_port)
         self.link = SchedulerLink(settings, "server", self.ctx, self.port)
         self._reply_addr = f"inproc://gp-server-replies-{os.getpid()}-{id(self)}"
         self.replies = self.ctx.socket(zmq.PULL)

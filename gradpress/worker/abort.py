@@ -39,8 +39,11 @@ def report_failure(settings: Settings, sender: str, reason: str, pid: int, worke
         True once the scheduler acknowledged it within ``wait_s``; False if it did not
         answer (gone already, or never reachable): the heartbeat timeout then applies.
     """
-    sock = transport.dealer(transport.context(), settings.root_uri, settings.root_port,
-                            f"abort-{uuid.uuid4().hex[:12]}".encode())
+    try:
+        sock = transport.dealer(transport.context(), settings, settings.root_uri, settings.root_port,
+                                f"abort-{uuid.uuid4().hex[:12]}".encode())
+    except ValueError:  # no usable job secret: this process could never reach the scheduler
+        return False
     try:
         transport.send(sock, Op.ABORT, sender, reason=reason[:MAX_REASON_CHARS],
                        pid=pid, worker_id=worker_id, local_rank=local_rank)

@@ -14,7 +14,7 @@ from ..compressors.spec import CodecSpec
 from ..compressors.warmup import warm_up
 from ..config import Settings
 from ..errors import JobError, OpTimeoutError, TensorMismatchError
-from ..net import transport
+from ..net import auth, transport
 from ..net.node import AddressBook
 from ..placement import partition_counts
 from ..trace import Tracer
@@ -27,6 +27,7 @@ from .keys import by_key, check_server_states
 
 class WorkerClient:
     def __init__(self, settings: Settings):
+        auth.job_keys(settings)  # no usable job secret: bps.init() raises JobSecretError, saying what to set
         self.s = settings
         self.tracer = Tracer(settings.trace)
         self.comm = CommunicationThread(settings, transport.context(), self.tracer)

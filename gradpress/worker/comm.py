@@ -85,7 +85,7 @@ class CommunicationThread(threading.Thread):
             self.link = SchedulerLink(self.s, "worker", self.ctx)
             self.book = self.link.register()
             identity = self.link.sock.getsockopt(zmq.IDENTITY)
-            servers = [transport.dealer(self.ctx, n.host, n.port, identity) for n in self.book.servers]
+            servers = [transport.dealer(self.ctx, self.s, n.host, n.port, identity) for n in self.book.servers]
             use_shm = self.s.shm and not self.s.enable_async and shm.available()
             local = [use_shm and n.host == self.link.host for n in self.book.servers]
             self.stages = PartitionStages(self.link.name, servers, local, self.tracer)

@@ -1,0 +1,169 @@
+"""Who may talk to a job: ZeroMQ CURVE keys derived from the job secret, and a ZAP handler.
+
+Every member of a job knows one secret (``GRADPRESS_JOB_SECRET`` or the file
+``GRADPRESS_JOB_SECRET_FILE`` names). From it each process derives the same CURVE
+keypair: every bound socket is a CURVE server with it, every connecting socket a
+CURVE client with it. A process without the secret cannot complete the handshake
+(it does not know the servers' public key), and one that somehow learnt the public
+key is still refused by the ZAP handler, which admits only clients presenting the
+job's own public key, proof that they hold its secret key. Everything after the
+handshake is encrypted. ``GRADPRESS_INSECURE=1`` is the explicit way to run without
+any of this (plain TCP, anyone who can reach a port is a member).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, field
+
+import zmq
+from zmq.utils import z85
+
+from .. import logs
+
+log = logging.getLogger(__name__)
+
+# A random secret has at least this many characters (secrets.token_hex(16) has 32). The
+# keys come from one hash of it, so a short or guessable secret could be searched for.
+MIN_SECRET_CHARS = 32
+# Domain separation: the same secret used elsewhere gives unrelated keys here.
+KDF_PERSON = b"gradpress-curve1"
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+HOW_TO_SET = ("set GRADPRESS_JOB_SECRET to a random string of at least "
+              f"{MIN_SECRET_CHARS} characters, the same in every process of the job "
+              "(python -c 'import secrets; print(secrets.token_hex(32))'), or GRADPRESS_JOB_SECRET_FILE "
+              "to a file holding it; GRADPRESS_INSECURE=1 runs without authentication or encryption")
+
+
+class JobSecretError(ValueError):
+    """The job secret is missing, unreadable or too short; the message says what to set."""
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """The job's CURVE keypair (Z85-encoded, as ZeroMQ's socket options take them)."""
+    public: bytes
+    secret: bytes = field(repr=False)  # never printed
+
+    @classmethod
+    def from_secret(cls, secret: bytes) -> "JobKeys":
+        raw = hashlib.blake2b(secret, digest_size=32, person=KDF_PERSON).digest()
+        secret_z85 = z85.encode(raw)
+        return cls(public=zmq.curve_public(secret_z85), secret=secret_z85)
+
+
+def job_secret(settings) -> bytes | None:
+    """The job secret from the settings, or None when ``GRADPRESS_INSECURE=1``.
+
+    Raises:
+        JobSecretError: no secret and not insecure; an unreadable or empty file; a secret
+            shorter than MIN_SECRET_CHARS. The message names the variable and what to set.
+    """
+    if settings.insecure:
+        return None
+    if settings.job_secret_file:
+        where = f"GRADPRESS_JOB_SECRET_FILE={settings.job_secret_file}"
+        try:
+            with open(settings.job_secret_file, "rb") as fh:
+                secret = fh.read().strip()  # a trailing newline is not part of the secret
+        except OSError as e:
+            raise JobSecretError(f"{where}: cannot read it: {e.strerror}") from None
+    elif settings.job_secret:
+        where, secret = "GRADPRESS_JOB_SECRET", settings.job_secret.encode()
+    else:
+        raise JobSecretError(f"no job secret: {HOW_TO_SET}")
+    if len(secret) < MIN_SECRET_CHARS:
+        raise JobSecretError(f"{where}: the secret has {len(secret)} characters, fewer than "
+                             f"{MIN_SECRET_CHARS}: {HOW_TO_SET}")
+    return secret
+
+
+@functools.lru_cache(maxsize=8)
+def job_keys(settings) -> JobKeys | None:
+    """The job's keys (None when insecure); derived once per process and settings."""
+    secret = job_secret(settings)
+    if secret is None:
+        log.warning("GRADPRESS_INSECURE=1: this job's sockets are neither authenticated nor encrypted; "
+                    "anyone who can reach its ports can read, push into or end it")
+        return None
+    return JobKeys.from_secret(secret)
+
+
+def make_server(sock: zmq.Socket, keys: JobKeys | None) -> None:
+    """A socket that binds: CURVE server with the job's keys, checked by the context's ZAP handler."""
+    if keys is None:
+        return
+    _zap_handler(sock.context, keys.public)
+    sock.setsockopt(zmq.ZAP_DOMAIN, b"gradpress")
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+
+
+def make_client(sock: zmq.Socket, keys: JobKeys | None) -> None:
+    """A socket that connects: CURVE client that proves it holds the job's secret key."""
+    if keys is None:
+        return
+    sock.setsockopt(zmq.CURVE_SERVERKEY, keys.public)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+
+
+_handlers: dict[int, "ZapHandler"] = {}
+_handlers_lock = threading.Lock()
+
+
+def _zap_handler(ctx: zmq.Context, public: bytes) -> "ZapHandler":
+    """The context's ZAP handler, started before its first CURVE server binds (without
+    one, ZeroMQ would admit every client that completes the handshake)."""
+    with _handlers_lock:
+        handler = _handlers.get(id(ctx))
+        if handler is None or not handler.is_alive():
+            handler = _handlers[id(ctx)] = ZapHandler(ctx, public)
+            handler.start()
+            handler.bound.wait(10)
+        elif handler.public != public:
+            raise JobSecretError("two different job secrets in one process's ZeroMQ context")
+        return handler
+
+
+class ZapHandler(threading.Thread):
+    """Answers ZeroMQ's authentication requests (ZAP, RFC 27) for one context: a CURVE
+    client is admitted only if it presents the job's public key. Refusals are logged
+    once per peer address, with counts every power of two."""
+
+    def __init__(self, ctx: zmq.Context, public: bytes):
+        super().__init__(name="gradpress-zap", daemon=True)
+        self.ctx, self.public = ctx, public
+        self._public_raw = z85.decode(public)
+        self.bound = threading.Event()
+        self.refused: dict[str, int] = {}
+
+    def run(self) -> None:
+        sock = self.ctx.socket(zmq.REP)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(ZAP_ENDPOINT)
+        self.bound.set()
+        try:
+            while True:
+                request = sock.recv_multipart()  # ends with ContextTerminated when the context ends
+                sock.send_multipart(self._answer(request))
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            sock.close()
+
+    def _answer(self, request: list[bytes]) -> list[bytes]:
+        if len(request) < 6:
+            return [b"1.0", request[1] if len(request) > 1 else b"", b"500", b"malformed ZAP request", b"", b""]
+        version, request_id, _domain, address, _identity, mechanism = request[:6]
+        credentials = request[6:]
+        if mechanism == b"CURVE" and credentials == [self._public_raw]:
+            return [version, request_id, b"200", b"OK", b"member", b""]
+        peer = logs.peer(address.decode(errors="replace"))
+        count = self.refused[peer] = self.refused.get(peer, 0) + 1
+        if count & (count - 1) == 0:  # 1, 2, 4, 8, ...: an outsider that retries cannot flood the log
+            log.warning("refused a connection from %s (%s, not the job's key); %d refusal(s) from there so far",
+                        peer, logs.peer(mechanism.decode(errors="replace")), count)
+        return [version, request_id, b"400", b"not a member of this job", b"", b""]
