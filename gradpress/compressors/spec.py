@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gradpress.compressors import auto
+from gradpress.compressors import auto, lowrank
 from gradpress.compressors.registry import build_compressor
 
 # Codecs work on float32 partitions; other dtypes travel uncompressed (the one home of this rule).
@@ -39,6 +39,8 @@ class CodecSpec:
         try:
             if codec == auto.AUTO:  # the planner picks per tensor among these options
                 auto.options(compression_params)
+            elif codec in lowrank.CODECS:  # whole matrices, factored on the workers (torch/lowrank.py)
+                lowrank.LowRankParams.parse(compression_params)
             else:  # the worker's chain (Momentum(ErrorFeedback(codec))) reads every key a server reads
                 build_compressor(compression_params, "worker")
         except ValueError as e:
@@ -56,10 +58,18 @@ class CodecSpec:
     def is_auto(self) -> bool:
         return self.codec == auto.AUTO
 
+    @property
+    def is_lowrank(self) -> bool:
+        """powersgd / acpsgd: the factors travel uncompressed; no per-partition compressor."""
+        return self.codec in lowrank.CODECS
+
     def build(self, role: str):
         """A new compressor for ``role`` (its state, residuals and momentum, starts empty)."""
         if self.is_auto:
             raise ValueError("compressor 'auto' is resolved by the planner per tensor, not built")
+        if self.is_lowrank:
+            raise ValueError(f"compressor {self.codec!r} factors whole gradient matrices on the workers "
+                             f"(DistributedOptimizer, OneBitAdam, ZeroOneAdam); a single push_pull cannot carry it")
         return build_compressor(self.compression_params, role)
 
     @staticmethod

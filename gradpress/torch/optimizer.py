@@ -13,6 +13,7 @@ the change it made to each parameter and pulls the servers' current parameters.
 from __future__ import annotations
 
 import time
+import zlib
 from contextlib import contextmanager
 
 import torch
@@ -21,6 +22,7 @@ from ..compressors.policy import CompressionPolicy
 from ..compressors.spec import CodecSpec
 from . import ops
 from .compression import Compression
+from .sparse import RowRouting
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -64,10 +66,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if compression_params or compression_rules or compression is not Compression.none:
                 raise ValueError("BYTEPS_ENABLE_ASYNC=1: asynchronous training pushes uncompressed parameter "
                                  "deltas; drop compression / compression_params / compression_rules")
-            self._gp_hooks, self._gp_auto = [], None
+            self._gp_hooks, self._gp_auto, self._gp_lowrank, self._gp_lowrank_ids = [], None, None, set()
             self._gp_async_init()
             return
         self._gp_spec = self._gp_compression(compression_params, compression_rules)
+        self._gp_rows = RowRouting(ops.settings().sparse_density, ops.push_pull_async, ops.synchronize)
+        self._gp_lowrank = self._gp_low_rank(compression_params, compression_rules)
         self._gp_auto = self._gp_planner(compression_params, compression_rules)
         self._gp_hooks = [p.register_post_accumulate_grad_hook(self._gp_hook) for p in self._gp_params]
         for p in self._gp_params:
@@ -107,6 +111,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "before step(); raise backward_passes_per_step to accumulate locally")
         self._gp_delay[key] -= 1
         if self._gp_delay[key] == 0:
+            if self._gp_lowrank is not None and key in self._gp_lowrank_ids:
+                return  # reduced with the other low-rank gradients in synchronize()
             if self._gp_auto is not None and self._gp_auto.manages(p) and self._gp_auto.on_ready(p):
                 return  # the plan sends it, in its group
             self._gp_start(p)
@@ -129,6 +135,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 group["momentum"] = 0
             specs[id(p)] = spec
         return specs
+
+    def _gp_low_rank(self, default, rules):
+        """The reducer of the gradients whose compression is powersgd or acpsgd (small and 1-D
+        ones included: it sends those uncompressed, fused), or None."""
+        policy = CompressionPolicy.for_job(ops.settings(), default, rules)
+        specs = {id(p): spec for p in self._gp_params
+                 if (spec := policy.rule_for(self._gp_names[id(p)])) is not None and spec.is_lowrank}
+        self._gp_lowrank_ids = set(specs)
+        if not specs:
+            return None
+        if len(set(specs.values())) > 1:
+            raise ValueError("powersgd / acpsgd: every low-rank gradient must have the same compression_params "
+                             f"(they are reduced together); got {sorted({str(s) for s in specs.values()})}")
+        if self._compression is not Compression.none:
+            raise ValueError("compression_params powersgd / acpsgd factor the float32 gradients themselves; "
+                             "leave compression=Compression.none")
+        from ..compressors.lowrank import LowRankParams
+        from .lowrank import LowRankReducer
+        entries = [(self._gp_names[id(p)], p) for p in self._gp_params if id(p) in specs]
+        # its fused tensors' names: the same for every optimizer of these parameter names (a resumed one)
+        prefix = f"Gradient.{zlib.crc32(','.join(n for n, _ in entries).encode()):08x}."
+        return LowRankReducer(entries, LowRankParams.parse(next(iter(specs.values())).compression_params),
+                              prefix, ops.settings().min_compress_bytes)
 
     def _gp_planned(self, p: torch.Tensor) -> bool:
         """Whether ``p``'s gradient travels in the planner's fused groups now."""
@@ -153,6 +182,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _gp_start(self, p: torch.Tensor) -> None:
         compressed, ctx = self._compression.compress(p.grad)
+        route = self._gp_rows.route(p, self._gp_names[id(p)], compressed)
+        if route is not None:  # row-sparse: its rows travel exactly, hashed over the servers
+            start = ops.push_pull_async_inplace if route == "coo" else ops.push_pull_rows_async_inplace
+            prefix = "Gradient." if route == "coo" else "SparseGradient."
+            handle = start(compressed, average=True, name=prefix + self._gp_names[id(p)],
+                           priority=self._gp_priority[id(p)])
+            self._gp_handles[id(p)] = (p, handle, ctx)
+            if self._gp_listener is not None:
+                self._gp_listener(p, handle, ctx)
+            return
         spec = self._gp_spec[id(p)]
         if spec is not None and (spec.is_auto or not spec.accepts(str(compressed.dtype).replace("torch.", ""))):
             spec = None  # Compression.fp16 made it float16 (it travels as such), or the planner profiles
@@ -166,7 +205,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _gp_start_missing(self) -> None:
         """Start the push_pulls backward did not reach: every worker must take part in each."""
         for p in self._gp_params:
-            if id(p) not in self._gp_handles and not self._gp_planned(p):
+            if id(p) not in self._gp_handles and not self._gp_planned(p) and id(p) not in self._gp_lowrank_ids:
                 if p.grad is None:  # unused in this backward
                     p.grad = torch.zeros_like(p)
                 self._gp_start(p)
@@ -174,7 +213,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _gp_finish(self, p: torch.Tensor, handle: int, ctx) -> None:
         """Wait for one gradient's push_pull and write the average into ``p.grad``."""
         result = self._compression.decompress(ops.synchronize(handle), ctx)
-        if result is not p.grad:
+        if result.is_sparse:
+            p.grad = result  # a sparse gradient's union has its own rows
+        elif result is not p.grad:
             with torch.no_grad():
                 p.grad.copy_(result)
 
@@ -184,14 +225,45 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return  # async: step() pushes parameter deltas, there are no gradient push_pulls
         self._gp_start_missing()
         try:
+            if self._gp_lowrank is not None:
+                self._gp_reduce_low_rank()
             if self._gp_auto is not None:
                 self._gp_auto.synchronize()
             for p, handle, ctx in self._gp_handles.values():
                 self._gp_finish(p, handle, ctx)
+            self._gp_rows.settle()
         finally:
             self._gp_handles.clear()
             for p in self._gp_params:
                 self._gp_delay[id(p)] = self.backward_passes_per_step
+
+    def _gp_reduce_low_rank(self) -> None:
+        grads = {}
+        for p in self._gp_params:
+            if id(p) in self._gp_lowrank_ids:
+                if p.grad is None:  # unused in this backward: every worker must still take part
+                    p.grad = torch.zeros_like(p)
+                grads[id(p)] = p.grad
+        with torch.no_grad():
+            self._gp_lowrank.reduce(grads)
+
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state; with powersgd / acpsgd also ``gradpress_lowrank``: the
+        step count, kept factors and this worker's error buffers (each worker saves its own)."""
+        sd = self._gp_base.state_dict(self)
+        if getattr(self, "_gp_lowrank", None) is not None:
+            sd["gradpress_lowrank"] = self._gp_lowrank.state_dict()
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("gradpress_lowrank", None)
+        self._gp_base.load_state_dict(self, state_dict)
+        if extra is not None:
+            if getattr(self, "_gp_lowrank", None) is None:
+                raise ValueError("this state_dict holds powersgd / acpsgd state, but this optimizer has no "
+                                 "low-rank compression")
+            self._gp_lowrank.load_state_dict(extra)
 
     @contextmanager
     def skip_synchronize(self):

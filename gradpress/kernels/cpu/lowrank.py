@@ -1,0 +1,127 @@
+"""Numba kernels of low-rank compression (PowerSGD, ACP-SGD) on float32 matrices.
+
+Layouts: a gradient M and its error buffer E are n x m (C order); the factor P is n x r and
+the other factor is kept transposed, Qt = Q^T (r x m), so that every inner loop runs over
+contiguous memory. Each kernel makes one pass over M and E a row at a time (the row stays in
+cache): M + E, its product with a factor and the error update happen in that one pass,
+where torch needs a pass (a read and a write of n x m floats) for each. Serial and
+``nogil`` like every CPU kernel here.
+"""
+import numpy as np
+from numba import njit
+
+
+@njit(nogil=True, cache=True)
+def factor_rows(m: np.ndarray, e: np.ndarray, qt: np.ndarray, p: np.ndarray, add_m: bool, subtract: bool) -> None:
+    """P = X Q for X = E (+ M when ``add_m``); E becomes X - P Q^T when ``subtract``, else X.
+
+    Args:
+        m, e: n x m float32 (``m`` unread without ``add_m``); ``e`` is overwritten.
+        qt: r x m, the factor Q transposed.
+        p: n x r, receives X Q.
+    """
+    rows, cols = e.shape
+    r = qt.shape[0]
+    x = np.empty(cols, np.float32)
+    for i in range(rows):
+        if add_m:
+            for j in range(cols):
+                x[j] = m[i, j] + e[i, j]
+        else:
+            x[:] = e[i]
+        for k in range(r):
+            p[i, k] = np.dot(x, qt[k])
+        if subtract:
+            for k in range(r):
+                c = p[i, k]
+                for j in range(cols):
+                    x[j] -= c * qt[k, j]
+        e[i] = x
+
+
+@njit(nogil=True, cache=True)
+def factor_cols(m: np.ndarray, e: np.ndarray, p: np.ndarray, qt: np.ndarray, add_m: bool) -> None:
+    """Qt = (X^T P)^T = P^T X for X = E (+ M when ``add_m``); reads M and E, writes only ``qt`` (r x m)."""
+    rows, cols = e.shape
+    r = qt.shape[0]
+    qt[:] = 0.0
+    x = np.empty(cols, np.float32)
+    for i in range(rows):
+        if add_m:
+            for j in range(cols):
+                x[j] = m[i, j] + e[i, j]
+        else:
+            x[:] = e[i]
+        for k in range(r):
+            c = p[i, k]
+            for j in range(cols):
+                qt[k, j] += c * x[j]
+
+
+@njit(nogil=True, cache=True)
+def subtract_product(m: np.ndarray, e: np.ndarray, p: np.ndarray, qt: np.ndarray, add_m: bool) -> None:
+    """E = X - P Q^T for X = E (+ M when ``add_m``)."""
+    rows, cols = e.shape
+    r = qt.shape[0]
+    for i in range(rows):
+        if add_m:
+            for j in range(cols):
+                e[i, j] += m[i, j]
+        for k in range(r):
+            c = p[i, k]
+            for j in range(cols):
+                e[i, j] -= c * qt[k, j]
+
+
+@njit(nogil=True, cache=True)
+def reconstruct(p: np.ndarray, qt: np.ndarray, scale: float, out: np.ndarray) -> None:
+    """out = scale * P Q^T (n x m, r >= 1)."""
+    rows, cols = out.shape
+    r = qt.shape[0]
+    s = np.float32(scale)
+    for i in range(rows):
+        c = p[i, 0] * s
+        for j in range(cols):
+            out[i, j] = c * qt[0, j]
+        for k in range(1, r):
+            c = p[i, k] * s
+            for j in range(cols):
+                out[i, j] += c * qt[k, j]
+
+
+@njit(nogil=True, cache=True)
+def orthonormalize(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, ranks: np.ndarray,
+                   by_rows: bool) -> None:
+    """Modified Gram-Schmidt on each matrix of a flat float32 buffer, all in one call.
+
+    Matrix t holds ``ranks[t]`` vectors of ``lengths[t]`` elements from ``offsets[t]``: element
+    i of vector k is at ``k * length + i`` when ``by_rows`` (Qt, r x m) and ``i * r + k``
+    otherwise (P, n x r). Dots and norms accumulate in float64. A vector that is zero (or
+    becomes zero: the matrix is rank-deficient) is left zero rather than divided by zero, so
+    nothing turns NaN; its factor then contributes nothing to the reconstruction.
+    """
+    for t in range(offsets.shape[0]):
+        base, n, r = offsets[t], lengths[t], ranks[t]
+        step = 1 if by_rows else r
+        for k in range(r):
+            vk = base + (k * n if by_rows else k)
+            for prev in range(k):
+                vp = base + (prev * n if by_rows else prev)
+                dot = 0.0
+                for i in range(n):
+                    dot += np.float64(buf[vk + i * step]) * np.float64(buf[vp + i * step])
+                c = np.float32(dot)
+                for i in range(n):
+                    buf[vk + i * step] -= c * buf[vp + i * step]
+            norm = 0.0
+            for i in range(n):
+                v = np.float64(buf[vk + i * step])
+                norm += v * v
+            norm = np.sqrt(norm)
+            if norm == 0.0:
+                for i in range(n):
+                    buf[vk + i * step] = 0.0
+            else:  # (a NaN stays NaN: it is the gradient's, not the method's)
+                inv = np.float32(1.0 / norm)
+                for i in range(n):
+                    buf[vk + i * step] *= inv
