@@ -3,150 +3,11 @@ makes the same plan from rank 0's profile, and the fused groups' results are bit
 to a numpy replay of the same grouping (raw, and onebit with error feedback both ways)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
+from plan_replay import Shape, replay, worker_script
 
-from gradpress.compressors import reference as ref
-from gradpress.placement import make_key
-
-STEPS, PLAN_STEPS, LAYERS, WIDTH, LR = 7, 3, 6, 24, 0.05
-
-WORKER = f"""
-import json, os, torch, gradpress.torch as bps
-from gradpress.torch import auto_plan, ops
-if os.environ.get("GP_FORCE_REPLAN"):  # every other step counts as drifted and the link as changed
-    auto_plan.DRIFT, auto_plan.DRIFT_STEPS, auto_plan.DRIFT_CHECK_STEPS = -1.0, 1, 2
-    auto_plan.LINK_CHANGE = -1.0
-if os.environ.get("GP_FORCE_DRIFT"):  # drifted, but the link is as profiled: the plan must stay
-    auto_plan.DRIFT, auto_plan.DRIFT_STEPS, auto_plan.DRIFT_CHECK_STEPS = -1.0, 1, 2
-    auto_plan.LINK_CHANGE = 1e9
-bps.init()
-r = bps.rank()
-torch.manual_seed(0)
-model = torch.nn.Sequential(*[torch.nn.Linear({WIDTH}, {WIDTH}) for _ in range({LAYERS})])
-opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr={LR}), named_parameters=model.named_parameters(),
-                               compression_params=json.loads(os.environ["GP_AUTO"]))
-g = torch.Generator().manual_seed(100 + r)
-planned, step_groups = [], []
-names = {{id(p): n for n, p in model.named_parameters()}}
-def groups_now():
-    return [([names[id(p)] for p in grp.members], grp.name, grp.spec.compression_params if grp.spec else None)
-            for grp in opt._gp_auto.groups]
-for step in range({STEPS}):
-    x, y = torch.randn(8, {WIDTH}, generator=g), torch.randn(8, {WIDTH}, generator=g)
-    planned.append(opt.gradpress_plan is not None)
-    step_groups.append(groups_now() if planned[-1] else None)
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    opt.step()
-plan = opt.gradpress_plan
-keys = {{n: [t.tensor_id, t.parts] for n, t in ops.client().tensors.items()}}
-torch.save({{"state": model.state_dict(), "planned": planned, "groups": groups_now(), "step_groups": step_groups,
-             "keys": keys, "version": opt._gp_auto.version,
-             "options": plan.options, "predicted": plan.predicted_s}},
-           os.path.join(os.environ["GP_TEST_DIR"], f"w{{r}}.pt"))
-bps.shutdown()
-"""
-
-
-def replay(results: list[dict], workers: int) -> dict:
-    """SGD on each worker's gradients (computed again here, one thread, as the workers did),
-    summed the way the plan sends them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _replay(results, workers)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _replay(results: list[dict], workers: int) -> dict:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
-    sgd = torch.optim.SGD(model.parameters(), lr=LR)
-    params = dict(model.named_parameters())
-    data = [torch.Generator().manual_seed(100 + r) for r in range(workers)]
-    worker_e, server_e = {}, {}
-    carry = [{} for _ in range(workers)]
-    first = results[0]
-    for step in range(STEPS):
-        grads = []
-        for g in data:
-            x, y = torch.randn(8, WIDTH, generator=g), torch.randn(8, WIDTH, generator=g)
-            model.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            grads.append({n: p.grad.clone() for n, p in params.items()})
-        groups = first["step_groups"][step]
-        if step and groups is not None and first["step_groups"][step - 1] not in (None, groups):
-            _hand_over(first["step_groups"][step - 1], first["keys"], params, worker_e, server_e, carry)
-        for r in range(workers):
-            for name, extra in carry[r].items():
-                grads[r][name] = grads[r][name] + extra.view_as(grads[r][name])
-            carry[r] = {}
-        if groups is None:
-            for name, p in params.items():
-                p.grad = (sum(g[name] for g in grads[1:]) + grads[0][name]) / workers
-        else:
-            for members, group_name, compression in groups:
-                flat = [torch.cat([g[n].reshape(-1) for n in members]).numpy() for g in grads]
-                out = _group_average(flat, compression, first["keys"][group_name], step, worker_e, server_e)
-                lo = 0
-                for n in members:
-                    params[n].grad = torch.from_numpy(out[lo:lo + params[n].numel()].copy()).view_as(params[n])
-                    lo += params[n].numel()
-        with torch.no_grad():
-            sgd.step()
-    return model.state_dict()
-
-
-def _hand_over(groups, keys, params, worker_e, server_e, carry) -> None:
-    """A re-plan: each compressed group's residuals go to its members' next push (the servers' via rank 0)."""
-    for members, group_name, compression in groups:
-        if compression is None:
-            continue
-        tensor_id, parts = keys[group_name]
-        for r in range(len(carry)):
-            flat = np.concatenate([worker_e.get((r, make_key(tensor_id, i)), np.zeros(n, np.float32))
-                                   for i, n in enumerate(parts)])
-            if r == 0:
-                flat = flat + np.concatenate([server_e.get(make_key(tensor_id, i), np.zeros(n, np.float32))
-                                              for i, n in enumerate(parts)])
-            lo = 0
-            for name in members:
-                n = params[name].numel()
-                carry[r][name] = carry[r].get(name, 0) + torch.from_numpy(flat[lo:lo + n].copy())
-                lo += n
-
-
-def _group_average(flat: list[np.ndarray], compression: dict | None, key_info: list, step: int,
-                   worker_e: dict, server_e: dict) -> np.ndarray:
-    workers = len(flat)
-    if compression is None:
-        total = flat[0].copy()
-        for f in flat[1:]:
-            total = total + f
-        return total / np.float32(workers)
-    assert compression["compressor"] == "onebit" and compression["scaling"] is True
-    tensor_id, parts = key_info
-    out, lo = np.empty(flat[0].size, np.float32), 0
-    for i, n in enumerate(parts):
-        key = make_key(tensor_id, i)
-        acc = None
-        for r in range(workers):
-            g = flat[r][lo:lo + n]
-            e = worker_e.get((r, key))
-            p = g if e is None else (g.astype(np.float64) + e.astype(np.float64)).astype(np.float32)
-            d = ref.onebit_decode(ref.onebit(p, "l1"), n)
-            worker_e[(r, key)] = p - d
-            acc = d.copy() if acc is None else acc + d
-        e = server_e.get(key)
-        s = acc if e is None else (acc.astype(np.float64) + e.astype(np.float64)).astype(np.float32)
-        d = ref.onebit_decode(ref.onebit(s, "l1"), n)
-        server_e[key] = s - d
-        out[lo:lo + n] = d / np.float32(workers)
-        lo += n
-    return out
+SHAPE = Shape()
 
 
 @pytest.mark.integ
@@ -157,14 +18,14 @@ def _group_average(flat: list[np.ndarray], compression: dict | None, key_info: l
                          ids=["raw", "onebit", "onebit-replanned", "onebit-drift-same-link"])
 def test_every_worker_plans_alike_and_fused_sums_match_the_replay(cluster, auto, force, versions):
     import json
-    env = {"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(PLAN_STEPS), "BYTEPS_MIN_COMPRESS_BYTES": "0"}
+    env = {"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(SHAPE.plan_steps), "BYTEPS_MIN_COMPRESS_BYTES": "0"}
     if force:
         env[force] = "1"
     c = cluster(workers=2, servers=1, env=env)
-    c.start(WORKER).assert_success(180)
+    c.start(worker_script(SHAPE)).assert_success(180)
     results = [torch.load(c.tmp / f"w{r}.pt", weights_only=False) for r in range(2)]
     a, b = results
-    assert a["planned"] == [False] * PLAN_STEPS + [True] * (STEPS - PLAN_STEPS)
+    assert a["planned"] == [False] * SHAPE.plan_steps + [True] * (SHAPE.steps - SHAPE.plan_steps)
     # a forced re-plan after steps 4 and 6; a drift on an unchanged link probes but keeps the plan
     assert len({tuple(g[1] for g in groups) for groups in a["step_groups"] if groups}) == versions + 1
     assert (a["groups"], a["options"], a["predicted"]) == (b["groups"], b["options"], b["predicted"]), \
@@ -175,6 +36,6 @@ def test_every_worker_plans_alike_and_fused_sums_match_the_replay(cluster, auto,
         "a tensor is missing from the plan, or in two groups"
     for name in a["state"]:
         assert torch.equal(a["state"][name], b["state"][name]), f"{name}: workers' parameters differ"
-    want = replay(results, 2)  # with the residuals handed over at each re-plan
+    want = replay(results, 2, SHAPE)  # with the residuals handed over at each re-plan
     for name, value in want.items():
         assert torch.equal(a["state"][name], value), f"{name}: differs from the replay of the plan's grouping"

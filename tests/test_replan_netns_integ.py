@@ -1,0 +1,95 @@
+"""Re-planning when the link really changes: a job of ``compressor: auto`` in network
+namespaces plans on the unshaped veth link; the test then limits every link to 100 Mbit/s
+with ``tc`` while the workers wait at a step boundary. The planner must see its
+iterations drift, re-measure the network (a rate near 100 Mbit/s), re-plan on every
+worker alike, and hand every residual over: the parameters stay bit-identical to a numpy
+replay of each step's plan.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from cluster import FAST
+from plan_replay import Shape, replay, worker_script
+
+from gradpress.testing import netns
+
+pytestmark = [pytest.mark.integ, pytest.mark.netns]
+REPO = Path(__file__).resolve().parents[1]
+# 6 x 64 KB of gradients: about 1 ms per step on the bare veth, tens of ms at 100 Mbit/s
+SHAPE = Shape(steps=14, plan_steps=3, layers=6, width=128, lr=0.01)
+PAUSE_AFTER_STEP = 4          # after two planned steps; the drift check at step 10 sees 5 slow ones
+RATE, RATE_BYTES_PER_S = "100mbit", 100e6 / 8
+
+
+@pytest.fixture
+def namespaces():
+    why = netns.check_allowed()
+    if why:
+        pytest.skip(why)
+    cluster = netns.NetnsCluster()
+    try:
+        cluster.start()
+        for name in ("sched", "s0", "w0", "w1"):
+            cluster.add_node(name)
+        yield cluster
+    finally:
+        cluster.remove()
+    assert not cluster.leftovers(), cluster.leftovers()
+
+
+def _start(cluster: netns.NetnsCluster, tmp: Path) -> dict:
+    script = tmp / "worker.py"
+    script.write_text(worker_script(SHAPE))
+    common = {**os.environ, **FAST, "DMLC_PS_ROOT_URI": cluster.addr("sched"), "DMLC_PS_ROOT_PORT": "9431",
+              "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "GRADPRESS_JOB_SECRET": secrets.token_hex(32),
+              "GRADPRESS_SHM": "0", "GRADPRESS_PLAN_STEPS": str(SHAPE.plan_steps), "BYTEPS_MIN_COMPRESS_BYTES": "0",
+              "BYTEPS_PARTITION_BYTES": str(256 << 10), "GP_TEST_DIR": str(tmp),
+              "GP_AUTO": json.dumps({"compressor": "auto", "allowed": ["none", "onebit"]}),
+              "GP_PAUSE_AFTER_STEP": str(PAUSE_AFTER_STEP), "PYTHONPATH": str(REPO)}
+    role = [sys.executable, "-m", "gradpress.launcher"]
+    nodes = [("sched", role, {"DMLC_ROLE": "scheduler"}), ("s0", role, {"DMLC_ROLE": "server"})]
+    nodes += [(f"w{i}", [sys.executable, str(script)], {"DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(i)})
+              for i in range(2)]
+    return {name: cluster.popen(name, argv, {**common, **env, "DMLC_NODE_HOST": cluster.addr(name)},
+                                tmp / f"{name}.log", cwd=str(REPO)) for name, argv, env in nodes}
+
+
+def _wait(procs: dict, tmp: Path, done, what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        failed = {n: p.poll() for n, p in procs.items() if p.poll() not in (None, 0)}
+        if failed or time.monotonic() > deadline:
+            logs = "\n".join(f"--- {n}\n{(tmp / f'{n}.log').read_text(errors='replace')[-3000:]}" for n in procs)
+            raise AssertionError(f"{what}: {failed or 'deadline passed'}\n{logs}")
+        time.sleep(0.1)
+
+
+def test_a_slower_link_mid_run_is_re_measured_and_re_planned_without_losing_a_residual(namespaces, tmp_path):
+    procs = _start(namespaces, tmp_path)
+    _wait(procs, tmp_path, lambda: all((tmp_path / f"paused{r}").exists() for r in range(2)),
+          "workers reaching the pause", 120)
+    namespaces.shape(RATE)
+    (tmp_path / "go").touch()
+    _wait(procs, tmp_path, lambda: all(p.poll() == 0 for p in procs.values()), "the job finishing", 120)
+
+    results = [torch.load(tmp_path / f"w{r}.pt", weights_only=False) for r in range(2)]
+    a, b = results
+    assert a["version"] >= 1, f"no re-plan after the link slowed: links measured {a['links']}"
+    first_link, last_link = a["links"][PAUSE_AFTER_STEP], a["links"][-1]
+    assert first_link > 10 * RATE_BYTES_PER_S, f"the unshaped link measured {first_link:.3g} B/s"
+    assert 0.4 * RATE_BYTES_PER_S < last_link < 1.5 * RATE_BYTES_PER_S, \
+        f"re-measured at {last_link:.3g} B/s, not near {RATE} ({RATE_BYTES_PER_S:.3g} B/s)"
+    assert (a["step_groups"], a["links"]) == (b["step_groups"], b["links"]), "workers planned differently"
+    for name in a["state"]:
+        assert torch.equal(a["state"][name], b["state"][name]), f"{name}: workers' parameters differ"
+    want = replay(results, 2, SHAPE)
+    for name, value in want.items():
+        assert torch.equal(a["state"][name], value), f"{name}: differs from the replay of the plans"
