@@ -11,7 +11,8 @@ import msgpack
 import pytest
 import zmq
 
-from gradpress.net import protocol
+from gradpress.config import Settings
+from gradpress.net import auth, protocol
 from gradpress.net.protocol import Op
 
 pytestmark = pytest.mark.integ
@@ -121,10 +122,12 @@ def test_garbage_to_server_and_scheduler_is_dropped_and_sums_stay_right(cluster)
     _wait_for(c.tmp / "servers.json", c)
     targets = [tuple(s) for s in json.loads((c.tmp / "servers.json").read_text())] + [("127.0.0.1", c.port)]
     ctx = zmq.Context()
+    keys = auth.job_keys(Settings(job_secret=c.secret))
     try:
         for host, port in targets:
             dealer = ctx.socket(zmq.DEALER)
             dealer.setsockopt(zmq.LINGER, 0)
+            auth.make_client(dealer, keys)  # a member gone wrong: outsiders are tests/test_auth_integ.py's
             dealer.connect(f"tcp://{host}:{port}")
             for msg in _garbage_messages():
                 if msg:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from ..net import transport
+from .. import logs
 from ..config import Settings
 from ..health import HealthFile
 from ..placement import KeyPlacement
@@ -101,7 +102,7 @@ class Scheduler:
             try:
                 self._dispatch(identity, member, header)
             except zmq.ZMQError as e:  # a peer vanished between its message and our reply
-                log.warning("could not answer %s: %s", header["from"], e)
+                log.warning("could not answer %s: %s", logs.peer(header["from"]), e)
 
     def _dispatch(self, identity: bytes, member: Member | None, h: dict) -> None:
         op = h["op"]
@@ -117,7 +118,7 @@ class Scheduler:
         elif op == Op.HEARTBEAT and member is not None:
             pass  # liveness was refreshed on receipt
         elif member is None or not self.registered:
-            log.warning("dropped %s from unregistered peer %r", op.name, h["from"])
+            log.warning("dropped %s from unregistered peer %s", op.name, logs.peer(h["from"]))
         elif op == Op.BARRIER:
             self._barrier(member, h["group"], h["seq"])
         elif op == Op.DECLARE and member.role == "worker":
@@ -131,7 +132,7 @@ class Scheduler:
             if all(m.finished for m in self.members.values() if m.role == "worker"):
                 self._end(0, "done")
         elif op == Op.ERROR:
-            log.error("%s reports: %s", member.name, h["message"])
+            log.error("%s reports: %s", member.name, logs.peer(h["message"]))
         else:
             log.warning("dropped unexpected %s from %s", op.name, member.name)
 
@@ -160,13 +161,13 @@ class Scheduler:
                 return
         self.members[identity] = Member(identity, role, h["host"], h["port"], h["worker_id"],
                                         h["local_rank"], h["local_size"], h["pid"])
-        log.info("registered %s at %s:%d (pid %d)", role, h["host"], h["port"], h["pid"])
+        log.info("registered %s at %s:%d (pid %d)", role, logs.peer(h["host"]), h["port"], h["pid"])
         if self._all_registered():
             self._assign_ranks()
             self._send_address_book()
 
     def _refuse(self, identity: bytes, h: dict, why: str) -> None:
-        log.error("refused %s from %r: %s", h["op"].name, h["from"], why)
+        log.error("refused %s from %s: %s", h["op"].name, logs.peer(h["from"]), why)
         transport.send(self.sock, Op.ERROR, NAME, identity=identity, message=why)
 
     def _all_registered(self) -> bool:
@@ -230,7 +231,7 @@ class Scheduler:
             silent = now - m.last_seen
             if not m.finished and silent > self.s.heartbeat_timeout_s:
                 reason = f"no heartbeat for {silent:.1f} s (PS_HEARTBEAT_TIMEOUT={self.s.heartbeat_timeout_s:g})"
-                log.error("lost %s (pid %d on %s): %s", m.name, m.pid, m.host, reason)
+                log.error("lost %s (pid %d on %s): %s", m.name, m.pid, logs.peer(m.host), reason)
                 others = [o.identity for o in self.members.values() if o is not m]
                 self._send_each(others, Op.NODE_LOST, role=m.role, rank=m.rank, reason=reason)
                 self.exit_code = 1
@@ -257,7 +258,7 @@ class Scheduler:
             rank = -1
         name = transport.node_name("worker", rank) if rank >= 0 else f"worker (pid {h.get('pid', '?')})"
         reason = f"failed: {h['reason']}"
-        log.error("%s %s", name, reason)
+        log.error("%s failed: %s", name, logs.peer(h["reason"]))
         self._failure = f"the job failed: {name} {reason}"
         others = [m.identity for m in self.members.values() if m is not failed and m.identity != identity]
         self._send_each(others, Op.NODE_LOST, role="worker", rank=rank, reason=reason)
@@ -291,7 +292,7 @@ class Scheduler:
             try:
                 transport.send(self.sock, op, NAME, identity=identity, **fields)
             except zmq.ZMQError as e:  # that peer is gone; the purge will say so
-                log.debug("send %s to %r failed: %s", op.name, identity, e)
+                log.debug("send %s to %s failed: %s", op.name, logs.peer(identity), e)
 
 
 def run_scheduler(settings: Settings) -> int:

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import zmq
 
+from .. import logs
 from ..config import Settings
 from ..errors import JobError, OpTimeoutError
 from ..net import transport
@@ -149,7 +150,7 @@ class PartitionFlight:
         request.answer(wk.index, residual, h.get("lr"))
 
     def _server_error(self, rank: int, h: dict, op: PartitionOp | None) -> None:
-        log.error("server %d: %s", rank, h["message"])
+        log.error("server %d: %s", rank, logs.peer(h["message"]))
         wk = self.table.get(h.get("key"))
         if wk is not None and wk.state_request is not None and "round" not in h:
             wk.state_request.future.fail(JobError(f"server {rank}: {h['message']}"))
