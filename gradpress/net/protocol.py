@@ -62,15 +62,18 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
                  {"compression_params": (dict,)}),
     Op.DECLARED: ({"name": _STR, "tensor_id": _INT, "servers": (list,)}, {}),
     # shm: the name of the worker's shared-memory segment for this key (same host only)
+    # sparse: a row-sparse tensor's layout {rows, width, seed, servers} (row_placement.RowLayout)
     Op.INIT_KEY: ({"key": _INT, "name": _STR, "count": _INT, "dtype": _STR},
-                  {"compression_params": (dict,), "shm": _STR}),
-    # shm: the data is in the segment named at INIT_KEY, not in a frame
+                  {"compression_params": (dict,), "shm": _STR, "sparse": (dict,)}),
+    # shm: the data is in the segment named at INIT_KEY, not in a frame;
+    # sparse: `count` rows travel as two frames, indices and values (server/sparse.py checks them)
     Op.PUSH: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
-              {"codec": _STR, "meta": (dict,), "lr": _NUM, "shm": (bool,)}),
+              {"codec": _STR, "meta": (dict,), "lr": _NUM, "shm": (bool,), "sparse": (bool,)}),
     Op.PULL: ({"key": _INT, "round": _INT}, {}),
     # shm/slot: the aggregate is in slot `slot` of the server's segment `shm`
+    # sparse: "rows" (indices, values) or "bitmap" (over the `known` rows published before, new indices, values)
     Op.PULL_REPLY: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
-                    {"codec": _STR, "meta": (dict,), "shm": _STR, "slot": _INT}),
+                    {"codec": _STR, "meta": (dict,), "shm": _STR, "slot": _INT, "sparse": _STR, "known": _INT}),
     # what the error concerns: a key (and round), a tensor's `name`, or barrier `seq` of `group`
     Op.ERROR: ({"message": _STR}, {"key": _INT, "round": _INT, "name": _STR, "group": _STR, "seq": _INT}),
     Op.PUSH_ACK: ({"key": _INT, "round": _INT}, {}),
@@ -136,7 +139,7 @@ def _check(header: dict[str, Any]) -> None:
             _check_field(header, name, types, op.name)
     if "dtype" in header and header["dtype"] not in DTYPES:
         raise ProtocolError(f"{op.name}: dtype {header['dtype']!r} is not one of {DTYPES}")
-    for name in ("count", "key", "round"):
+    for name in ("count", "key", "round", "known"):
         if name in header and header[name] < 0:
             raise ProtocolError(f"{op.name}: {name} is negative ({header[name]})")
 

@@ -21,6 +21,7 @@ from ..net import transport
 from ..net.protocol import Op
 from ..net.shm import Segment
 from ..trace import Tracer
+from . import sparse
 from .sink import Reply, SharedSlots
 from .store import KeyState, PushError
 
@@ -118,6 +119,8 @@ class Engine(threading.Thread):
 
     def _init_key(self, identity: bytes, h: dict) -> list[Reply]:
         state = self.keys.get(h["key"])
+        if "sparse" in h or isinstance(state, sparse.SparseKeyState):  # a row-sparse tensor's share
+            return sparse.init_key(self.keys, h, self._num_workers, self._async, self._tracer)
         if state is None:
             state = self.keys[h["key"]] = KeyState(h["key"], h["name"], h["count"], h["dtype"], self._num_workers,
                                                    self._async, h.get("compression_params"), self._tracer)

@@ -22,7 +22,7 @@ from ..config import Settings
 from ..errors import JobError
 from ..worker import WorkerClient
 from ..worker.future import Future
-from . import failures, modes
+from . import failures, modes, sparse
 from .compression import Compression
 
 _WIRE = {torch.float16: torch.float16, torch.float32: torch.float32, torch.float64: torch.float64,
@@ -236,6 +236,11 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
     if spec is not None:
         spec.check_dtype(str(tensor.dtype).replace("torch.", ""), f"push_pull of {name!r}")
     divisor = client.size if average else 1
+    if sparse.is_row_sparse(tensor):  # its rows travel, hashed over the servers; the result is a new tensor
+        if spec is not None:
+            raise ValueError(f"push_pull of {name!r}: compression_params on a sparse tensor; its rows travel "
+                             f"exactly (or as float16 with Compression.fp16)")
+        return _start_rows(client, tensor, sparse.rows_of_coo(tensor, name), name, divisor, priority, None)
     contiguous = tensor.is_contiguous() and output.is_contiguous()
     on_gpu = spec is not None and tensor.is_cuda and output.is_cuda and contiguous
     direct = (tensor.device.type == "cpu" and output.device.type == "cpu" and tensor.dtype in _WIRE
@@ -261,4 +266,27 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
         finish = copy_back
     handle = next(_handle_ids)
     _handles[handle] = _Pending(future, output, finish)
+    return handle
+
+
+def push_pull_rows_async_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+                                 priority: int = 0) -> int:
+    """Start summing a dense tensor of 2+ dimensions in place, sending only its non-zero
+    rows (hashed over the servers); rows no worker touched come back zero."""
+    client = _require()
+    name = name if name is not None else f"push_pull.noname.{next(_noname)}"
+    rows = sparse.rows_of_dense(tensor, name)
+    return _start_rows(client, tensor, rows, name, client.size if average else 1, priority, tensor)
+
+
+def _start_rows(client: WorkerClient, tensor: torch.Tensor, rows, name: str, divisor: int, priority: int,
+                dense_out: torch.Tensor | None) -> int:
+    future, result = sparse.start(client, tensor, rows, name, divisor, priority, _settings.sparse_seed, dense_out)
+    pending = _Pending(future, tensor, None)
+
+    def finish() -> None:
+        pending.output = result()
+    pending.finish = finish
+    handle = next(_handle_ids)
+    _handles[handle] = pending
     return handle

@@ -22,6 +22,7 @@ from ..compressors.policy import CompressionPolicy
 from ..compressors.spec import CodecSpec
 from . import ops
 from .compression import Compression
+from .sparse import RowRouting
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -69,6 +70,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._gp_async_init()
             return
         self._gp_spec = self._gp_compression(compression_params, compression_rules)
+        self._gp_rows = RowRouting(ops.settings().sparse_density, ops.push_pull_async, ops.synchronize)
         self._gp_lowrank = self._gp_low_rank(compression_params, compression_rules)
         self._gp_auto = self._gp_planner(compression_params, compression_rules)
         self._gp_hooks = [p.register_post_accumulate_grad_hook(self._gp_hook) for p in self._gp_params]
@@ -180,6 +182,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _gp_start(self, p: torch.Tensor) -> None:
         compressed, ctx = self._compression.compress(p.grad)
+        route = self._gp_rows.route(p, self._gp_names[id(p)], compressed)
+        if route is not None:  # row-sparse: its rows travel exactly, hashed over the servers
+            start = ops.push_pull_async_inplace if route == "coo" else ops.push_pull_rows_async_inplace
+            prefix = "Gradient." if route == "coo" else "SparseGradient."
+            handle = start(compressed, average=True, name=prefix + self._gp_names[id(p)],
+                           priority=self._gp_priority[id(p)])
+            self._gp_handles[id(p)] = (p, handle, ctx)
+            if self._gp_listener is not None:
+                self._gp_listener(p, handle, ctx)
+            return
         spec = self._gp_spec[id(p)]
         if spec is not None and (spec.is_auto or not spec.accepts(str(compressed.dtype).replace("torch.", ""))):
             spec = None  # Compression.fp16 made it float16 (it travels as such), or the planner profiles
@@ -201,7 +213,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _gp_finish(self, p: torch.Tensor, handle: int, ctx) -> None:
         """Wait for one gradient's push_pull and write the average into ``p.grad``."""
         result = self._compression.decompress(ops.synchronize(handle), ctx)
-        if result is not p.grad:
+        if result.is_sparse:
+            p.grad = result  # a sparse gradient's union has its own rows
+        elif result is not p.grad:
             with torch.no_grad():
                 p.grad.copy_(result)
 
@@ -217,6 +231,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._gp_auto.synchronize()
             for p, handle, ctx in self._gp_handles.values():
                 self._gp_finish(p, handle, ctx)
+            self._gp_rows.settle()
         finally:
             self._gp_handles.clear()
             for p in self._gp_params:

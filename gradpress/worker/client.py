@@ -17,12 +17,14 @@ from ..errors import JobError, OpTimeoutError, TensorMismatchError
 from ..net import auth, transport
 from ..net.node import AddressBook
 from ..placement import partition_counts
+from ..row_placement import RowLayout
 from ..trace import Tracer
 from . import commands as cmd
 from .comm import CommunicationThread
 from .future import Future
 from .jobs import PushPull, Tensor
 from .keys import by_key, check_server_states
+from .sparse import SparseResult, SparseRows, SparseShares
 
 
 class WorkerClient:
@@ -69,10 +71,15 @@ class WorkerClient:
     def bytes_pulled(self) -> int:
         return self.comm.stages.bytes_pulled if self.comm.stages else 0
 
-    def declare(self, name: str, count: int, dtype: str, spec: CodecSpec | None = None) -> Tensor:
-        """Declare a tensor (once per name; waits for every worker to declare it alike)."""
+    def declare(self, name: str, count: int, dtype: str, spec: CodecSpec | None = None,
+                layout: RowLayout | None = None) -> Tensor:
+        """Declare a tensor (once per name; waits for every worker to declare it alike);
+        with ``layout``, a row-sparse one."""
         t = self.comm.table.tensors.get(name)
         if t is not None:
+            if t.layout != layout:
+                raise TensorMismatchError(f"tensor {name!r} was declared with row layout {t.layout}; "
+                                          f"now used with {layout}")
             if (t.count, t.dtype, t.spec) != (count, dtype, spec):
                 raise TensorMismatchError(f"tensor {name!r} was declared with {t.count} {t.dtype} elements "
                                           f"({t.spec or 'uncompressed'}); now used with {count} {dtype} "
@@ -81,8 +88,9 @@ class WorkerClient:
         if spec is not None:
             spec.check_dtype(dtype, f"tensor {name!r}")
         fut = Future(f"declare tensor {name!r}")
-        parts = partition_counts(count, np.dtype(dtype).itemsize, self.s.partition_bytes)
-        self.comm.submit(cmd.Declare(name, count, dtype, parts, spec, fut))
+        parts = layout.parts() if layout is not None else \
+            partition_counts(count, np.dtype(dtype).itemsize, self.s.partition_bytes)
+        self.comm.submit(cmd.Declare(name, count, dtype, parts, spec, fut, layout))
         return fut.result(self.s.op_timeout_s + 5)
 
     @property
@@ -149,6 +157,21 @@ class WorkerClient:
         tensor = self.declare(name, int(src.numel() if hasattr(src, "numel") else src.size), dtype, spec)
         fut = Future(f"push_pull of tensor {name!r}")
         self.comm.submit(cmd.StartPushPull(PushPull(tensor, src, out, divisor, fut, len(tensor.parts), lr), priority))
+        return fut
+
+    def push_pull_sparse_async(self, name: str, rows: SparseRows, layout: RowLayout, divisor: int,
+                               priority: int) -> Future:
+        """Start summing row-sparse ``rows`` (``coalesce``d) over all workers; the future gives a
+        ``SparseResult`` whose ``rows()`` is the union, divided by ``divisor``."""
+        if layout.num_servers != self.book.num_servers:
+            raise ValueError(f"tensor {name!r}: a row layout over {layout.num_servers} servers; "
+                             f"the job has {self.book.num_servers}")
+        dtype = rows.values.dtype.name
+        tensor = self.declare(name, layout.count, dtype, None, layout)
+        fut = Future(f"push_pull of sparse tensor {name!r}")
+        job = PushPull(tensor, SparseShares(rows, layout), SparseResult(layout, dtype, divisor), divisor, fut,
+                       len(tensor.parts))
+        self.comm.submit(cmd.StartPushPull(job, priority))
         return fut
 
     def barrier(self, group: str = "worker") -> None:

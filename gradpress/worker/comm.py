@@ -223,7 +223,10 @@ class CommunicationThread(threading.Thread):
         if not waiters:
             return
         first = waiters[0]
-        t = Tensor(h["name"], first.count, first.dtype, h["tensor_id"], first.parts, h["servers"], first.spec)
+        # a row-sparse tensor's share s lives on server s (the row hash), whatever the byte placement says
+        servers = h["servers"] if first.layout is None else list(range(len(first.parts)))
+        t = Tensor(h["name"], first.count, first.dtype, h["tensor_id"], first.parts, servers, first.spec,
+                   first.layout)
         try:
             self.table.add(t, len(self.stages.servers))
         except ValueError as e:

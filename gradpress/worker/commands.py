@@ -23,6 +23,7 @@ class Declare:
     parts: list[int]
     spec: CodecSpec | None
     future: Future
+    layout: Any = None      # a RowLayout: the tensor is row-sparse, partition s on server s
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..compressors.spec import CodecSpec
+from ..row_placement import RowLayout
 from .future import Future
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ class Tensor:
     parts: list[int]
     servers: list[int]
     spec: CodecSpec | None = None        # None: uncompressed
+    layout: RowLayout | None = None      # a row-sparse tensor: partition s is server s's hash share
     offsets: list[int] = field(init=False)
     keys: list["WorkerKey"] = field(init=False, default_factory=list)
 
@@ -30,6 +32,8 @@ class Tensor:
         self.offsets = [int(o) for o in np.cumsum([0] + self.parts[:-1])]
         # Momentum(ErrorFeedback(codec)); its state is kept per partition key
         self.compressor = self.spec.build("worker") if self.spec else None
+        # per share, the rows its server has published (sparse.py: replies may be bitmaps over them)
+        self.known = [np.empty(0, self.layout.index_dtype) for _ in self.parts] if self.layout else []
 
 
 @dataclass

@@ -17,6 +17,7 @@ import zmq
 from ..net import shm, transport
 from ..net.protocol import Op
 from ..trace import Tracer, now_us
+from . import sparse
 from .jobs import PartitionOp
 from .keys import WorkerKey
 
@@ -35,7 +36,8 @@ class PartitionStages:
         self._result_segments: dict[str, shm.Segment] = {}
 
     def _shared(self, wk: WorkerKey) -> bool:
-        return self.local[wk.server] and wk.tensor.compressor is None  # compressed payloads are small
+        # compressed payloads are small; sparse ones change size every round
+        return self.local[wk.server] and wk.tensor.compressor is None and wk.tensor.layout is None
 
     # ---- before the first push of a key ----------------------------------------
 
@@ -44,6 +46,8 @@ class PartitionStages:
         sock, t = self.servers[wk.server], wk.tensor
         if not wk.inited:
             extra: dict[str, Any] = {"compression_params": t.spec.compression_params} if t.spec else {}
+            if t.layout is not None:
+                extra["sparse"] = t.layout.wire()
             if self._shared(wk):
                 seg = shm.Segment.create("w", wk.key, wk.count * np.dtype(t.dtype).itemsize)
                 self.own_segments.append(seg)
@@ -67,6 +71,8 @@ class PartitionStages:
             ValueError: the input cannot be compressed (NaN/inf); the compressor's state is unchanged.
         """
         t = op.job.tensor
+        if t.layout is not None:  # a row-sparse share: its indices and values
+            return sparse.push_payload(op)
         if t.compressor is None:
             return None
         start = now_us()
@@ -82,7 +88,7 @@ class PartitionStages:
         sock = self.servers[wk.server]
         if payload is not None:
             extra, buffers = payload
-            transport.send(sock, Op.PUSH, self.sender, buffers, **fields, **extra)
+            transport.send(sock, Op.PUSH, self.sender, buffers, **{**fields, **extra})  # sparse: its own count
             self.bytes_pushed += sum(b.nbytes for b in buffers)
         elif wk.push_view is not None:
             np.copyto(wk.push_view, op.chunk)
@@ -105,6 +111,10 @@ class PartitionStages:
         """
         wk, job, t = op.wkey, op.job, op.job.tensor
         self.tracer.add("push to reply", op.sent_us, now_us(), key=wk.key, round=op.round)
+        if t.layout is not None:
+            sparse.land(op, h, frames)
+            self.bytes_pulled += sum(len(f.buffer) for f in frames)
+            return
         if h["dtype"] != t.dtype or h["count"] != wk.count:
             raise ValueError(f"{h['count']} {h['dtype']} elements, expected {wk.count} {t.dtype}")
         dst = op.destination

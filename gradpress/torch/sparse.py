@@ -1,0 +1,131 @@
+"""Row-sparse push_pull from torch: sparse COO tensors, and dense gradients that are
+mostly zero rows.
+
+A sparse COO tensor with one sparse dimension (what ``nn.Embedding(sparse=True)`` and
+``nn.EmbeddingBag(sparse=True)`` give as gradients) travels as its rows: duplicates
+summed (torch's coalescing, in the order given), split over the servers by the row
+hash, and the result is the coalesced union over every worker. A dense tensor of 2+
+dimensions can travel the same way (``dense_rows=True``): its non-zero rows are found
+(a numba.cuda kernel on GPU tensors, Numba on CPU ones) and the union is written back
+into a dense output, zero elsewhere.
+
+Values travel in the tensor's dtype (float16 after ``Compression.fp16``: summed in
+float32 on the servers, rounded once). No error feedback: the row sum is exact, and
+fp16's rounding of a row is not carried to the next step.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..row_placement import RowLayout
+from ..worker import WorkerClient
+from ..worker.future import Future
+from ..worker.sparse import SparseRows, coalesce, extract
+
+_WIRE = {torch.float16: torch.float16, torch.float32: torch.float32, torch.float64: torch.float64,
+         torch.bfloat16: torch.float32}
+
+
+def is_row_sparse(tensor: torch.Tensor) -> bool:
+    return tensor.layout == torch.sparse_coo
+
+
+def layout_of(tensor: torch.Tensor, client: WorkerClient, seed: int) -> RowLayout:
+    width = math.prod(tensor.shape[1:]) if tensor.dim() > 1 else 1
+    return RowLayout(int(tensor.shape[0]), int(width), seed, client.book.num_servers)
+
+
+def _wire(tensor: torch.Tensor, name: str) -> torch.dtype:
+    if tensor.dtype not in _WIRE:
+        raise ValueError(f"push_pull of {name!r}: a row-sparse {tensor.dtype} tensor; "
+                         f"float16, bfloat16, float32 or float64 expected")
+    return _WIRE[tensor.dtype]
+
+
+def rows_of_coo(tensor: torch.Tensor, name: str) -> SparseRows:
+    """A sparse COO tensor's rows, coalesced (duplicate indices summed in order)."""
+    if tensor.sparse_dim() != 1:
+        raise ValueError(f"push_pull of {name!r}: a sparse COO tensor with {tensor.sparse_dim()} sparse "
+                         f"dimensions; row-sparse tensors have 1 (an embedding's gradient)")
+    t = tensor.detach()
+    wire = _wire(t, name)
+    indices = t._indices()[0].to("cpu").numpy()
+    width = math.prod(t.shape[1:]) if t.dim() > 1 else 1
+    values = t._values().to("cpu", wire).reshape(indices.shape[0], width).numpy()
+    return coalesce(indices, values, int(t.shape[0]), f"push_pull of {name!r}")
+
+
+def rows_of_dense(tensor: torch.Tensor, name: str) -> SparseRows:
+    """The non-zero rows of a dense tensor of 2+ dimensions (viewed as rows x width)."""
+    t = tensor.detach()
+    wire = _wire(t, name)
+    if t.dim() < 2:
+        raise ValueError(f"push_pull of {name!r}: a dense tensor travels row-sparse only with 2+ dimensions")
+    if t.is_cuda and t.dtype == torch.float32:
+        from ..kernels.cuda import rows as cuda_rows
+        indices, values = cuda_rows.nonzero_rows(t.reshape(t.shape[0], -1).contiguous())
+        return SparseRows(indices, values)
+    return extract(t.to("cpu", wire).reshape(t.shape[0], -1).contiguous().numpy())
+
+
+def start(client: WorkerClient, tensor: torch.Tensor, rows: SparseRows, name: str, divisor: int,
+          priority: int, seed: int, dense_out: torch.Tensor | None = None) -> tuple[Future, Callable]:
+    """Start the sparse push_pull of ``rows`` (of ``tensor``'s shape); returns its future and
+    a function that, once it is done, gives the result: a coalesced sparse COO tensor, or
+    ``dense_out`` written (zero outside the union)."""
+    layout = layout_of(tensor, client, seed)
+    future = client.push_pull_sparse_async(name, rows, layout, divisor, priority)
+
+    def result() -> torch.Tensor:
+        union = future.result(0).rows()
+        indices = torch.from_numpy(union.indices)
+        values = torch.from_numpy(np.ascontiguousarray(union.values))
+        with torch.no_grad():
+            if dense_out is not None:
+                flat = dense_out.view(dense_out.shape[0], -1)
+                flat.zero_()
+                flat[indices.to(flat.device)] = values.to(flat.device, flat.dtype)
+                return dense_out
+            values = values.reshape((values.shape[0],) + tuple(tensor.shape[1:])).to(tensor.dtype)
+            return torch.sparse_coo_tensor(indices.unsqueeze(0), values, tuple(tensor.shape),
+                                           is_coalesced=True).to(tensor.device)
+    return future, result
+
+
+class RowRouting:
+    """Which gradients a ``DistributedOptimizer`` sends row-sparse.
+
+    A sparse COO gradient always travels as rows. A dense gradient of 2+ dimensions does
+    from the second step on when its fraction of non-zero rows, averaged over every
+    worker on the first step (one tiny push_pull, so that every worker decides alike),
+    is below ``GRADPRESS_SPARSE_DENSITY``; until then, and otherwise, it travels dense.
+    """
+
+    def __init__(self, threshold: float, push_pull_async: Callable, synchronize: Callable):
+        self.threshold = threshold
+        self._push_pull_async, self._synchronize = push_pull_async, synchronize
+        self._probes: dict[int, tuple[str, int]] = {}  # id(p) -> (name, handle of its density's push_pull)
+        self.decided: dict[int, bool] = {}              # id(p) -> travels row-sparse
+
+    def route(self, p: torch.Tensor, name: str, grad: torch.Tensor) -> str | None:
+        """"coo", "rows" or None (dense) for this step's gradient of ``p``."""
+        if is_row_sparse(grad):
+            return "coo"
+        if self.threshold <= 0 or grad.dim() < 2 or grad.shape[0] < 2 or grad.dtype not in _WIRE:
+            return None
+        if id(p) in self.decided:
+            return "rows" if self.decided[id(p)] else None
+        if id(p) not in self._probes:
+            local = torch.tensor([rows_of_dense(grad, name).indices.shape[0] / grad.shape[0]], dtype=torch.float64)
+            self._probes[id(p)] = (name, self._push_pull_async(local, average=True, name="SparseDensity." + name))
+        return None
+
+    def settle(self) -> None:
+        """Decide from the densities pushed this step (every worker got the same mean)."""
+        probes, self._probes = self._probes, {}
+        for key, (_, handle) in probes.items():
+            self.decided[key] = float(self._synchronize(handle)[0]) < self.threshold
