@@ -31,6 +31,7 @@ MIN_SECRET_CHARS = 32
 # Domain separation: the same secret used elsewhere gives unrelated keys here.
 KDF_PERSON = b"gradpress-curve1"
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ZAP_DOMAIN_PREFIX = b"gradpress:"
 HOW_TO_SET = ("set GRADPRESS_JOB_SECRET to a random string of at least "
               f"{MIN_SECRET_CHARS} characters, the same in every process of the job "
               "(python -c 'import secrets; print(secrets.token_hex(32))'), or GRADPRESS_JOB_SECRET_FILE "
@@ -95,8 +96,9 @@ def make_server(sock: zmq.Socket, keys: JobKeys | None) -> None:
     """A socket that binds: CURVE server with the job's keys, checked by the context's ZAP handler."""
     if keys is None:
         return
-    _zap_handler(sock.context, keys.public)
-    sock.setsockopt(zmq.ZAP_DOMAIN, b"gradpress")
+    _zap_handler(sock.context)
+    # the domain names the key to admit, so one context may serve several jobs (tests do)
+    sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN_PREFIX + keys.public)
     sock.setsockopt(zmq.CURVE_SERVER, 1)
     sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
 
@@ -114,29 +116,28 @@ _handlers: dict[int, "ZapHandler"] = {}
 _handlers_lock = threading.Lock()
 
 
-def _zap_handler(ctx: zmq.Context, public: bytes) -> "ZapHandler":
+def _zap_handler(ctx: zmq.Context) -> "ZapHandler":
     """The context's ZAP handler, started before its first CURVE server binds (without
     one, ZeroMQ would admit every client that completes the handshake)."""
     with _handlers_lock:
-        handler = _handlers.get(id(ctx))
+        handler = _handlers.get(id(ctx))  # the handler holds its context: the id stays unique
         if handler is None or not handler.is_alive():
-            handler = _handlers[id(ctx)] = ZapHandler(ctx, public)
+            handler = _handlers[id(ctx)] = ZapHandler(ctx)
             handler.start()
-            handler.bound.wait(10)
-        elif handler.public != public:
-            raise JobSecretError("two different job secrets in one process's ZeroMQ context")
+            if not handler.bound.wait(10):
+                raise RuntimeError("the ZAP handler did not start within 10 s")
         return handler
 
 
 class ZapHandler(threading.Thread):
     """Answers ZeroMQ's authentication requests (ZAP, RFC 27) for one context: a CURVE
-    client is admitted only if it presents the job's public key. Refusals are logged
-    once per peer address, with counts every power of two."""
+    client is admitted only if it presents the job's public key, which the listening
+    socket's ZAP domain names. Refusals are logged once per peer address, with counts
+    every power of two."""
 
-    def __init__(self, ctx: zmq.Context, public: bytes):
+    def __init__(self, ctx: zmq.Context):
         super().__init__(name="gradpress-zap", daemon=True)
-        self.ctx, self.public = ctx, public
-        self._public_raw = z85.decode(public)
+        self.ctx = ctx
         self.bound = threading.Event()
         self.refused: dict[str, int] = {}
 
@@ -148,7 +149,12 @@ class ZapHandler(threading.Thread):
         try:
             while True:
                 request = sock.recv_multipart()  # ends with ContextTerminated when the context ends
-                sock.send_multipart(self._answer(request))
+                try:
+                    reply = self._answer(request)
+                except Exception:  # a handler that dies would leave every handshake hanging
+                    log.exception("ZAP request not understood")
+                    reply = [b"1.0", request[1] if len(request) > 1 else b"", b"500", b"internal error", b"", b""]
+                sock.send_multipart(reply)
         except zmq.ContextTerminated:
             pass
         finally:
@@ -157,9 +163,10 @@ class ZapHandler(threading.Thread):
     def _answer(self, request: list[bytes]) -> list[bytes]:
         if len(request) < 6:
             return [b"1.0", request[1] if len(request) > 1 else b"", b"500", b"malformed ZAP request", b"", b""]
-        version, request_id, _domain, address, _identity, mechanism = request[:6]
+        version, request_id, domain, address, _identity, mechanism = request[:6]
         credentials = request[6:]
-        if mechanism == b"CURVE" and credentials == [self._public_raw]:
+        if mechanism == b"CURVE" and domain.startswith(ZAP_DOMAIN_PREFIX) and \
+                credentials == [z85.decode(domain[len(ZAP_DOMAIN_PREFIX):])]:
             return [version, request_id, b"200", b"OK", b"member", b""]
         peer = logs.peer(address.decode(errors="replace"))
         count = self.refused[peer] = self.refused.get(peer, 0) + 1
