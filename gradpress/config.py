@@ -38,7 +38,7 @@ class Settings:
     scheduling_credit: int = _setting(8, "BYTEPS_SCHEDULING_CREDIT", "partition pushes a worker keeps on the wire (not yet acknowledged by a server)")
     server_engine_threads: int = _setting(2, "BYTEPS_SERVER_ENGINE_THREAD", "numeric engine threads per server")
     enable_async: bool = _setting(False, "BYTEPS_ENABLE_ASYNC", "asynchronous mode: pushes add into the store at once, pulls read it as it is")
-    shm: bool = _setting(True, "GRADPRESS_SHM", "a worker and a server on the same host exchange data through shared memory (/dev/shm)")
+    shm: bool = _setting(True, "GRADPRESS_SHM", "a worker and a server on the same host exchange data through shared memory (sealed memfd chunks)")
     min_compress_bytes: int = _setting(65536, "BYTEPS_MIN_COMPRESS_BYTES", "tensors smaller than this travel uncompressed")
     heartbeat_interval_s: float = _setting(1.0, "PS_HEARTBEAT_INTERVAL", "seconds between heartbeats to and from the scheduler")
     heartbeat_timeout_s: float = _setting(10.0, "PS_HEARTBEAT_TIMEOUT", "a node silent this many seconds is declared lost")

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from gradpress.net.protocol import Op
-from gradpress.net.shm import Segment
+from gradpress.net.shm import Arena
 from gradpress.server.sink import FrameSink, SharedSlots, sum_dtype
 
 A, B = b"A", b"B"
@@ -11,16 +11,13 @@ A, B = b"A", b"B"
 
 @pytest.fixture
 def segments():
-    """Make result segments as the engine does; every one is unlinked at the end."""
-    made = []
+    """Make result regions as the engine does, in an arena of small chunks."""
+    arena = Arena("s", chunk_bytes=4096)
 
     def make(count, dtype, key=7):
-        seg = Segment.create("s", key, 2 * count * np.dtype(dtype).itemsize)
-        made.append(seg)
-        return seg
+        return arena.alloc(2 * count * np.dtype(dtype).itemsize)
     yield make
-    for seg in made:
-        seg.unlink()
+    arena.close()
 
 
 def _sum_round(sink, rnd, values):
@@ -80,7 +77,7 @@ def test_snapshot_is_a_copy_in_the_wire_dtype():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_shared_slots_sum_in_place_and_alternate_by_round(segments, dtype):
-    sink = SharedSlots(key=7, count=4, dtype=dtype, segment=segments(4, dtype))
+    sink = SharedSlots(key=7, count=4, dtype=dtype, region=segments(4, dtype))
     sink.readers.add(A)
     for rnd in range(4):
         acc = sink.accumulator(rnd)
@@ -89,7 +86,7 @@ def test_shared_slots_sum_in_place_and_alternate_by_round(segments, dtype):
         sink.publish(rnd, acc)
         shared, framed = sink.reply(A, rnd), sink.reply(B, rnd)
         assert shared.fields == {"key": 7, "round": rnd, "dtype": dtype, "count": 4,
-                                 "shm": sink.segment.name, "slot": rnd % 2}
+                                 "shm": sink.region.ref, "slot": rnd % 2}
         assert shared.buffers == [], "a co-located reader needs no data frame"
         assert "shm" not in framed.fields and framed.buffers[0] is sink.slots[rnd % 2]
         assert np.all(sink.slots[rnd % 2] == rnd + 1)
@@ -97,7 +94,7 @@ def test_shared_slots_sum_in_place_and_alternate_by_round(segments, dtype):
 
 
 def test_shared_slots_round_fp16_into_the_slot_from_a_private_fp32_sum(segments):
-    sink = SharedSlots(key=7, count=2, dtype="float16", segment=segments(2, "float16"))
+    sink = SharedSlots(key=7, count=2, dtype="float16", region=segments(2, "float16"))
     acc = sink.accumulator(1)
     assert acc.dtype == np.float32 and not np.shares_memory(acc, sink.slots[1])
     acc[:] = [1024.25, 3.0]
@@ -108,14 +105,14 @@ def test_shared_slots_round_fp16_into_the_slot_from_a_private_fp32_sum(segments)
 
 
 def test_shared_slots_publish_a_sum_made_elsewhere(segments):
-    sink = SharedSlots(key=7, count=3, dtype="float32", segment=segments(3, "float32"))
+    sink = SharedSlots(key=7, count=3, dtype="float32", region=segments(3, "float32"))
     sink.publish(0, np.array([1, 2, 3], np.float32))
     assert np.array_equal(sink.slots[0], [1, 2, 3])
 
 
 def test_shared_slots_refuse_a_compressed_aggregate_and_a_short_segment(segments):
-    sink = SharedSlots(key=7, count=4, dtype="float32", segment=segments(4, "float32"))
+    sink = SharedSlots(key=7, count=4, dtype="float32", region=segments(4, "float32"))
     with pytest.raises(TypeError, match="uncompressed results only"):
         sink.publish_compressed(0, {"codec": "onebit", "meta": {}}, [])
     with pytest.raises(ValueError, match="two slots need 32"):
-        SharedSlots(key=8, count=4, dtype="float32", segment=segments(2, "float32", key=8))
+        SharedSlots(key=8, count=4, dtype="float32", region=segments(2, "float32", key=8))

@@ -164,10 +164,11 @@ def test_compressed_key_sums_decoded_pushes_and_refuses_malformed_payloads_intac
 
 
 def test_shared_results_carry_the_round_in_progress_and_are_read_in_place():
-    from gradpress.net.shm import Segment
+    from gradpress.net.shm import Arena
     from gradpress.server.sink import SharedSlots
     k = key(workers=2)
-    seg = Segment.create("s", k.key, 2 * 5 * 4)
+    arena = Arena("s", chunk_bytes=4096)
+    seg = arena.alloc(2 * 5 * 4)
     try:
         k.push(A, 0, arr(1))  # before the slots exist: the partial sum must carry over
         slots = SharedSlots(k.key, 5, "float32", seg)
@@ -175,7 +176,7 @@ def test_shared_results_carry_the_round_in_progress_and_are_read_in_place():
         k.share_results(slots)
         assert k.acc is slots.slots[0], "an fp32 key must sum straight into its shared slot"
         [reply] = k.push(B, 0, arr(2)) + k.pull(A, 0)
-        assert reply.fields["shm"] == seg.name and reply.fields["slot"] == 0 and reply.buffers == []
+        assert reply.fields["shm"] == seg.ref and reply.fields["slot"] == 0 and reply.buffers == []
         assert np.all(slots.slots[0] == 3)
         [framed] = k.pull(B, 0)  # a worker on another host still gets the values in a frame
         assert np.all(framed.buffers[0] == 3) and "shm" not in framed.fields
@@ -184,7 +185,7 @@ def test_shared_results_carry_the_round_in_progress_and_are_read_in_place():
         assert k.pull(A, 1)[0].fields["slot"] == 1 and np.all(slots.slots[1] == 30)
         assert np.all(slots.slots[0] == 3), "round 1 overwrote round 0's slot"
     finally:
-        seg.unlink()
+        arena.close()
 
 
 def test_compressed_keys_refuse_shared_results():

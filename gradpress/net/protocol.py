@@ -61,19 +61,20 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     Op.DECLARE: ({"name": _STR, "count": _INT, "dtype": _STR, "parts": (list,)},
                  {"compression_params": (dict,)}),
     Op.DECLARED: ({"name": _STR, "tensor_id": _INT, "servers": (list,)}, {}),
-    # shm: the name of the worker's shared-memory segment for this key (same host only)
+    # shm: where the worker writes this key's pushes, [pid, fd, inode, offset] of its sealed memfd
+    # chunk (same host only; net/shm.py)
     # sparse: a row-sparse tensor's layout {rows, width, seed, servers} (row_placement.RowLayout)
     Op.INIT_KEY: ({"key": _INT, "name": _STR, "count": _INT, "dtype": _STR},
-                  {"compression_params": (dict,), "shm": _STR, "sparse": (dict,)}),
-    # shm: the data is in the segment named at INIT_KEY, not in a frame;
+                  {"compression_params": (dict,), "shm": (list,), "sparse": (dict,)}),
+    # shm: the data is in the region named at INIT_KEY, not in a frame;
     # sparse: `count` rows travel as two frames, indices and values (server/sparse.py checks them)
     Op.PUSH: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
               {"codec": _STR, "meta": (dict,), "lr": _NUM, "shm": (bool,), "sparse": (bool,)}),
     Op.PULL: ({"key": _INT, "round": _INT}, {}),
-    # shm/slot: the aggregate is in slot `slot` of the server's segment `shm`
+    # shm/slot: the aggregate is in slot `slot` of the server's region `shm` ([pid, fd, inode, offset])
     # sparse: "rows" (indices, values) or "bitmap" (over the `known` rows published before, new indices, values)
     Op.PULL_REPLY: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
-                    {"codec": _STR, "meta": (dict,), "shm": _STR, "slot": _INT, "sparse": _STR, "known": _INT}),
+                    {"codec": _STR, "meta": (dict,), "shm": (list,), "slot": _INT, "sparse": _STR, "known": _INT}),
     # what the error concerns: a key (and round), a tensor's `name`, or barrier `seq` of `group`
     Op.ERROR: ({"message": _STR}, {"key": _INT, "round": _INT, "name": _STR, "group": _STR, "seq": _INT}),
     Op.PUSH_ACK: ({"key": _INT, "round": _INT}, {}),

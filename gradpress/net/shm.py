@@ -1,89 +1,167 @@
-"""Shared-memory segments for a worker and a server on the same host.
+"""Shared memory between workers and servers on the same host.
 
 Over loopback TCP every byte is copied into the kernel and out again, and a
 single server moves twice the bytes of a ring all-reduce. Co-located peers
-instead share memory (as BytePS does): a worker writes a partition into a segment
+instead share memory (as BytePS does): a worker writes a partition into a region
 it owns and pushes only the header; the server sums straight from the mapping
-and leaves results in a segment of its own that workers read.
+and leaves results in regions of its own that workers read.
 
-Segments are files in /dev/shm named with the creator's pid. A server unlinks a
-worker's segment as soon as it has mapped it (the mappings live on), and a
-starting process removes segments whose creator is dead, so a kill -9 leaks
-nothing for long.
+Memory comes in chunks, each a sealed ``memfd``, and a process hands out regions of
+its chunks (a worker: one push area per key; a server: two result slots per key). A
+region is named to a peer over the job's channel as ``[pid, fd, inode, offset]``;
+the peer opens ``/proc/<pid>/fd/<fd>`` once per chunk, maps it and closes the
+descriptor. Why:
+
+- Descriptors: a few chunks per process, never one file per key, so ``ulimit -n``
+  does not bound the number of tensors.
+- Safety: a chunk is sealed against shrinking (and growing) before any peer hears
+  of it, and seals can never be removed, so no process, its creator included, can
+  cut pages from under a mapping (which would kill the reader with SIGBUS). A
+  process maps only a chunk named by a member over the job's channel that is a
+  gradpress memfd sealed against shrinking; fstat gives the size every region is
+  checked against. Anything else is refused with an error.
+- Leaks: a memfd has no name in /dev/shm; the kernel frees it when the last process
+  that holds it (descriptor or mapping) exits, however it exits, kill -9 included.
+
+The peers must see each other's /proc (the same host and PID namespace: what
+``gradpress-launch`` gives a machine's processes).
 """
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
-import re
-import uuid
+from typing import NamedTuple
 
 import numpy as np
 
-SHM_DIR = "/dev/shm"
-_NAME = re.compile(r"^gradpress-[ws](\d+)-[0-9a-f]+-\d+$")
+# Sealed before a peer hears of the chunk; F_SEAL_SEAL: no seal can be added or removed after.
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+# A chunk is sparse: its pages cost memory only once written, so chunks can be generous.
+CHUNK_BYTES = 64 << 20
+# Regions start on a cache line, so two keys never write the same line.
+ALIGN = 64
+_MEMFD_PREFIX = "/memfd:gradpress-"
 
 
 def available() -> bool:
-    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+    return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
 
 
-class Segment:
-    """A shared mapping of ``nbytes`` bytes, created or attached by name."""
+class Chunk:
+    """One sealed memfd, mapped: our own (``create``) or a peer's (``attach``)."""
 
-    def __init__(self, name: str, nbytes: int, create: bool):
-        if not _NAME.match(name):
-            raise ValueError(f"not a gradpress shared-memory segment name: {name!r}")
-        self.name, self.nbytes = name, nbytes
-        self.path = os.path.join(SHM_DIR, name)
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(self.path, flags, 0o600)
-        try:
-            if create:
-                os.ftruncate(fd, max(nbytes, 1))
-            elif os.fstat(fd).st_size < nbytes:
-                raise ValueError(f"shared-memory segment {name} holds {os.fstat(fd).st_size} bytes, "
-                                 f"expected {nbytes}")
-            self._map = mmap.mmap(fd, max(nbytes, 1))
-        finally:
-            os.close(fd)
+    def __init__(self, fd: int, nbytes: int, own: bool):
+        self.nbytes = nbytes
+        self.inode = os.fstat(fd).st_ino
+        self.map = mmap.mmap(fd, nbytes)
+        # ours stays open for as long as peers may open it through /proc; a peer's is closed
+        self.fd = fd if own else -1
 
     @classmethod
-    def create(cls, kind: str, key: int, nbytes: int) -> "Segment":
-        """A new segment; ``kind`` is ``"w"`` (a worker's push) or ``"s"`` (a server's results)."""
-        return cls(f"gradpress-{kind}{os.getpid()}-{uuid.uuid4().hex[:8]}-{key}", nbytes, create=True)
+    def create(cls, tag: str, nbytes: int) -> "Chunk":
+        fd = os.memfd_create(f"gradpress-{tag}{os.getpid()}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, nbytes)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+            return cls(fd, nbytes, own=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def attach(cls, pid: int, fd: int, inode: int) -> "Chunk":
+        """Map a peer's chunk.
+
+        Raises:
+            OSError: it cannot be opened (gone, another PID namespace, no permission).
+            ValueError: it is not a sealed gradpress chunk, or not the one named.
+        """
+        path = f"/proc/{pid}/fd/{fd}"
+        target = os.readlink(path)
+        if not target.startswith(_MEMFD_PREFIX):  # never open a device, pipe or file by mistake
+            raise ValueError(f"{path} is {target[:64]!r}, not a gradpress shared-memory chunk")
+        own = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+        try:
+            st = os.fstat(own)
+            if st.st_ino != inode:
+                raise ValueError(f"{path} is inode {st.st_ino}, not the chunk {inode} that was named")
+            if not fcntl.fcntl(own, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK:
+                raise ValueError(f"{path} is not sealed against shrinking (a file that shrinks under a "
+                                 f"mapping kills its reader)")
+            if st.st_size <= 0:
+                raise ValueError(f"{path} is empty")
+            return cls(own, st.st_size, own=False)
+        finally:
+            os.close(own)
+
+    def close(self) -> None:
+        """Stop peers from opening it; mappings (ours, theirs) live on until unmapped."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Region(NamedTuple):
+    """``nbytes`` bytes at ``offset`` in ``chunk``."""
+    chunk: Chunk
+    offset: int
+    nbytes: int
 
     def array(self, dtype: str, count: int, offset: int = 0) -> np.ndarray:
-        return np.frombuffer(self._map, dtype=dtype, count=count, offset=offset)
+        return np.frombuffer(self.chunk.map, dtype=dtype, count=count, offset=self.offset + offset)
 
-    def unlink(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-
-
-def sweep_stale() -> int:
-    """Remove segments whose creating process no longer exists; returns how many."""
-    if not available():
-        return 0
-    removed = 0
-    for name in os.listdir(SHM_DIR):
-        m = _NAME.match(name)
-        if m and not _alive(int(m.group(1))):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                removed += 1
-            except OSError:
-                pass
-    return removed
+    @property
+    def ref(self) -> list[int]:
+        """How a peer finds it (our own regions only): ``[pid, fd, inode, offset]``."""
+        return [os.getpid(), self.chunk.fd, self.chunk.inode, self.offset]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+class Arena:
+    """Regions of our own chunks, a new chunk when the last is full.
+
+    Regions are never freed: a key keeps its region for the job's lifetime, and the
+    chunks go when the process does.
+    """
+
+    def __init__(self, tag: str, chunk_bytes: int = CHUNK_BYTES):
+        self.tag, self.chunk_bytes = tag, chunk_bytes
+        self.chunks: list[Chunk] = []
+        self._used = 0
+
+    def alloc(self, nbytes: int) -> Region:
+        size = -(-max(nbytes, 1) // ALIGN) * ALIGN
+        if not self.chunks or self._used + size > self.chunks[-1].nbytes:
+            self.chunks.append(Chunk.create(self.tag, max(self.chunk_bytes, size)))
+            self._used = 0
+        region = Region(self.chunks[-1], self._used, nbytes)
+        self._used += size
+        return region
+
+    def close(self) -> None:
+        for chunk in self.chunks:
+            chunk.close()
+
+
+class PeerChunks:
+    """Peers' chunks as this process mapped them, each opened once."""
+
+    def __init__(self) -> None:
+        self._chunks: dict[tuple[int, int, int], Chunk] = {}
+
+    def region(self, ref: object, nbytes: int) -> Region:
+        """The ``nbytes`` bytes that a peer's ``ref`` names.
+
+        Raises:
+            OSError, ValueError: as :meth:`Chunk.attach`, or the region is not inside its chunk.
+        """
+        if not (isinstance(ref, list) and len(ref) == 4
+                and all(type(v) is int and v >= 0 for v in ref)):
+            raise ValueError(f"a shared-memory reference is [pid, fd, inode, offset], not {str(ref)[:64]}")
+        pid, fd, inode, offset = ref
+        chunk = self._chunks.get((pid, fd, inode))
+        if chunk is None:
+            chunk = self._chunks[(pid, fd, inode)] = Chunk.attach(pid, fd, inode)
+        if offset + nbytes > chunk.nbytes:
+            raise ValueError(f"bytes {offset}..{offset + nbytes} lie past the end of a {chunk.nbytes}-byte chunk")
+        return Region(chunk, offset, nbytes)

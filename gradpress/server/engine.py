@@ -5,7 +5,8 @@ I/O thread hands work over a queue; an engine sends its replies back over its ow
 inproc socket (one socket per thread), and the I/O thread forwards them. An engine
 that fails says so in an ERROR on a second inproc socket, the I/O thread's report
 channel, so that the server stops with that error instead of leaving workers waiting.
-The engine owns the shared-memory result slots it creates for co-located workers.
+The engine owns the shared-memory result slots it creates for co-located workers (in
+chunks of its own) and its mappings of their push areas.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from ..net import transport
 from ..net.protocol import Op
-from ..net.shm import Segment
+from ..net.shm import Arena, PeerChunks
 from ..trace import Tracer
 from . import sparse
 from .sink import Reply, SharedSlots
@@ -46,7 +47,8 @@ class Engine(threading.Thread):
         self._tracer = tracer
         self.failure: BaseException | None = None
         self.push_views: dict[tuple[bytes, int], np.ndarray] = {}  # co-located workers' pushes
-        self.segments: list[Segment] = []
+        self.peer_chunks = PeerChunks()    # co-located workers' push areas, mapped
+        self.results = Arena("s")           # result slots of keys with co-located workers
 
     def run(self) -> None:
         out = self._ctx.socket(zmq.PUSH)
@@ -66,8 +68,7 @@ class Engine(threading.Thread):
             self._report(f"engine thread {self.index} failed: {type(e).__name__}: {e}")
         finally:
             out.close()
-            for seg in self.segments:
-                seg.unlink()
+            self.results.close()
 
     def _report(self, message: str) -> None:
         """Tell the I/O thread (not a worker) that this engine can serve no more."""
@@ -134,18 +135,17 @@ class Engine(threading.Thread):
         """Map a co-located worker's push segment, and share results through a segment of ours."""
         if self._async:
             raise PushError(f"{state.describe()}: shared memory is not used in async mode")
-        nbytes = h["count"] * np.dtype(h["dtype"]).itemsize
+        nbytes = state.count * np.dtype(state.dtype).itemsize  # check_init made sure h agrees
         try:
-            seg = Segment(h["shm"], nbytes, create=False)
-        except (OSError, ValueError) as e:
-            raise PushError(f"{state.describe()}: cannot map the worker's shared memory {h['shm']!r} ({e}); "
-                            f"set GRADPRESS_SHM=0 where workers and servers do not share /dev/shm") from None
-        seg.unlink()  # both sides keep their mappings; nothing is left behind if either dies
-        self.push_views[(identity, h["key"])] = seg.array(h["dtype"], h["count"])
+            region = self.peer_chunks.region(h["shm"], nbytes)
+        except OSError as e:
+            raise PushError(f"{state.describe()}: cannot map the worker's shared memory ({e}); set "
+                            f"GRADPRESS_SHM=0 where workers and servers do not see each other's /proc") from None
+        except ValueError as e:  # not a sealed chunk of ours, or a region outside it: refused
+            raise PushError(f"{state.describe()}: refused the worker's shared memory: {e}") from None
+        self.push_views[(identity, h["key"])] = region.array(state.dtype, state.count)
         if not isinstance(state.sink, SharedSlots):
-            results = Segment.create("s", h["key"], 2 * nbytes)
-            self.segments.append(results)
-            state.share_results(SharedSlots(h["key"], h["count"], h["dtype"], results))
+            state.share_results(SharedSlots(h["key"], state.count, state.dtype, self.results.alloc(2 * nbytes)))
         state.sink.readers.add(identity)
 
     def _shared_push(self, identity: bytes, h: dict, state: KeyState) -> np.ndarray:

@@ -15,7 +15,7 @@ import os
 import numpy as np
 import zmq
 
-from ..net import shm, transport
+from ..net import transport
 from ..config import Settings
 from ..errors import JobError
 from ..compressors.warmup import warm_up
@@ -45,9 +45,6 @@ class Server:
 
     def run(self) -> int:
         """Register, serve until the scheduler says the job is over. Returns the exit code."""
-        removed = shm.sweep_stale()
-        if removed:
-            log.info("removed %d shared-memory segment(s) left by dead processes", removed)
         warm_up("server")  # before registering: compiling later would silence the heartbeats
         try:
             book = self.link.register()

@@ -6,7 +6,7 @@ result sink owns the memory that sum lands in and builds the replies that carry 
 - :class:`FrameSink`: the aggregate travels in PULL_REPLY frames (compressed keys too:
   their aggregate arrives already compressed, as header fields and buffers).
 - :class:`SharedSlots`: the aggregate stays in one of two slots of a shared-memory
-  segment; co-located workers read it in place and their reply only names the slot.
+  region; co-located workers read it in place and their reply only names the slot.
 
 A sink also hands out each round's accumulator. That is what keeps shared memory
 zero-copy: an uncompressed fp32 (or fp64) key sums straight into the slot its
@@ -21,7 +21,7 @@ import numpy as np
 
 from ..kernels.cpu import server_sum as kernels
 from ..net.protocol import Op
-from ..net.shm import Segment
+from ..net.shm import Region
 
 
 class Reply(NamedTuple):
@@ -115,14 +115,14 @@ class SharedSlots(ResultSink):
     slot's bytes in a frame.
     """
 
-    def __init__(self, key: int, count: int, dtype: str, segment: Segment):
+    def __init__(self, key: int, count: int, dtype: str, region: Region):
         super().__init__(key, count, dtype)
         nbytes = count * np.dtype(dtype).itemsize
-        if segment.nbytes < 2 * nbytes:
-            raise ValueError(f"key {key}: segment {segment.name} holds {segment.nbytes} bytes, "
-                             f"two slots need {2 * nbytes}")
-        self.segment = segment
-        self.slots = [segment.array(dtype, count, i * nbytes) for i in (0, 1)]
+        if region.nbytes < 2 * nbytes:
+            raise ValueError(f"key {key}: a shared region of {region.nbytes} bytes; two slots need {2 * nbytes}")
+        self.region = region
+        self._ref = region.ref
+        self.slots = [region.array(dtype, count, i * nbytes) for i in (0, 1)]
         self.readers: set[bytes] = set()
         # fp16 sums in fp32 here and is rounded into its slot once, when the round completes
         self._private = np.zeros(count, np.float32) if dtype == "float16" else None
@@ -141,5 +141,5 @@ class SharedSlots(ResultSink):
 
     def reply(self, to: bytes, rnd: int) -> Reply:
         if to in self.readers:
-            return Reply(to, Op.PULL_REPLY, dict(self._fields(rnd), shm=self.segment.name, slot=self._slot), [])
+            return Reply(to, Op.PULL_REPLY, dict(self._fields(rnd), shm=self._ref, slot=self._slot), [])
         return Reply(to, Op.PULL_REPLY, self._fields(rnd), [self.slots[self._slot]])

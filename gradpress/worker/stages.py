@@ -32,8 +32,8 @@ class PartitionStages:
         self.tracer = tracer
         self.bytes_pushed = 0       # payload bytes (compressed size where compressed)
         self.bytes_pulled = 0
-        self.own_segments: list[shm.Segment] = []
-        self._result_segments: dict[str, shm.Segment] = {}
+        self.push_arena = shm.Arena("w")        # our push areas, one region per shared key
+        self.peer_chunks = shm.PeerChunks()     # the servers' result slots, mapped
 
     def _shared(self, wk: WorkerKey) -> bool:
         # compressed payloads are small; sparse ones change size every round
@@ -49,10 +49,9 @@ class PartitionStages:
             if t.layout is not None:
                 extra["sparse"] = t.layout.wire()
             if self._shared(wk):
-                seg = shm.Segment.create("w", wk.key, wk.count * np.dtype(t.dtype).itemsize)
-                self.own_segments.append(seg)
-                wk.push_view = seg.array(t.dtype, wk.count)
-                extra["shm"] = seg.name
+                region = self.push_arena.alloc(wk.count * np.dtype(t.dtype).itemsize)
+                wk.push_view = region.array(t.dtype, wk.count)
+                extra["shm"] = region.ref
             transport.send(sock, Op.INIT_KEY, self.sender, key=wk.key, name=t.name, count=wk.count,
                            dtype=t.dtype, **extra)
             wk.inited = True
@@ -139,14 +138,10 @@ class PartitionStages:
         nbytes = n * np.dtype(dtype).itemsize
         if h.get("slot") not in (0, 1):
             raise ValueError(f"result slot {h.get('slot')!r} is not 0 or 1")
-        seg = self._result_segments.get(h["shm"])
-        if seg is None:
-            seg = self._result_segments[h["shm"]] = shm.Segment(h["shm"], 2 * nbytes, create=False)
-        return seg.array(dtype, n, offset=h["slot"] * nbytes)
+        return self.peer_chunks.region(h["shm"], 2 * nbytes).array(dtype, n, offset=h["slot"] * nbytes)
 
     def close(self) -> None:
-        for seg in self.own_segments:
-            seg.unlink()  # normally the server already did, once it mapped them
+        self.push_arena.close()  # the memory itself goes with the last mapping
 
 
 def _frame_result(frames: list, n: int, dtype: str) -> np.ndarray:
