@@ -1,7 +1,8 @@
 """Training over slow and fast links: gradpress, compressed, uncompressed and planned, against torch DDP.
 
     flock /tmp/gp-cpu.lock .venv/bin/python benchmarks/bandwidth.py [--rates 100mbit,1gbit,max]
-        [--models mlp,tfm] [--systems gp_none,gp_onebit,gp_topk,gp_randomk,gp_auto,ddp,ddp_powersgd]
+        [--models mlp,tfm] [--systems gp_none,gp_onebit,gp_topk,gp_randomk,gp_auto,gp_powersgd,gp_acpsgd,
+                               gp_acpsgd_r4,ddp,ddp_powersgd]
         [--iters N] [--warmup N] [--quick] [--chart docs/bandwidth-models.png] [--trace DIR] [--json FILE]
 
 Needs root. Every node gets a network namespace of its own (gradpress/testing/netns.py): a
@@ -30,6 +31,9 @@ one thread per worker (OMP_NUM_THREADS=1).
   tensor's codec and fusion from what it profiles in the first steps. Its timed
   iterations start once every worker has the plan (plus the warm-up again); its
   prediction (``optimizer.gradpress_plan.predicted_s``) is reported beside the time.
+- ``gp_powersgd``, ``gp_acpsgd``: PowerSGD (two rounds per step) and ACP-SGD (one round,
+  P and Q alternately) at rank 1, the rank ``ddp_powersgd`` uses; ``gp_acpsgd_r4`` at rank 4.
+  Factors travel as float32 sums through the servers (gradpress/torch/lowrank.py).
 - ``ddp``: ``torch.distributed`` gloo DDP.
 - ``ddp_powersgd``: the same with PyTorch's PowerSGD hook (rank 1, one gradient
   bucket: with gloo the hook deadlocks with several buckets; its first 2 iterations
@@ -358,7 +362,14 @@ def report(rows: list[dict], args, floors: dict[str, float], decision_ms: float 
 
 
 def goals(rows: list[dict], floors: dict[str, float], rates: list[str]) -> None:
-    """Issue 10's ratios for gp_auto, each within this run (printed where both sides were measured)."""
+    """Issue 10's ratios for gp_auto and issue 12's for gp_acpsgd, each within this run (printed where
+    both sides were measured)."""
+    for acp in (r for r in rows if r["system"] == "gp_acpsgd" and r["s_per_iter"] is not None):
+        ddp = next((r for r in rows if r["system"] == "ddp_powersgd" and r["s_per_iter"]
+                    and (r["rate"], r["model"]) == (acp["rate"], acp["model"])), None)
+        if ddp is not None:
+            print(f"goal {acp['rate']} {acp['model']}: ddp_powersgd / gp_acpsgd (rank 1) = "
+                  f"{ddp['s_per_iter'] / acp['s_per_iter']:.3f} (at least 1.3)")
     fastest = max(rates, key=netns.rate_bits)
     for auto in (r for r in rows if r["system"] == "gp_auto" and r["s_per_iter"] is not None):
         rate, model, s = auto["rate"], auto["model"], auto["s_per_iter"]

@@ -27,6 +27,10 @@ GP_COMPRESSION = {
     "gp_randomk": {"compressor": "randomk", "k": 0.0015, "ef": "vanilla", "seed": 1},
     # the planner (gradpress/planner) picks each tensor's codec and fusion from profiles
     "gp_auto": {"compressor": "auto"},
+    # low-rank factors (gradpress/torch/lowrank.py); rank 1 is what ddp_powersgd uses
+    "gp_powersgd": {"compressor": "powersgd", "rank": 1},
+    "gp_acpsgd": {"compressor": "acpsgd", "rank": 1},
+    "gp_acpsgd_r4": {"compressor": "acpsgd", "rank": 4},
 }
 DDP_SYSTEMS = ["ddp", "ddp_powersgd"]
 LR = 0.01

@@ -8,7 +8,9 @@ For each task (digits CNN; byte-level transformer LM on the stdlib's sources, se
 ``gradpress-launch --local``; both workers use the same seed, recipe and number of steps.
 Settings (``SETTINGS``): uncompressed Adam; Adam on two-way onebit + error feedback; on
 topk 1% + EF; on randomk at about 333x against fp16 + EF; 1-bit Adam (``OneBitAdam``) with
-onebit or topk 1% on the momentum; 0/1 Adam (``ZeroOneAdam``) with onebit or topk 1%.
+onebit or topk 1% on the momentum; 0/1 Adam (``ZeroOneAdam``) with onebit or topk 1%;
+PowerSGD and ACP-SGD at rank 4 with Adam (``powersgd``, ``acpsgd``) and with SGD + momentum
+0.9 (``powersgd_sgdm``, ``acpsgd_sgdm``, compared with ``sgdm``, uncompressed).
 
 Reported per run: final validation accuracy (digits) or loss (lm), payload bytes on the
 wire per step per worker (pushed + pulled, counted by the worker client over the training
@@ -45,6 +47,7 @@ ROOT = os.path.dirname(HERE)
 # Every compressed setting runs with BYTEPS_MIN_COMPRESS_BYTES=0: the rules alone decide
 # what is exempt, so the bytes counted are what the settings say.
 SMALL = [("*bias", {"compressor": "none"}), ("*norm*", {"compressor": "none"})]
+SGD_LR = 0.05  # SGD with momentum 0.9: the same schedule as Adam's, this peak
 SETTINGS = {
     "adam": {"params": None},
     "onebit": {"params": {"compressor": "onebit", "scaling": "l2", "ef": "corrected"}, "rules": SMALL},
@@ -62,6 +65,15 @@ SETTINGS = {
                            "local_step_scaler": 0.05, "local_step_clipper": 16, "eps": 1e-8, "variance_floor": 0.1,
                            "variance_params": {"compressor": "fp16"},
                            "params": {"compressor": "topk", "k": 0.01, "ef": "vanilla"}, "rules": SMALL},
+    # low-rank factors (1-D tensors and matrices below the rate travel uncompressed, fused), with
+    # Adam and with SGD + momentum 0.9, each against its own uncompressed optimizer ("baseline")
+    "powersgd": {"params": {"compressor": "powersgd", "rank": 4}},
+    "acpsgd": {"params": {"compressor": "acpsgd", "rank": 4}},
+    "sgdm": {"optimizer": "sgd_momentum", "lr": SGD_LR, "baseline": "sgdm", "params": None},
+    "powersgd_sgdm": {"optimizer": "sgd_momentum", "lr": SGD_LR, "baseline": "sgdm",
+                      "params": {"compressor": "powersgd", "rank": 4}},
+    "acpsgd_sgdm": {"optimizer": "sgd_momentum", "lr": SGD_LR, "baseline": "sgdm",
+                    "params": {"compressor": "acpsgd", "rank": 4}},
 }
 # a setting is at parity with adam within 0.5 points of accuracy (digits) and 3% of validation loss (lm)
 PARITY = {"digits": 0.005, "lm": 0.03}
@@ -113,6 +125,11 @@ def run_worker(args) -> None:
                               local_step_clipper=spec["local_step_clipper"], compression_params=spec.get("params"),
                               compression_rules=rules, named_parameters=named, variance_floor=spec["variance_floor"],
                               variance_compression_params=spec.get("variance_params"))
+    elif spec.get("optimizer") == "sgd_momentum":
+        freeze = None
+        opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=spec["lr"], momentum=0.9),
+                                       named_parameters=named, compression_params=spec.get("params"),
+                                       compression_rules=rules)
     else:
         freeze = None
         opt = bps.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=recipe["lr"]),
@@ -199,8 +216,9 @@ def summarise(runs: list[dict]) -> dict:
     return s
 
 
-def parity(summary: dict, tasks: list[str], names: list[str]) -> dict:
-    """Each setting's gap to ``adam`` per task, whether it is within ``PARITY`` on all of them,
+def parity(summary: dict, tasks: list[str], names: list[str], baselines: dict | None = None) -> dict:
+    """Each setting's gap to its baseline (``adam`` unless ``baselines`` names another) per task,
+    whether it is within ``PARITY`` on all of them,
     and the best run-averaged ratio against fp16 among those that are (a setting's ratio: the
     smallest over its tasks)."""
     if "adam" not in names:
@@ -208,8 +226,11 @@ def parity(summary: dict, tasks: list[str], names: list[str]) -> dict:
     out, best = {}, (None, 0.0)
     for setting in names:
         gaps = {}
+        baseline = (baselines or {}).get(setting, "adam")
+        if baseline not in names:
+            continue
         for t in tasks:
-            base, got = summary[(t, "adam")], summary[(t, setting)]
+            base, got = summary[(t, baseline)], summary[(t, setting)]
             gaps[t] = base["acc"] - got["acc"] if t == "digits" else got["loss"] / base["loss"] - 1
         ok = all(gaps[t] <= PARITY[t] for t in tasks)
         ratio = min(summary[(t, setting)]["ratio_fp16"] for t in tasks)
@@ -327,7 +348,7 @@ def main() -> None:
                       flush=True)
             if args.charts:
                 chart(task, results[task], os.path.join(args.charts, f"convergence_{task}.png"))
-    at_parity = parity(summary, tasks, names)
+    at_parity = parity(summary, tasks, names, {n: settings[n].get("baseline", "adam") for n in names})
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"runs": everything, "summary": {f"{t}_{s}": v for (t, s), v in summary.items()},

@@ -68,13 +68,15 @@ bps.shutdown()
 
 
 def orth(vectors: np.ndarray) -> np.ndarray:
-    """Modified Gram-Schmidt on the rows of ``vectors`` (float64 dots, float32 updates); zero stays zero."""
+    """Modified Gram-Schmidt on the rows of ``vectors`` (float64 dots, float32 updates); a zero or
+    dependent vector (what remains is below 1e-4 of its norm) becomes zero."""
     v = vectors.astype(np.float32).copy()
     for k in range(v.shape[0]):
+        before = np.sqrt(np.sum(v[k].astype(np.float64) ** 2))
         for j in range(k):
             v[k] -= np.float32(np.dot(v[k].astype(np.float64), v[j].astype(np.float64))) * v[j]
         norm = np.sqrt(np.sum(v[k].astype(np.float64) ** 2))
-        v[k] = 0.0 if norm == 0 else v[k] * np.float32(1.0 / norm)
+        v[k] = 0.0 if norm == 0 or norm <= 1e-4 * before else v[k] * np.float32(1.0 / norm)
     return v
 
 

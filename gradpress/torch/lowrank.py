@@ -287,17 +287,19 @@ class TorchMath:
 
     @staticmethod
     def orthonormalize(flat, layout, by_rows: bool) -> None:
-        """Modified Gram-Schmidt per matrix; a zero vector stays zero (no NaN)."""
+        """Modified Gram-Schmidt per matrix, as the kernel: zero or dependent vectors become zero."""
         for base, n, r in zip(*layout):
             base, n, r = int(base), int(n), int(r)
             block = flat[base:base + n * r]
             vectors = block.view(r, n) if by_rows else block.view(n, r).t()
             for k in range(r):
                 v = vectors[k]
+                before = torch.linalg.vector_norm(v.double())
                 for j in range(k):
                     v.sub_(torch.dot(v.double(), vectors[j].double()).float() * vectors[j])
-                norm = torch.linalg.vector_norm(v.double()).float()
-                v.copy_(torch.where(norm > 0, v / torch.where(norm > 0, norm, 1.0), torch.zeros_like(v)))
+                norm = torch.linalg.vector_norm(v.double())
+                keep = (norm > 0) & (norm > kernels.DEPENDENT * before)
+                v.copy_(torch.where(keep, v * torch.where(keep, 1.0 / norm, 0.0).float(), torch.zeros_like(v)))
 
 
 def _np(t: torch.Tensor) -> np.ndarray:

@@ -10,6 +10,10 @@ where torch needs a pass (a read and a write of n x m floats) for each. Serial a
 import numpy as np
 from numba import njit
 
+# a vector whose part orthogonal to the earlier ones is below this fraction of its norm is
+# dependent on them up to float32 rounding: it becomes zero, not normalised rounding noise
+DEPENDENT = 1e-4
+
 
 @njit(nogil=True, cache=True)
 def factor_rows(m: np.ndarray, e: np.ndarray, qt: np.ndarray, p: np.ndarray, add_m: bool, subtract: bool) -> None:
@@ -96,15 +100,20 @@ def orthonormalize(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, ra
 
     Matrix t holds ``ranks[t]`` vectors of ``lengths[t]`` elements from ``offsets[t]``: element
     i of vector k is at ``k * length + i`` when ``by_rows`` (Qt, r x m) and ``i * r + k``
-    otherwise (P, n x r). Dots and norms accumulate in float64. A vector that is zero (or
-    becomes zero: the matrix is rank-deficient) is left zero rather than divided by zero, so
-    nothing turns NaN; its factor then contributes nothing to the reconstruction.
+    otherwise (P, n x r). Dots and norms accumulate in float64. A vector that is zero, or
+    that the earlier ones span (the matrix is rank-deficient, ``DEPENDENT``), becomes zero
+    rather than being divided by (nearly) zero, so nothing turns NaN or noise; its factor then
+    contributes nothing to the reconstruction and error feedback keeps what it missed.
     """
     for t in range(offsets.shape[0]):
         base, n, r = offsets[t], lengths[t], ranks[t]
         step = 1 if by_rows else r
         for k in range(r):
             vk = base + (k * n if by_rows else k)
+            before = 0.0
+            for i in range(n):
+                v = np.float64(buf[vk + i * step])
+                before += v * v
             for prev in range(k):
                 vp = base + (prev * n if by_rows else prev)
                 dot = 0.0
@@ -118,7 +127,7 @@ def orthonormalize(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, ra
                 v = np.float64(buf[vk + i * step])
                 norm += v * v
             norm = np.sqrt(norm)
-            if norm == 0.0:
+            if norm == 0.0 or norm <= DEPENDENT * np.sqrt(before):
                 for i in range(n):
                     buf[vk + i * step] = 0.0
             else:  # (a NaN stays NaN: it is the gradient's, not the method's)

@@ -1,0 +1,141 @@
+"""Low-rank compression without a job: parameters, which tensors are factored, Gram-Schmidt on
+zero and rank-deficient matrices, and the torch steps (a GPU worker's) against the Numba ones.
+The methods against a numpy replay in real jobs: test_lowrank_integ.py."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from gradpress.compressors.lowrank import LowRankParams
+from gradpress.compressors.spec import CodecSpec
+from gradpress.kernels.cpu import lowrank as kernels
+from gradpress.torch import lowrank
+from gradpress.torch.lowrank import LowRankReducer, NumbaMath, TorchMath
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"compressor": "powersgd", "rank": 0}, "['rank'] = 0"),
+    ({"compressor": "acpsgd", "rank": -2}, "['rank'] = -2"),
+    ({"compressor": "acpsgd", "rank": 1.5}, "an integer"),
+    ({"compressor": "powersgd", "rank": "four"}, "'rank'"),
+    ({"compressor": "powersgd", "start_step": -1}, "'start_step'"),
+    ({"compressor": "acpsgd", "min_compression_rate": -1}, "'min_compression_rate'"),
+    ({"compressor": "powersgd", "ef": "vanilla"}, "unknown compression_params ['ef']"),
+])
+def test_bad_parameters_are_named(params, message):
+    with pytest.raises(ValueError, match="compression_params") as e:
+        CodecSpec.from_params(params)
+    assert message in str(e.value)
+
+
+def test_defaults_and_the_spec():
+    spec = CodecSpec.from_params({"compressor": "acpsgd"})
+    assert spec.is_lowrank and not spec.is_auto
+    assert LowRankParams.parse(spec.compression_params) == LowRankParams("acpsgd", 4, 0, 2.0, 0)
+    with pytest.raises(ValueError, match="factors whole gradient matrices"):
+        spec.build("worker")
+
+
+def test_which_tensors_are_factored():
+    p = LowRankParams("powersgd", 4, 0, 2.0, 0)
+    assert p.rank_for(3, 1000) == 3 and p.rank_for(100, 100) == 4
+    assert p.compresses(64, 64)          # 4096 >= 2 * 4 * 128
+    assert not p.compresses(8, 8)        # 64 < 2 * 4 * 16
+    assert not p.compresses(3, 1000)     # rank 3: 3000 < 2 * 3 * 1003
+    entries = [("w", torch.zeros(64, 64)), ("b", torch.zeros(64)), ("tiny", torch.zeros(8, 8)),
+               ("conv", torch.zeros(32, 16, 3, 3)), ("small", torch.zeros(40, 40))]
+    r = LowRankReducer(entries, p, "t.", min_bytes=4 * 40 * 40 + 4)
+    assert [m.name for m in r.matrices] == ["w", "conv"]
+    assert [n for n, _, _ in r.raw] == ["b", "tiny", "small"]   # small: below min_bytes
+    conv = r.matrices[1]
+    assert (conv.rows, conv.cols, conv.rank) == (32, 144, 4)
+    assert r.p.numel() == 64 * 4 + 32 * 4 and r.q.numel() == 4 * 64 + 4 * 144
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.int64])
+def test_non_float32_tensors_are_refused_by_name(dtype):
+    with pytest.raises(ValueError, match=r"'layer.weight' is (float64|float16|int64).*float32"):
+        LowRankReducer([("layer.weight", torch.zeros(16, 16, dtype=dtype))], LowRankParams("acpsgd", 1, 0, 2.0, 0),
+                       "t.")
+
+
+@pytest.mark.parametrize("math", [NumbaMath, TorchMath])
+@pytest.mark.parametrize("by_rows", [True, False])
+def test_orthonormalize_zero_rank_deficient_and_full(math, by_rows):
+    g = torch.Generator().manual_seed(0)
+    full = torch.randn(3, 50, generator=g)
+    deficient = torch.stack([full[0], 2 * full[0], full[1]])   # the second vector is the first, doubled
+    zero = torch.zeros(2, 30)
+    mats = [full, deficient, zero]
+    layout_vectors = [m if by_rows else m.t().contiguous() for m in mats]
+    flat = torch.cat([v.reshape(-1) for v in layout_vectors])
+    offsets = np.cumsum([0] + [m.numel() for m in mats[:-1]]).astype(np.int64)
+    layout = (offsets, np.array([m.shape[1] for m in mats], np.int64), np.array([m.shape[0] for m in mats], np.int64))
+    math.orthonormalize(flat, layout, by_rows)
+    assert torch.isfinite(flat).all()
+    out = []
+    for m, off in zip(mats, offsets):
+        block = flat[off:off + m.numel()]
+        out.append(block.view(m.shape) if by_rows else block.view(m.shape[1], m.shape[0]).t())
+    gram = out[0] @ out[0].t()
+    assert torch.allclose(gram, torch.eye(3), atol=1e-5), gram
+    assert abs(float(out[1][0].norm()) - 1) < 1e-5 and torch.equal(out[1][1], torch.zeros(50))  # dependent
+    assert torch.equal(out[2], torch.zeros(2, 30))
+
+
+def test_kernels_and_torch_ops_agree():
+    g = torch.Generator().manual_seed(1)
+    m, e0 = torch.randn(37, 23, generator=g), torch.randn(37, 23, generator=g)
+    qt0, p0 = torch.randn(3, 23, generator=g), torch.randn(37, 3, generator=g)
+    res = []
+    for math in (NumbaMath, TorchMath):
+        e, p, qt, out = e0.clone(), p0.clone(), qt0.clone(), torch.empty(37, 23)
+        math.factor_rows(m, e, qt, p, True, True)
+        math.factor_cols(m, e, p, qt, True)
+        math.subtract_product(None, e, p, qt, False)
+        math.reconstruct(p, qt, 0.5, out)
+        res.append((e, p, qt, out))
+    for a, b in zip(*res):  # (the factors are not orthonormal here: values reach 1e5)
+        assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max())
+    x = m + e0   # and the definition: P = X Q, E = X - P Q^T
+    p = torch.empty(37, 3)
+    e = e0.clone()
+    kernels.factor_rows(m.numpy(), e.numpy(), qt0.numpy(), p.numpy(), True, True)
+    assert torch.allclose(p, x @ qt0.t(), atol=1e-4) and torch.allclose(e, x - p @ qt0, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["powersgd", "acpsgd"])
+def test_one_worker_steps_agree_between_numba_and_torch(monkeypatch, method):
+    """A whole reducer, one worker (a push_pull is the identity), a few steps: the torch path (what
+    a GPU worker runs) and the Numba path give the same gradients; with one worker and a rank as
+    large as the matrix, the error feedback loses nothing: sum of outputs = sum of inputs - E."""
+    fake = types.SimpleNamespace(client=lambda: types.SimpleNamespace(tracer=_NoTrace()), size=lambda: 1,
+                                 push_pull_inplace=lambda t, **_: t, push_pull_async_inplace=lambda t, **_: 0,
+                                 synchronize=lambda h: None)
+    monkeypatch.setattr(lowrank, "ops", fake)
+    shapes = {"w": (12, 10), "conv": (6, 2, 2, 2), "b": (5,)}
+    outs = []
+    for math in (NumbaMath, TorchMath):
+        tensors = {n: torch.zeros(s) for n, s in shapes.items()}
+        r = LowRankReducer(list(tensors.items()), LowRankParams(method, 2, 1, 0.5, 3), "t.")
+        r.math = math
+        g = torch.Generator().manual_seed(5)
+        steps = []
+        for _ in range(5):
+            grads = {id(t): torch.randn(t.shape, generator=g) for t in tensors.values()}
+            r.reduce(grads)
+            steps.append([grads[id(t)].clone() for t in tensors.values()])
+        outs.append((steps, r))
+    for a, b in zip(outs[0][0], outs[1][0]):
+        for x, y in zip(a, b):
+            assert torch.allclose(x, y, rtol=1e-4, atol=1e-5)
+    assert outs[0][1].step == 5 and all(m.error is not None for m in outs[0][1].matrices)
+
+
+class _NoTrace:
+    def span(self, *_a, **_k):
+        import contextlib
+        return contextlib.nullcontext()
