@@ -5,11 +5,15 @@ controller, a container's environment); tests/test_k8s_netns_integ.py starts tho
 """
 from __future__ import annotations
 
+import atexit
+import base64
 import math
 import os
 import re
+import secrets
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +31,33 @@ JOB_SETTINGS = ("DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_PS_ROOT_URI", "DMLC_
 
 # ---- reading manifests ------------------------------------------------------
 
-def render(path: Path) -> list[dict]:
-    """``kubectl kustomize path`` as a list of objects; skips the test without kubectl."""
+_deployed: list[Path] = []
+
+
+def deploy_tree() -> Path:
+    """deploy/k8s as a user deploys it: a copy (with configs/) holding a job secret made as
+    docs/deploy.md says. The checkout holds none (git ignores deploy/k8s/base/job-secret)."""
+    if not _deployed:
+        root = Path(tempfile.mkdtemp(prefix="gradpress-k8s-"))
+        atexit.register(shutil.rmtree, root, True)
+        shutil.copytree(K8S, root / "deploy" / "k8s")
+        shutil.copytree(REPO / "configs", root / "configs")
+        (root / "deploy" / "k8s" / "base" / "job-secret").write_text(secrets.token_hex(32) + "\n")
+        _deployed.append(root / "deploy" / "k8s")
+    return _deployed[0]
+
+
+def render(path: Path, with_secret: bool = True) -> list[dict]:
+    """``kubectl kustomize path`` as a list of objects; skips the test without kubectl.
+
+    Args:
+        with_secret: a path under deploy/k8s is rendered from :func:`deploy_tree`, with a job secret.
+    """
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed: cannot render the kustomize overlays")
+    if with_secret and path.resolve().is_relative_to(K8S):
+        path = deploy_tree() / path.resolve().relative_to(K8S)
     out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, f"kubectl kustomize {path} failed:\n{out.stderr}"
     return [d for d in yaml.safe_load_all(out.stdout) if d]
@@ -187,7 +213,8 @@ def test_manifests_validate_strictly(target):
             errors.append(f"{d['kind']}/{d['metadata']['name']}: {'.'.join(map(str, e.path))}: {e.message}")
     assert not errors, f"{target} fails Kubernetes {SCHEMA_VERSION} schemas:\n" + "\n".join(errors)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ConfigMap", "ConfigMap", "Deployment", "Job", "Service", "Service", "StatefulSet"], kinds
+    assert kinds == ["ConfigMap", "ConfigMap", "Deployment", "Job", "Secret", "Service", "Service",
+                     "StatefulSet"], kinds
 
 
 def test_strict_validation_rejects_an_unknown_field():
@@ -326,7 +353,7 @@ def test_resources(overlay):
 
 def test_one_place_sets_counts_port_and_image(tmp_path):
     """An overlay that changes counts, scheduler port and image changes every field that must follow."""
-    rel = os.path.relpath(K8S, tmp_path)  # kustomize refuses absolute paths
+    rel = os.path.relpath(deploy_tree(), tmp_path)  # kustomize refuses absolute paths
     (tmp_path / "kustomization.yaml").write_text(f"""
 resources: [{rel}/base]
 components: [{rel}/components/wiring]
@@ -351,3 +378,52 @@ def test_every_job_file_is_in_the_config_map():
     files = {f for g in shipped["configMapGenerator"] for f in g.get("files", [])}
     assert files == {p.name for p in (REPO / "configs").glob("*.toml")}, \
         "configs/kustomization.yaml must list every configs/*.toml"
+
+
+# ---- the job secret -----------------------------------------------------------
+
+def secret_data(docs: list[dict], name: str) -> dict[str, bytes]:
+    found = find(docs, "Secret", name)
+    assert found, f"no Secret {name!r} in the rendered manifests"
+    return {k: base64.b64decode(v) for k, v in found[0].get("data", {}).items()}
+
+
+def test_every_role_mounts_the_job_secret_and_derives_the_jobs_keys(overlay, tmp_path):
+    """Each pod's GRADPRESS_JOB_SECRET_FILE lies in a mounted Secret volume holding a usable
+    secret, the same for every pod: all of them derive the same CURVE keys."""
+    from gradpress.config import Settings
+    from gradpress.net import auth
+    name, docs = overlay
+    keys = set()
+    for pod in pods(docs):
+        env = container_env(pod, docs, pod_fields(pod, "10.0.0.1"))
+        path = env.get("GRADPRESS_JOB_SECRET_FILE", "")
+        assert path and not env.get("GRADPRESS_JOB_SECRET") and not env.get("GRADPRESS_INSECURE"), \
+            f"{name}/{pod.name}: the secret must come from a file (GRADPRESS_JOB_SECRET_FILE={path!r})"
+        mounts = {m["mountPath"]: m for m in pod.container["volumeMounts"]}
+        mount = mounts.get(str(Path(path).parent))
+        assert mount and mount.get("readOnly"), f"{name}/{pod.name}: {path} is not in a read-only mount"
+        volume = next(v for v in pod.spec["volumes"] if v["name"] == mount["name"])
+        assert "secret" in volume, f"{name}/{pod.name}: {path} is mounted from {volume}, not a Secret"
+        assert volume["secret"].get("defaultMode", 0o644) & 0o007 == 0, \
+            f"{name}/{pod.name}: the secret is world-readable"
+        data = secret_data(docs, volume["secret"]["secretName"])
+        assert Path(path).name in data, f"{name}/{pod.name}: the Secret has no key {Path(path).name}"
+        local = tmp_path / pod.name
+        local.write_bytes(data[Path(path).name])
+        keys.add(auth.job_keys(Settings.load(dict(env, GRADPRESS_CONFIG="", GRADPRESS_JOB_SECRET_FILE=str(local)))))
+    assert len(keys) == 1, f"{name}: the pods derive different keys"
+
+
+def test_without_a_job_secret_nothing_renders(tmp_path):
+    """No secret file, no manifests: a job cannot be deployed without one by mistake."""
+    tree = tmp_path / "deploy" / "k8s"
+    shutil.copytree(deploy_tree(), tree)
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    (tree / "base" / "job-secret").unlink()
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: cannot render the kustomize overlays")
+    out = subprocess.run([kubectl, "kustomize", str(tree / "overlays" / "cpu-demo")], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0 and "job-secret" in out.stderr, out

@@ -8,8 +8,8 @@ environment its manifest gives. What the test translates, and nothing more:
 
 - the image: PATH leads to this checkout's venv, and the manifest's workingDir (checked
   equal to the image's WORKDIR in deploy/docker/Dockerfile.cpu) becomes the repository;
-- volumes: each mountPath becomes a per-pod directory (a ConfigMap's data written as
-  files, an emptyDir empty), wherever env values and args name it;
+- volumes: each mountPath becomes a per-pod directory (a ConfigMap's or Secret's data
+  written as files, an emptyDir empty), wherever env values and args name it;
 - the downward API: ``status.podIP`` is the namespace's address, the completion-index
   annotation the pod's index; Indexed-Job pods get JOB_COMPLETION_INDEX as in a cluster;
 - cluster DNS: each Service name resolves, through /etc/netns/<ns>/hosts (which
@@ -36,7 +36,7 @@ import pytest
 
 from gradpress.testing.netns import NetnsCluster, ip
 from test_k8s_manifests import (K8S, REPO, Pod, config_map, container_env, container_port, expand, find,
-                                pod_fields, pods, render, service_selecting)
+                                pod_fields, pods, render, secret_data, service_selecting)
 
 pytestmark = [pytest.mark.integ, pytest.mark.netns, pytest.mark.timeout(150)]
 
@@ -90,8 +90,13 @@ class PodProcess:
                 items = v["configMap"].get("items") or [{"key": k, "path": k} for k in data]
                 for item in items:
                     (local / item["path"]).write_text(data[item["key"]])
+            elif "secret" in v:
+                data = secret_data(docs, v["secret"]["secretName"])
+                for key, value in data.items():
+                    (local / key).write_bytes(value)
+                    (local / key).chmod(v["secret"].get("defaultMode", 0o644))
             else:
-                assert "emptyDir" in v, f"{self.pod.name}: volume {m['name']} is neither ConfigMap nor emptyDir"
+                assert "emptyDir" in v, f"{self.pod.name}: volume {m['name']} is not a ConfigMap, Secret or emptyDir"
             mounts[m["mountPath"].rstrip("/")] = local
         return mounts
 
