@@ -10,8 +10,9 @@ construction, before the first step), measured with the real codecs over 300 ste
 momentum recurrence:
 
 - a codec that drops or shrinks part of its input (onebit, topk, randomk without scaling,
-  and any codec not known to be unbiased, such as powersgd or acpsgd once they exist)
-  needs ``ef``: without it that part of the momentum is lost at every step;
+  and any codec not known to be unbiased) needs ``ef``: without it that part of the momentum
+  is lost at every step (powersgd and acpsgd keep their own error buffers: the momenta of a
+  step are factored together, ``ParameterTable`` and ``lowrank.LowRankReducer``);
 - ``randomk`` with ``scaling`` (unbiased, n/k times the sent values) cannot carry it at
   all: with ``ef`` its residual is ``-(n/k - 1) x`` on the sent coordinates and grows
   without bound (mean |m| 0.09 to 16,000 in 300 steps at k = 1%); without, the pulled
@@ -51,6 +52,9 @@ def momentum_codec_problem(params: dict) -> str | None:
                "('momentum' key)"
     if codec == "none":
         return None
+    from ..compressors.lowrank import CODECS as LOW_RANK
+    if codec in LOW_RANK:
+        return None  # error feedback is part of the method
     scaled = str(params.get("scaling", False)).lower() not in ("false", "0", "no", "off", "none")
     if codec == "onebit" and not scaled:
         return "onebit on the momentum path needs 'scaling' (l1 or l2): without it every coordinate becomes +-1"
@@ -110,15 +114,62 @@ class ParameterTable:
         self.priority = {id(p): -i for i, p in enumerate(all_params)}
         self.spec = {id(p): policy.for_tensor(self.names[id(p)], p.numel() * p.element_size(),
                                               str(p.dtype).replace("torch.", "")) for p in all_params}
+        # powersgd / acpsgd: a step's momenta are factored together once all of them are given
+        self._params = all_params
+        self.lowrank_ids = {id(p) for p in all_params if p.requires_grad and (s := self.spec[id(p)]) is not None
+                            and s.is_lowrank}
+        if len({str(self.spec[i]) for i in self.lowrank_ids}) > 1:
+            raise ValueError("powersgd / acpsgd on the momentum path: every low-rank momentum must have the same "
+                             f"compression_params, got {sorted({str(self.spec[i]) for i in self.lowrank_ids})}")
+        self._reducers: dict = {}   # prefix -> LowRankReducer
+        self._waiting: dict[str, list] = {}
 
     def push_pull(self, buf: torch.Tensor, p: torch.Tensor, prefix: str, lr: float,
                   compressed: bool) -> int:
         """Start averaging ``buf`` (parameter ``p``'s) as tensor ``prefix + name``; compressed
         by the momentum path's spec when ``compressed``. Returns the handle."""
+        if compressed and id(p) in self.lowrank_ids:
+            return self._low_rank(buf, p, prefix)
         spec: CodecSpec | None = self.spec[id(p)] if compressed else None
         return ops.push_pull_async_inplace(buf, average=True, name=prefix + self.names[id(p)],
                                            priority=self.priority[id(p)], compression_params=spec,
                                            lr=lr if spec is not None else None)
+
+    def _low_rank(self, buf: torch.Tensor, p: torch.Tensor, prefix: str) -> int:
+        """Hold ``buf`` until every low-rank momentum of the step has been given, then factor them
+        together; each handle completes then (a handle synchronized earlier times out)."""
+        handle, future = ops.deferred(buf, f"low-rank {prefix}{self.names[id(p)]}")
+        waiting = self._waiting.setdefault(prefix, [])
+        waiting.append((p, buf, future))
+        if len(waiting) == len(self.lowrank_ids):
+            del self._waiting[prefix]
+            try:
+                with torch.no_grad():
+                    self._reducer(prefix).reduce({id(q): b for q, b, _ in waiting})
+            except BaseException as e:
+                for *_, f in waiting:
+                    f.fail(e)
+                raise
+            for *_, f in waiting:
+                f.set()
+        return handle
+
+    def _reducer(self, prefix: str):
+        if prefix not in self._reducers:
+            from ..compressors.lowrank import LowRankParams
+            from .lowrank import LowRankReducer
+            entries = [(self.names[id(p)], p) for p in self._params if id(p) in self.lowrank_ids]
+            params = LowRankParams.parse(self.spec[id(entries[0][1])].compression_params)
+            self._reducers[prefix] = LowRankReducer(entries, params, prefix, ops.settings().min_compress_bytes)
+        return self._reducers[prefix]
+
+    def lowrank_state(self) -> dict:
+        """Each low-rank path's step, kept factors and this worker's error buffers, by prefix."""
+        return {prefix: r.state_dict() for prefix, r in self._reducers.items()}
+
+    def load_lowrank_state(self, states: dict) -> None:
+        for prefix, state in states.items():
+            self._reducer(prefix).load_state_dict(state)
 
 
 def floored_denominator(v_hat: torch.Tensor, floor: float, eps: float) -> torch.Tensor:

@@ -146,7 +146,8 @@ class OneBitAdam(torch.optim.Optimizer):
         sd = super().state_dict()
         workers, servers = mp.save_residuals(self._momentum_tensors())
         sd["onebit"] = {"freeze_step": self.freeze_step, "variance_floor": self.variance_floor,
-                        "worker_residuals": workers, "server_residuals": servers}
+                        "worker_residuals": workers, "server_residuals": servers,
+                        "lowrank": self._table.lowrank_state()}
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -164,3 +165,4 @@ class OneBitAdam(torch.optim.Optimizer):
         self.freeze_step = extra["freeze_step"]
         self.variance_floor = extra["variance_floor"]
         mp.load_residuals(self._momentum_tensors(), extra["worker_residuals"], extra.get("server_residuals", {}))
+        self._table.load_lowrank_state(extra.get("lowrank", {}))

@@ -198,6 +198,15 @@ def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: str | No
                                                compression_params=compression_params, lr=lr))
 
 
+def deferred(output: torch.Tensor, what: str) -> tuple[int, Future]:
+    """A handle for an average computed another way (low-rank factors): ``synchronize`` waits
+    until the returned future is set, then returns ``output``, as for any push_pull."""
+    future = Future(what)
+    handle = next(_handle_ids)
+    _handles[handle] = _Pending(future, output, None)
+    return handle, future
+
+
 def poll(handle: int) -> bool:
     """True once the push_pull behind ``handle`` has finished (or failed)."""
     return _lookup(handle).future.done()
