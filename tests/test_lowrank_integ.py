@@ -62,6 +62,38 @@ for method in ("powersgd", "acpsgd"):
     resumed = run(params2, opt2, method, range(SAVE_AT, STEPS))
     result[method] = {{"grads": grads, "factors": factors, "resumed": resumed,
                       "raw": [n for n, _, _ in opt._gp_lowrank.raw]}}
+
+def onebit(state=None):  # OneBitAdam with ACP-SGD on the momentum after a 2-step warm-up
+    lin = torch.nn.Linear(30, 20)
+    if state is not None:
+        lin.load_state_dict(state)
+    opt = bps.OneBitAdam(lin.parameters(), lr=0.01, freeze_step=2, named_parameters=[
+        (f"onebit.{{n}}", p) for n, p in lin.named_parameters()], compression_params=dict(compressor="acpsgd", rank=2))
+    return lin, opt
+
+def onebit_run(lin, opt, steps):
+    out = []
+    for step in steps:
+        g = torch.Generator().manual_seed(1000 * step + r)
+        x, y = torch.randn(8, 30, generator=g), torch.randn(8, 20, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(lin(x), y).backward()
+        opt.step()
+        out.append([p.detach().clone() for p in lin.parameters()])
+    return out
+
+torch.manual_seed(0)
+lin, opt = onebit()
+params = onebit_run(lin, opt, range(SAVE_AT))
+saved, model_at = io.BytesIO(), {{k: v.clone() for k, v in lin.state_dict().items()}}
+torch.save(opt.state_dict(), saved)
+params += onebit_run(lin, opt, range(SAVE_AT, STEPS))
+lin2, opt2 = onebit(model_at)
+saved.seek(0)
+opt2.load_state_dict(torch.load(saved))
+reducer = opt._table._reducers["OneBitAdam.momentum."]
+result["onebit"] = {{"params": params, "resumed": onebit_run(lin2, opt2, range(SAVE_AT, STEPS)),
+                    "steps": reducer.step, "matrices": [m.name for m in reducer.matrices]}}
 torch.save(result, os.path.join(os.environ["GP_TEST_DIR"], f"w{{r}}.pt"))
 bps.shutdown()
 """
@@ -150,9 +182,21 @@ def test_lowrank_matches_replay_and_resumes_bit_for_bit(cluster, workers, server
                 err = float(np.abs(g - ref).max())
                 assert err <= 2e-4 * scale, f"{method} step {step}: {name} off the replay by {err:.3g} ({scale:.3g})"
         assert all((step[f"{method}.zero"] == 0).all() for step in mine[0]["grads"]), f"{method}: zero matrix"
-        for step, (a, b) in enumerate(zip(mine[0]["grads"][SAVE_AT:], mine[0]["resumed"])):
-            for name in a:
-                # a server adds 2 pushes in either order to the same bits; 3 in arrival order (float32
-                # addition is not associative), so with 3 workers a rerun matches to rounding only
-                same = torch.equal(a[name], b[name]) if workers == 2 else torch.allclose(a[name], b[name], 1e-4, 1e-5)
-                assert same, f"{method}: resumed run differs at step {SAVE_AT + step} ({name})"
+        check_resumed(mine[0]["grads"][SAVE_AT:], mine[0]["resumed"], workers, method)
+    onebit = [res["onebit"] for res in results]  # ACP-SGD on OneBitAdam's momentum path
+    assert onebit[0]["matrices"] == ["onebit.weight"] and onebit[0]["steps"] == STEPS - 2
+    for other in onebit[1:]:
+        for step, (a, b) in enumerate(zip(onebit[0]["params"], other["params"])):
+            assert all(torch.equal(x, y) for x, y in zip(a, b)), f"OneBitAdam: parameters differ at step {step}"
+    assert all(torch.isfinite(x).all() for step in onebit[0]["params"] for x in step)
+    check_resumed([dict(enumerate(s)) for s in onebit[0]["params"][SAVE_AT:]],
+                  [dict(enumerate(s)) for s in onebit[0]["resumed"]], workers, "OneBitAdam")
+
+
+def check_resumed(first, resumed, workers: int, what: str) -> None:
+    for step, (a, b) in enumerate(zip(first, resumed)):
+        for name in a:
+            # a server adds 2 pushes in either order to the same bits; 3 in arrival order (float32
+            # addition is not associative), so with 3 workers a rerun matches to rounding only
+            same = torch.equal(a[name], b[name]) if workers == 2 else torch.allclose(a[name], b[name], 1e-4, 1e-5)
+            assert same, f"{what}: resumed run differs at step {SAVE_AT + step} ({name})"
