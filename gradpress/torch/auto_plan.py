@@ -51,6 +51,9 @@ class AutoPlanner:
         self.priority = priority
         self.lr_of = lr_of
         self.options = auto.options(compression_params)
+        # names this planner's own push_pulls (profile, probes, drift): two planners in one job
+        # (a DistributedOptimizer and a OneBitAdam, say) must not share keys
+        self.label = names[id(params[0])]
         self.settings = ops.settings()
         self.plan: Plan | None = None
         self.version = 0
@@ -130,7 +133,7 @@ class AutoPlanner:
         else:
             text = None
         from .broadcast import broadcast_object
-        self.profile = Profile.from_json(broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.version}"),
+        self.profile = Profile.from_json(broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.label}.{self.version}"),
                                          "rank 0's profile")
         self._apply(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
 
@@ -141,10 +144,10 @@ class AutoPlanner:
         for nbytes in PROBE_BYTES:
             nbytes = min(nbytes, self.settings.partition_bytes)
             tensors = [torch.zeros(nbytes // 4)]
-            round_trips.append((nbytes, self._timed(tensors, f"PlanProbe.{self.version}.{nbytes}")))
+            round_trips.append((nbytes, self._timed(tensors, f"PlanProbe.{self.label}.{self.version}.{nbytes}")))
         for k in PROBE_BATCHES:
             tensors = [torch.zeros(64) for _ in range(k)]
-            batches.append((k, self._timed(tensors, f"PlanProbe.{self.version}.batch{k}")))
+            batches.append((k, self._timed(tensors, f"PlanProbe.{self.label}.{self.version}.batch{k}")))
         return round_trips, batches
 
     @staticmethod
@@ -181,7 +184,7 @@ class AutoPlanner:
         recent = self._measured[-DRIFT_STEPS:]
         drifted = len(recent) == DRIFT_STEPS and all(abs(t / self._reference_s - 1) > DRIFT for t in recent)
         flag = torch.tensor([1.0 if drifted else 0.0])
-        ops.push_pull_inplace(flag, average=False, name="PlanDrift")
+        ops.push_pull_inplace(flag, average=False, name=f"PlanDrift.{self.label}")
         return float(flag[0]) > 0
 
     def _replan(self) -> None:
@@ -195,7 +198,7 @@ class AutoPlanner:
             changed = abs(link.bytes_per_s / old - 1) > LINK_CHANGE
             text = self.profile.scaled(bytes_per_s=link.bytes_per_s).to_json() if changed else ""
         from .broadcast import broadcast_object
-        text = broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.version}")
+        text = broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.label}.{self.version}")
         if not text:  # the link is as profiled: the model, not the network, is off
             log.info("gradpress: iterations (%s ms) are off the prediction, but the link is as profiled; "
                      "keeping plan %d", recent, self.version - 1)
@@ -210,17 +213,25 @@ class AutoPlanner:
 
     def _hand_over_residuals(self) -> None:
         """Each compressed group's error feedback goes into its members' next push."""
+        self.carry = self.residuals()
+
+    def residuals(self) -> dict[int, torch.Tensor]:
+        """The plan's error feedback, by member (id -> flat tensor): this worker's residuals,
+        and on rank 0 the servers' too (so that they join the sum once), plus what is still
+        carried from an earlier plan."""
         client = ops.client()
+        out = {pid: part.clone() for pid, part in self.carry.items()}
         for group in self.groups:
             if group.spec is None:
                 continue
             parts = client.tensor(group.name).parts
             flat = _flat_residual(client.compressor_state(group.name), parts)
-            if ops.rank() == 0:  # the servers' residual joins the sum once, through rank 0
+            if ops.rank() == 0:
                 server = client.server_state(group.name)
                 flat += _flat_residual({"residuals": {i: r for i, (r, _) in server.items() if r is not None}}, parts)
             for pid, part in group.flat_to_members(torch.from_numpy(flat)).items():
-                self.carry[pid] = self.carry[pid] + part if pid in self.carry else part
+                out[pid] = out[pid] + part if pid in out else part
+        return out
 
 
 def _flat_residual(state: dict | None, parts: list[int]) -> np.ndarray:

@@ -33,6 +33,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from ..compressors import auto
 from ..compressors.policy import CompressionPolicy
 from ..compressors.spec import CodecSpec
 from . import ops
@@ -46,6 +47,12 @@ UNBIASED = ("dithering", "fp16")
 def momentum_codec_problem(params: dict) -> str | None:
     """Why the momentum path cannot carry ``params`` (already checked by ``CodecSpec``), or None."""
     codec = params.get("compressor", "none")
+    if codec == auto.AUTO:  # every option the planner may pick must be one the path can carry
+        for name, option in auto.options(params).items():
+            problem = momentum_codec_problem(option)
+            if problem:
+                return f"option {name!r} of compressor 'auto': {problem}"
+        return None
     has_ef = params.get("ef") is not None
     if "momentum" in params:
         return "the optimizer's own momentum travels: compression_params must not ask for worker momentum " \
@@ -69,9 +76,11 @@ def momentum_codec_problem(params: dict) -> str | None:
 
 
 def momentum_policy(compression_params: dict | None, compression_rules: list | None,
-                    owner: str) -> CompressionPolicy:
+                    owner: str, auto_ok: bool = False) -> CompressionPolicy:
     """The job's policy for the momentum path, every spec in it checked by ``momentum_codec_problem``.
 
+    Args:
+        auto_ok: whether ``owner`` plans its momentum path (``compressor: auto``).
     Raises:
         ValueError: naming ``owner``, the spec and what is wrong.
     """
@@ -80,6 +89,8 @@ def momentum_policy(compression_params: dict | None, compression_rules: list | N
         policy = policy.overridden_by(DEFAULT_COMPRESSION, None)
     for where, spec in [("compression_params", policy.default)] + [(f"rule {p!r}", s) for p, s in policy.rules]:
         problem = None if spec is None else momentum_codec_problem(spec.compression_params)
+        if spec is not None and spec.is_auto and not auto_ok:
+            problem = "compressor 'auto' is not available on this optimizer's momentum path; name a codec"
         if problem:
             raise ValueError(f"{owner}: {where} ({spec}): {problem}")
     return policy

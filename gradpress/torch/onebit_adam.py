@@ -31,6 +31,7 @@ continues bit for bit where the checkpoint left off.
 """
 from __future__ import annotations
 
+import time
 from typing import Iterable
 
 import torch
@@ -70,12 +71,13 @@ class OneBitAdam(torch.optim.Optimizer):
         mp.check_adam_args(lr, betas, eps, weight_decay, variance_floor)
         if freeze_step < 1:
             raise ValueError(f"freeze_step={freeze_step}: at least one step of Adam must fill the variance")
-        policy = mp.momentum_policy(compression_params, compression_rules, "OneBitAdam")
+        policy = mp.momentum_policy(compression_params, compression_rules, "OneBitAdam", auto_ok=True)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.freeze_step = freeze_step
         self.variance_floor = variance_floor
         self._table = mp.ParameterTable([p for group in self.param_groups for p in group["params"]],
                                         named_parameters, policy)
+        self._planned = self._momentum_planner(policy)
 
     # ---- the step -----------------------------------------------------------
 
@@ -90,8 +92,14 @@ class OneBitAdam(torch.optim.Optimizer):
             mp.ensure_state(self.state[p], p)
         frozen = self.frozen
         handles = [self._start(group, p, frozen) for group, p in params]
+        planned = self._planned if frozen else None
+        if planned is not None:
+            planned.wait()
+        update_s = 0.0
         for (group, p), (handle, out) in zip(params, handles):
-            ops.synchronize(handle)
+            if handle is not None:
+                ops.synchronize(handle)
+            started = time.perf_counter()
             st = self.state[p]
             st["step"] += 1
             beta1, beta2 = group["betas"]
@@ -103,6 +111,9 @@ class OneBitAdam(torch.optim.Optimizer):
                 if st["step"] == self.freeze_step:
                     self._freeze(st, beta2)
             self._update(group, p, st, beta1)
+            update_s += time.perf_counter() - started
+        if planned is not None:
+            planned.after_step(update_s)
         return loss
 
     @property
@@ -116,8 +127,28 @@ class OneBitAdam(torch.optim.Optimizer):
             buf = p.grad.detach().clone()  # the gradient itself stays the worker's own
             return self._table.push_pull(buf, p, GRAD_PREFIX, group["lr"], compressed=False), buf
         beta1 = group["betas"][0]
+        if self._planned is not None and self._planned.manages(p):
+            buf = self._planned.momentum(p)
+            torch.mul(self.state[p]["exp_avg"], beta1, out=buf).add_(p.grad, alpha=1 - beta1)
+            return self._planned.send(p), buf
         buf = torch.mul(self.state[p]["exp_avg"], beta1).add_(p.grad, alpha=1 - beta1)  # this worker's momentum
         return self._table.push_pull(buf, p, MOMENTUM_PREFIX, group["lr"], compressed=True), buf
+
+    def _momentum_planner(self, policy):
+        """The planner of the momenta whose compression is ``auto`` (with their small ones), or None."""
+        table = self._table
+        specs = {id(p): spec for group in self.param_groups for p in group["params"]
+                 if (spec := policy.rule_for(table.names[id(p)])) is not None and spec.is_auto}
+        if not specs:
+            return None
+        if len({str(s) for s in specs.values()}) > 1:
+            raise ValueError("OneBitAdam: compressor 'auto' plans every momentum it manages together; give "
+                             f"them one compression_params (got {sorted({str(s) for s in specs.values()})})")
+        params = [p for group in self.param_groups for p in group["params"] if id(p) in specs]
+        lr_of = {id(p): group["lr"] for group in self.param_groups for p in group["params"]}
+        from .momentum_auto import PlannedMomentum
+        return PlannedMomentum(params, table.names, table.priority, lr_of,
+                               next(iter(specs.values())).compression_params, MOMENTUM_PREFIX)
 
     def _freeze(self, st: dict, beta2: float) -> None:
         """Bias-correct v once and floor sqrt(v): the denominator of every later step."""
@@ -148,6 +179,8 @@ class OneBitAdam(torch.optim.Optimizer):
         sd["onebit"] = {"freeze_step": self.freeze_step, "variance_floor": self.variance_floor,
                         "worker_residuals": workers, "server_residuals": servers,
                         "lowrank": self._table.lowrank_state()}
+        if self._planned is not None:
+            sd["onebit"]["planned_residuals"] = self._planned.residuals(self._table.names)
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -166,3 +199,9 @@ class OneBitAdam(torch.optim.Optimizer):
         self.variance_floor = extra["variance_floor"]
         mp.load_residuals(self._momentum_tensors(), extra["worker_residuals"], extra.get("server_residuals", {}))
         self._table.load_lowrank_state(extra.get("lowrank", {}))
+        planned = extra.get("planned_residuals") or {}
+        if planned and self._planned is None:
+            raise ValueError("the checkpoint holds residuals of a planned momentum path (compressor 'auto'); "
+                             "this OneBitAdam has no 'auto' compression to take them")
+        if planned:
+            self._planned.load_residuals(self._table.names, planned)
