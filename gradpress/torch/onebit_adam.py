@@ -54,7 +54,8 @@ class OneBitAdam(torch.optim.Optimizer):
         compression_params: BytePS ``compression_params`` for the momentum (default:
             onebit, L2 scale, vanilla error feedback); topk, randomk, dithering or any
             registered codec the momentum path can carry (``momentum_path`` says which
-            combinations it cannot, e.g. topk without ``ef``).
+            combinations it cannot, e.g. topk without ``ef``), or ``{"compressor": "auto"}``:
+            the planner picks each momentum's codec and fusion (``momentum_auto``).
         named_parameters: ``model.named_parameters()``; names must agree across workers.
         compression_rules: ``[(pattern, params), ...]`` by parameter name, first match
             wins (``{"compressor": "none"}`` sends that momentum uncompressed).
