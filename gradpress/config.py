@@ -51,6 +51,8 @@ class Settings:
     trace: str = _setting("", "GRADPRESS_TRACE", "write a Chrome-trace JSON of partition stages to this path; empty: off")
     sparse_density: float = _setting(0.25, "GRADPRESS_SPARSE_DENSITY", "DistributedOptimizer: a dense gradient of 2+ dimensions whose fraction of non-zero rows (mean over workers, first step) is below this travels row-sparse from the next step; 0: never")
     sparse_seed: int = _setting(0, "GRADPRESS_SPARSE_SEED", "seed of the hash that spreads a row-sparse tensor's rows over the servers (every worker must use the same)")
+    peer_rate: float = _setting(20000.0, "GRADPRESS_PEER_RATE", "messages per second a peer may keep sending the scheduler (a server: messages it must refuse); a peer above it is cut off")
+    peer_burst: int = _setting(200000, "GRADPRESS_PEER_BURST", "messages a peer may send above GRADPRESS_PEER_RATE before it is cut off")
     log_level: str = _setting("WARNING", "BYTEPS_LOG_LEVEL", "logging level: DEBUG, INFO, WARNING, ERROR")
     job_secret: str = _setting("", "GRADPRESS_JOB_SECRET", "the job's shared secret (at least 32 characters): members derive their CURVE keys from it; gradpress-launch --local makes one", secret=True)
     job_secret_file: str = _setting("", "GRADPRESS_JOB_SECRET_FILE", "file holding the job secret (surrounding whitespace ignored); instead of GRADPRESS_JOB_SECRET, not with it")
@@ -76,6 +78,9 @@ class Settings:
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             raise ValueError(f"PS_HEARTBEAT_TIMEOUT={self.heartbeat_timeout_s} must exceed "
                              f"PS_HEARTBEAT_INTERVAL={self.heartbeat_interval_s}")
+        if self.peer_rate <= 0 or self.peer_burst < 1:
+            raise ValueError(f"GRADPRESS_PEER_RATE={self.peer_rate} must be > 0 and "
+                             f"GRADPRESS_PEER_BURST={self.peer_burst} at least 1")
         if not 0 <= self.sparse_density <= 1 or not 0 <= self.sparse_seed < 1 << 63:
             raise ValueError(f"GRADPRESS_SPARSE_DENSITY={self.sparse_density} must be in [0, 1] and "
                              f"GRADPRESS_SPARSE_SEED={self.sparse_seed} in [0, 2**63)")

@@ -17,6 +17,8 @@ import zmq
 from . import auth, protocol
 from .. import logs
 from ..config import Settings
+from .guard import PeerGuard
+from .limits import HIGH_WATER_MARK, Limits
 from .protocol import Op
 
 log = logging.getLogger(__name__)
@@ -46,9 +48,20 @@ def job_socket(ctx: zmq.Context, kind: int, settings: Settings, binds: bool) -> 
     keys = auth.job_keys(settings)  # first: a missing secret fails before a socket exists
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, LINGER_MS)
-    sock.setsockopt(zmq.LINGER, LINGER_MS)
+    bound(sock, settings)
     (auth.make_server if binds else auth.make_client)(sock, keys)
     return sock
+
+
+def bound(sock: zmq.Socket, settings: Settings) -> None:
+    """What one peer can cost this socket: frames above the limit (net/limits.py) disconnect
+    their sender before they are stored, and each peer's queue holds HIGH_WATER_MARK messages.
+    Set before bind/connect: libzmq copies the options into each connection it makes."""
+    lim = Limits(settings.partition_bytes)
+    sock.setsockopt(zmq.MAXMSGSIZE, lim.scheduler_frame_bytes if settings.role == "scheduler"
+                    else lim.data_frame_bytes)
+    sock.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
+    sock.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
 
 
 def router(ctx: zmq.Context, settings: Settings, port: int) -> tuple[zmq.Socket, int]:
@@ -108,9 +121,14 @@ def send(sock: zmq.Socket, op: Op, sender: str, buffers: Sequence[Any] = (),
         sock.send(frame, zmq.SNDMORE if i < last else 0, copy=nbytes < ZERO_COPY_MIN_BYTES)
 
 
-def recv(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, dict | None, list[zmq.Frame]]:
+def recv(sock: zmq.Socket, routed: bool,
+         guard: PeerGuard | None = None) -> tuple[bytes | None, dict | None, list[zmq.Frame]]:
     """Receive one message. Never raises on bad input.
 
+    Args:
+        guard: the receiving thread's PeerGuard (net/guard.py), if it keeps one: a cut-off
+            peer's message is dropped undecoded, and a malformed one is charged to its
+            sender and logged once per sender (else every one is logged).
     Returns:
         (identity or None, decoded header or None if malformed, data frames).
         A malformed message is logged here; callers drop it.
@@ -120,15 +138,24 @@ def recv(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, dict | None, lis
     if routed:
         identity = frames[0].bytes
         frames = frames[1:]
+        if guard is not None and guard.is_cut(identity):
+            guard.charge(identity)  # counted only: it is cut off
+            return identity, None, []
+    why = ""
     if not frames:
-        log.warning("dropped an empty message from %s", logs.peer(identity))
-        return identity, None, []
-    try:
-        header = protocol.decode(frames[0].buffer)
-    except protocol.ProtocolError as e:
-        log.warning("dropped a malformed message from %s: %s", logs.peer(identity), logs.peer(e))
-        return identity, None, []
-    return identity, header, frames[1:]
+        why = "dropped an empty message"
+    else:
+        try:
+            return identity, protocol.decode(frames[0].buffer), frames[1:]
+        except protocol.ProtocolError as e:
+            why = f"dropped a malformed message: {logs.peer(e)}"
+    if guard is None:
+        log.warning("%s from %s", why, logs.peer(identity))
+    else:
+        guard.dropped(identity, why)
+        if identity is not None:
+            guard.charge(identity)
+    return identity, None, []
 
 
 def local_address_towards(host: str, port: int) -> str:

@@ -3,7 +3,8 @@
 It waits for every worker and server to register, assigns ranks and sends the
 address book; then it serves barriers and tensor declarations, exchanges
 heartbeats with every node, announces a lost node to everyone (and ends the job:
-there is no recovery yet), and ends the job in order once every worker finished.
+there is no recovery yet), and ends the job in order once every worker finished: it exits once every member
+acknowledged SHUTDOWN (or PS_HEARTBEAT_TIMEOUT passed, naming who did not).
 A worker that fails (or its launcher) sends ABORT with its first error line: the
 others hear at once which worker failed and why, instead of at a heartbeat timeout.
 """
@@ -16,8 +17,11 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from ..net import transport
 from .. import logs
+from ..net import transport
+from ..net.guard import PeerGuard
+from ..net.limits import Limits
+from ..net.outbox import RETRY_INTERVAL_S, Outbox
 from ..config import Settings
 from ..health import HealthFile
 from ..placement import KeyPlacement
@@ -26,6 +30,12 @@ from .declarations import Declarations
 
 log = logging.getLogger(__name__)
 NAME = "scheduler 0"
+# Messages taken per pass of the loop: heartbeats and the purge run whatever the inflow.
+MAX_BATCH = 256
+# Barriers a job may have open at once (a worker has one; the rest is a peer gone wrong).
+MAX_OPEN_BARRIERS = 10_000
+# Worker processes on one machine, at most (a machine has a few GPUs).
+MAX_LOCAL_SIZE = 1024
 
 
 @dataclass
@@ -52,6 +62,10 @@ class Scheduler:
         self.s = settings
         self.ctx = ctx or transport.context()
         self.sock, self.port = transport.router(self.ctx, settings, settings.root_port)
+        # every message counts against its sender's budget: members send a few per second
+        self.guard = PeerGuard("scheduler", settings.peer_rate, settings.peer_burst)
+        self.outbox = Outbox(self.sock, self.guard, stall_s=settings.heartbeat_timeout_s, names=self._name_of)
+        self.limits = Limits(settings.partition_bytes)
         self.members: dict[bytes, Member] = {}
         self.registered = False
         self.barriers: dict[tuple[str, int], set[bytes]] = {}
@@ -61,6 +75,8 @@ class Scheduler:
         self.exit_code: int | None = None
         self._failure = ""          # why the job failed (answered to late registrations)
         self._linger_until = 0.0    # after a failure, keep answering until then
+        self._unacked: set[bytes] = set()  # members yet to acknowledge the SHUTDOWN that ended the job
+        self._end_reason = ""
         if settings.port_file:
             tmp = settings.port_file + ".tmp"
             with open(tmp, "w") as fh:
@@ -77,10 +93,15 @@ class Scheduler:
         """Serve until the job ends. Returns the process exit code."""
         try:
             while self.exit_code is None or time.monotonic() < self._linger_until:
-                if self.sock.poll(self.s.heartbeat_interval_s * 1000 / 2):
+                wait_s = RETRY_INTERVAL_S if self.outbox.pending else self.s.heartbeat_interval_s / 2
+                if self.sock.poll(wait_s * 1000):
                     self._drain()
+                # every pass, whatever the inflow: _drain takes at most MAX_BATCH messages
+                self.outbox.flush()
+                self.guard.report()
                 if self.exit_code is not None:
-                    continue  # a worker failed: only late arrivals are answered now
+                    self._resend_shutdown()
+                    continue  # the job ended: only late arrivals and acknowledgements are answered now
                 self._purge()
                 self._send_heartbeats()
                 self.health.beat()
@@ -88,13 +109,19 @@ class Scheduler:
                     for identities, kwargs in self.declarations.expire(time.monotonic()):
                         self._send_each(identities, Op.ERROR, **kwargs)
         finally:
+            if self._unacked:
+                log.warning("exiting without the SHUTDOWN acknowledgement of %s within PS_HEARTBEAT_TIMEOUT=%g s",
+                            ", ".join(sorted(self.members[i].name for i in self._unacked)),
+                            self.s.heartbeat_timeout_s)
             self.sock.close()
         return self.exit_code
 
     def _drain(self) -> None:
-        while self.sock.poll(0):
-            identity, header, _ = transport.recv(self.sock, routed=True)
-            if header is None:
+        for _ in range(MAX_BATCH):
+            if not self.sock.poll(0):
+                return
+            identity, header, _ = transport.recv(self.sock, routed=True, guard=self.guard)
+            if header is None or not self.guard.charge(identity, self._name_of(identity)):
                 continue
             member = self.members.get(identity)
             if member is not None:
@@ -111,6 +138,8 @@ class Scheduler:
                 self._refuse(identity, h, self._failure)
             elif op == Op.ABORT:  # a second report (the launcher's, after the worker's own): acknowledge it
                 self._send_each([identity], Op.SHUTDOWN, reason=self._failure or "the job already ended")
+            elif op == Op.SHUTDOWN_ACK:
+                self._acked(identity)
         elif op == Op.REGISTER:
             self._register(identity, h)
         elif op == Op.ABORT:  # also from a launcher, or from a worker that failed before registering
@@ -118,9 +147,11 @@ class Scheduler:
         elif op == Op.HEARTBEAT and member is not None:
             pass  # liveness was refreshed on receipt
         elif member is None or not self.registered:
-            log.warning("dropped %s from unregistered peer %s", op.name, logs.peer(h["from"]))
+            self.guard.dropped(identity, f"dropped {op.name} from an unregistered peer", logs.peer(h["from"]))
         elif op == Op.BARRIER:
             self._barrier(member, h["group"], h["seq"])
+        elif op == Op.DECLARE and member.role == "worker" and self._too_big(identity, h):
+            pass
         elif op == Op.DECLARE and member.role == "worker":
             for identities, op_out, kwargs in self.declarations.declare(
                     identity, member.rank, h["name"], h["count"], h["dtype"], h["parts"], time.monotonic(),
@@ -134,7 +165,22 @@ class Scheduler:
         elif op == Op.ERROR:
             log.error("%s reports: %s", member.name, logs.peer(h["message"]))
         else:
-            log.warning("dropped unexpected %s from %s", op.name, member.name)
+            self.guard.dropped(identity, f"dropped unexpected {op.name}", member.name)
+
+    def _too_big(self, identity: bytes, h: dict) -> bool:
+        """A DECLARE whose partitions do not fit the partition size: refused, naming the tensor."""
+        try:
+            for part in h["parts"]:
+                if isinstance(part, int):  # the rest of the list is Declarations' to check
+                    self.limits.check_count(part, h["dtype"], f"tensor {logs.peer(h['name'])}")
+        except ValueError as e:
+            self._send_each([identity], Op.ERROR, name=h["name"], message=str(e))
+            return True
+        return False
+
+    def _name_of(self, identity: bytes) -> str:
+        member = self.members.get(identity)
+        return member.name if member is not None else ""
 
     # ---- registration ---------------------------------------------------
 
@@ -144,7 +190,11 @@ class Scheduler:
             return
         role = h["role"]
         if role not in ("worker", "server"):
-            self._refuse(identity, h, f"role {role!r} cannot register; expected worker or server")
+            self._refuse(identity, h, f"role {logs.peer(role)} cannot register; expected worker or server")
+            return
+        wrong = _registration_problem(h)
+        if wrong:
+            self._refuse(identity, h, wrong)
             return
         if role == "worker":
             workers = [m for m in self.members.values() if m.role == "worker"]
@@ -167,8 +217,8 @@ class Scheduler:
             self._send_address_book()
 
     def _refuse(self, identity: bytes, h: dict, why: str) -> None:
-        log.error("refused %s from %s: %s", h["op"].name, logs.peer(h["from"]), why)
-        transport.send(self.sock, Op.ERROR, NAME, identity=identity, message=why)
+        self.guard.dropped(identity, f"refused {h['op'].name}: {why}", logs.peer(h["from"]))
+        self.outbox.send(identity, Op.ERROR, NAME, message=why)
 
     def _all_registered(self) -> bool:
         workers = [m for m in self.members.values() if m.role == "worker"]
@@ -197,7 +247,7 @@ class Scheduler:
                  for m in self.members.values()]
         workers = sum(m.role == "worker" for m in self.members.values())
         for m in self.members.values():
-            transport.send(self.sock, Op.ADDRESS_BOOK, NAME, identity=m.identity, rank=m.rank,
+            self.outbox.send(m.identity, Op.ADDRESS_BOOK, NAME, rank=m.rank,
                            nodes=nodes, num_workers=workers, num_servers=self.s.num_server)
         log.info("job started: %d worker(s), %d server(s)", workers, self.s.num_server)
 
@@ -208,6 +258,10 @@ class Scheduler:
             # group and seq name the barrier, so that the waiting node fails it now, not at its timeout
             self._send_each([member.identity], Op.ERROR, message=f"unknown barrier group {group!r}",
                             group=group, seq=seq)
+            return
+        if (group, seq) not in self.barriers and len(self.barriers) >= MAX_OPEN_BARRIERS:
+            self._send_each([member.identity], Op.ERROR, message=f"more than {MAX_OPEN_BARRIERS} barriers open "
+                            f"at once; barrier {seq} of {group!r} refused", group=group, seq=seq)
             return
         arrived = self.barriers.setdefault((group, seq), set())
         arrived.add(member.identity)
@@ -286,13 +340,48 @@ class Scheduler:
         self._send_each([m.identity for m in self.members.values()], Op.SHUTDOWN, reason=reason)
         self.exit_code = code
         log.info("job ended: %s", reason)
+        # Stay up, answering and resending SHUTDOWN in place of heartbeats, until every member
+        # acknowledged it: a scheduler that exits at once can lose what it sent last (its socket
+        # closed under unsent data), and members that never heard SHUTDOWN report it lost.
+        self._unacked = {m.identity for m in self.members.values()}
+        self._end_reason = reason
+        self._linger_until = time.monotonic() + self.s.heartbeat_timeout_s if self._unacked else 0.0
+
+    def _acked(self, identity: bytes) -> None:
+        if identity in self._unacked:
+            self._unacked.discard(identity)
+            if not self._unacked:
+                log.info("every member acknowledged SHUTDOWN")
+                self._linger_until = 0.0
+
+    def _resend_shutdown(self) -> None:
+        """SHUTDOWN again, once per heartbeat interval, to members that have not acknowledged it."""
+        now = time.monotonic()
+        if self._unacked and now - self._last_beat >= self.s.heartbeat_interval_s:
+            self._last_beat = now
+            self._send_each(list(self._unacked), Op.SHUTDOWN, reason=self._end_reason)
 
     def _send_each(self, identities, op: Op, **fields) -> None:
         for identity in identities:
             try:
-                transport.send(self.sock, op, NAME, identity=identity, **fields)
+                self.outbox.send(identity, op, NAME, **fields)
             except zmq.ZMQError as e:  # that peer is gone; the purge will say so
                 log.debug("send %s to %s failed: %s", op.name, logs.peer(identity), e)
+
+
+def _registration_problem(h: dict) -> str:
+    """What is wrong with a REGISTER's numbers ('' if nothing): checked before anything is kept."""
+    if not 0 <= h["port"] <= 65535:
+        return f"port {h['port']} is not a port number"
+    if not 1 <= h["local_size"] <= MAX_LOCAL_SIZE:
+        return f"BYTEPS_LOCAL_SIZE={h['local_size']} is not in [1, {MAX_LOCAL_SIZE}]"
+    if not 0 <= h["local_rank"] < h["local_size"]:
+        return f"BYTEPS_LOCAL_RANK={h['local_rank']} is not in [0, BYTEPS_LOCAL_SIZE={h['local_size']})"
+    if h["worker_id"] < -1:
+        return f"DMLC_WORKER_ID={h['worker_id']} is negative"
+    if h["pid"] < 0:
+        return f"pid {h['pid']} is negative"
+    return ""
 
 
 def run_scheduler(settings: Settings) -> int:

@@ -18,7 +18,9 @@ import zmq
 
 import numpy as np
 
+from .. import logs
 from ..net import transport
+from ..net.guard import PeerGuard
 from ..net.protocol import Op
 from ..net.shm import Arena, PeerChunks
 from ..trace import Tracer
@@ -35,6 +37,8 @@ class Engine(threading.Thread):
                  num_workers: int, async_mode: bool, tracer: Tracer):
         super().__init__(name=f"gp-engine-{index}", daemon=True)
         self.index = index
+        # refusals are logged once per sender and counted after (its budget is never used here)
+        self.drops = PeerGuard(f"engine {index}", rate_per_s=1.0, burst=1)
         self.inbox: queue.Queue = queue.Queue()
         self.keys: dict[int, KeyState] = {}
         self.load_bytes = 0
@@ -62,6 +66,7 @@ class Engine(threading.Thread):
                 for reply in self._handle(*item):
                     transport.send(out, reply.op, self._sender_name, reply.buffers, identity=reply.to,
                                    **reply.fields)
+                self.drops.report()
         except BaseException as e:  # a bug here must stop the server, not hang its workers
             log.exception("engine %d failed", self.index)
             self.failure = e
@@ -112,7 +117,7 @@ class Engine(threading.Thread):
                 return [ack] + replies
             return state.pull(identity, header["round"])
         except PushError as e:
-            log.warning("dropped %s from %s: %s", op.name, header["from"], e)
+            self.drops.dropped(identity, f"dropped {op.name}: {e}", logs.peer(header["from"]))
             fields = {"message": str(e), "key": header["key"]}
             if "round" in header:
                 fields["round"] = header["round"]

@@ -15,7 +15,11 @@ import os
 import numpy as np
 import zmq
 
+from .. import logs
 from ..net import transport
+from ..net.guard import PeerGuard
+from ..net.limits import Limits
+from ..net.outbox import RETRY_INTERVAL_S, Outbox
 from ..config import Settings
 from ..errors import JobError
 from ..compressors.warmup import warm_up
@@ -25,6 +29,8 @@ from ..net.protocol import Op
 from .engine import STOP, Engine
 
 log = logging.getLogger(__name__)
+# Messages taken from one socket per pass of the loop: heartbeats are due whatever the inflow.
+MAX_BATCH = 256
 
 
 class Server:
@@ -32,6 +38,10 @@ class Server:
         self.s = settings
         self.ctx = ctx or transport.context()
         self.sock, self.port = transport.router(self.ctx, settings, settings.server_port)
+        # a server charges a peer only for what it must refuse: workers' pushes are never limited
+        self.guard = PeerGuard("server", settings.peer_rate, settings.peer_burst)
+        self.outbox = Outbox(self.sock, self.guard, stall_s=settings.heartbeat_timeout_s)
+        self.limits = Limits(settings.partition_bytes)
         self.link = SchedulerLink(settings, "server", self.ctx, self.port)
         self._reply_addr = f"inproc://gp-server-replies-{os.getpid()}-{id(self)}"
         self.replies = self.ctx.socket(zmq.PULL)
@@ -75,7 +85,7 @@ class Server:
             poller.register(sock, zmq.POLLIN)
         timeout_ms = self.s.heartbeat_interval_s * 1000 / 2
         while True:
-            ready = dict(poller.poll(timeout_ms))
+            ready = dict(poller.poll(RETRY_INTERVAL_S * 1000 if self.outbox.pending else timeout_ms))
             if self.reports in ready:
                 self._engine_report()
             if self.replies in ready:
@@ -89,17 +99,29 @@ class Server:
                             and header["op"] == Op.SHUTDOWN:
                         log.info("%s: job done, shutting down", self.link.name)
                         return 0
+            # every pass, whatever the inflow: each drain above takes at most MAX_BATCH messages
+            self.outbox.flush()
+            self.guard.report()
             self.link.tick()
 
     def _drain_workers(self) -> None:
-        while self.sock.poll(0):
-            identity, header, frames = transport.recv(self.sock, routed=True)
+        for _ in range(MAX_BATCH):
+            if not self.sock.poll(0):
+                return
+            identity, header, frames = transport.recv(self.sock, routed=True, guard=self.guard)
             if header is None:
                 continue
             op = header["op"]
             if op not in (Op.INIT_KEY, Op.PUSH, Op.PULL, Op.STATE_GET, Op.STATE):
-                log.warning("dropped unexpected %s from %s", op.name, header["from"])
+                self.guard.dropped(identity, f"dropped unexpected {op.name}", logs.peer(header["from"]))
+                self.guard.charge(identity)
                 continue
+            if op == Op.INIT_KEY and "sparse" not in header:  # a row-sparse share is checked by its own rules
+                try:  # before an engine allocates anything for it
+                    self.limits.check_count(header["count"], header["dtype"], f"INIT_KEY of key {header['key']}")
+                except ValueError as e:
+                    self._error(identity, header, str(e))
+                    continue
             engine = self.key_engine.get(header["key"])
             if engine is None:
                 if op != Op.INIT_KEY:
@@ -119,20 +141,17 @@ class Server:
         raise JobError(f"{self.link.name}: {header['message']}")
 
     def _forward_replies(self) -> None:
-        while self.replies.poll(0):
+        for _ in range(MAX_BATCH):
+            if not self.replies.poll(0):
+                return
             frames = self.replies.recv_multipart(copy=False)
-            try:
-                self.sock.send_multipart(frames, copy=False)
-            except zmq.ZMQError as e:
-                log.warning("could not reply to %r: %s", frames[0].bytes, e)
+            self.outbox.send_frames(frames[0].bytes, frames[1:])
 
     def _error(self, identity: bytes, header: dict, message: str) -> None:
-        log.warning("dropped %s from %s: %s", header["op"].name, header["from"], message)
-        try:
-            transport.send(self.sock, Op.ERROR, self.link.name, identity=identity,
-                           message=message, key=header["key"])
-        except zmq.ZMQError:
-            pass
+        """Refuse a message: an ERROR to its sender (charged to its budget), logged once per sender."""
+        self.guard.dropped(identity, f"dropped {header['op'].name}: {message}", logs.peer(header["from"]))
+        if self.guard.charge(identity):
+            self.outbox.send(identity, Op.ERROR, self.link.name, message=message, key=header["key"])
 
 
 def run_server(settings: Settings) -> int:

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..compressors import ErrorFeedback
 from ..compressors.spec import CodecSpec
+from ..net.limits import check_lr
 from ..net.protocol import Op
 from ..trace import Tracer
 from ..kernels.cpu import server_sum as kernels
@@ -126,6 +127,14 @@ class KeyState:
         if header["dtype"] != self.dtype or header["count"] != self.count:
             raise PushError(f"{self.describe()}: push of {header['count']} {header['dtype']} elements; "
                             f"the key holds {self.count} {self.dtype}")
+        if "lr" in header:
+            try:
+                check_lr(header["lr"], self.describe())
+            except ValueError as e:
+                raise PushError(str(e)) from None
+        if getattr(self.compressor, "corrected", False) and not header.get("lr"):
+            raise PushError(f"{self.describe()}: corrected error feedback needs each push's learning rate "
+                            f"(> 0); this push has {header.get('lr')!r}")
         bufs = [f.buffer if hasattr(f, "buffer") else f for f in frames]
         if self.compressor is not None:
             if header.get("codec") != self.compressor.name or "meta" not in header:
@@ -156,9 +165,10 @@ class KeyState:
         if rnd == self.round + 1:
             if sender in self.early:
                 raise PushError(f"{self.describe()}: a third round in flight from one worker (round {rnd})")
-            # the frames' memory belongs to ZeroMQ messages we do not keep: copy
-            self.early[sender] = (Payload(values.meta, [bytes(b) for b in values.buffers])
-                                  if isinstance(values, Payload) else values.copy(), lr)
+            # checked now, not when round rnd - 1 completes: a bad payload is its sender's error
+            # alone, and the frames' memory belongs to ZeroMQ messages we do not keep
+            self.early[sender] = (self._decoded(values, rnd) if isinstance(values, Payload)
+                                  else values.copy(), lr)
             return []
         raise PushError(f"{self.describe()}: push for round {rnd}, but the key is at round {self.round}")
 
@@ -172,6 +182,16 @@ class KeyState:
             return []
         raise PushError(f"{self.describe()}: pull for round {rnd}; the key completed round "
                         f"{self.done_round} and is accumulating round {self.round}")
+
+    def _decoded(self, payload: Payload, rnd: int) -> np.ndarray:
+        """An early push's payload decompressed (and so checked) into float32 values of its own."""
+        values = np.empty(self.count, np.float32)
+        try:
+            self.compressor.decompress(payload.meta, payload.buffers, values, key=self.key, round=rnd)
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            raise PushError(f"{self.describe()}: malformed {self.compressor.name} payload for round {rnd}: "
+                            f"{e}") from None
+        return values
 
     def _absorb(self, values: np.ndarray | Payload, rnd: int, first: bool) -> None:
         if isinstance(values, Payload):
@@ -200,7 +220,10 @@ class KeyState:
         self.waiting = []
         early, self.early = self.early, {}
         for sender, (values, lr) in early.items():
-            replies += self.push(sender, self.round, values, lr)
+            try:
+                replies += self.push(sender, self.round, values, lr)
+            except PushError as e:  # that sender's error: the replies to the others still go out
+                replies.append(Reply(sender, Op.ERROR, {"message": str(e), "key": self.key, "round": self.round}, []))
         return replies
 
     def _compress_aggregate(self) -> None:
