@@ -34,6 +34,9 @@ one thread per worker (OMP_NUM_THREADS=1).
 - ``gp_powersgd``, ``gp_acpsgd``: PowerSGD (two rounds per step) and ACP-SGD (one round,
   P and Q alternately) at rank 1, the rank ``ddp_powersgd`` uses; ``gp_acpsgd_r4`` at rank 4.
   Factors travel as float32 sums through the servers (gradpress/torch/lowrank.py).
+- ``gp_<x>_insecure`` (any gradpress system above): the same with ``GRADPRESS_INSECURE=1``,
+  sockets in the clear; every other gradpress run is authenticated and encrypted (CURVE,
+  with a job secret NetnsCluster makes), so the pair measures what encryption costs.
 - ``ddp``: ``torch.distributed`` gloo DDP.
 - ``ddp_powersgd``: the same with PyTorch's PowerSGD hook (rank 1, one gradient
   bucket: with gloo the hook deadlocks with several buckets; its first 2 iterations
@@ -71,6 +74,9 @@ from bandwidth_worker import (AUTO_MAX_EXTRA_WARMUP, DDP_SYSTEMS, GP_COMPRESSION
 from gradpress.testing import netns  # noqa: E402
 
 SYSTEMS = list(GP_COMPRESSION) + DDP_SYSTEMS
+# A gradpress system with this suffix runs with GRADPRESS_INSECURE=1 (no CURVE).
+INSECURE = "_insecure"
+KNOWN_SYSTEMS = SYSTEMS + [s + INSECURE for s in GP_COMPRESSION]
 NUM_SERVERS = 2
 BASE_PORT = 9100
 IFACE = "eth0"
@@ -96,11 +102,15 @@ def run_once(cluster: netns.NetnsCluster, model: str, system: str, warmup: int, 
     """One job of ``system`` training ``model`` on the cluster as shaped now; returns each worker's record."""
     procs: dict[str, tuple] = {}
     tag = f"{cluster.rate}_{model}_{system}"
+    insecure, system = system.endswith(INSECURE), system.removesuffix(INSECURE)
     worker_cmd = [sys.executable, str(WORKER), "_train", system, model, str(warmup), str(iters)]
     try:
         if system.startswith("gp_"):
             # the caller's gradpress settings apply (e.g. BYTEPS_SCHEDULING_CREDIT); the job's wiring wins
             passed = {k: v for k, v in os.environ.items() if k.startswith(("BYTEPS_", "GRADPRESS_"))}
+            if insecure:  # in the clear; otherwise NetnsCluster hands every process its job secret
+                passed = {k: v for k, v in passed.items() if not k.startswith("GRADPRESS_JOB_SECRET")}
+                passed["GRADPRESS_INSECURE"] = "1"
             common = dict(**passed)
             common.update(DMLC_PS_ROOT_URI=cluster.addr("sched"), DMLC_PS_ROOT_PORT=str(port),
                           DMLC_NUM_WORKER=str(NUM_WORKERS), DMLC_NUM_SERVER=str(NUM_SERVERS),
@@ -162,7 +172,7 @@ def tails(procs: dict, lines: int = 15) -> str:
 
 def iterations(rate: str, system: str, args) -> tuple[int, int]:
     """(warm-up, timed) iterations: few where an iteration takes many seconds."""
-    slow = system in ("gp_none", "ddp") and netns.rate_bits(rate) < 5e8
+    slow = system.removesuffix(INSECURE) in ("gp_none", "ddp") and netns.rate_bits(rate) < 5e8
     iters = args.iters or ((2 if slow else 3) if args.quick else (3 if slow else 8))
     warmup = args.warmup if args.warmup is not None else (1 if slow or args.quick else 2)
     if system == "ddp_powersgd":
@@ -176,7 +186,7 @@ def deadline(rate: str, model: str, system: str, warmup: int, iters: int) -> flo
     gp_auto pushes uncompressed while it profiles, for up to AUTO_MAX_EXTRA_WARMUP more iterations.
     """
     per_iter = 2 * MODELS[model].params * 4 * 8 / netns.rate_bits(rate)
-    extra = AUTO_MAX_EXTRA_WARMUP + warmup if system == "gp_auto" else 0
+    extra = AUTO_MAX_EXTRA_WARMUP + warmup if system.removesuffix(INSECURE) == "gp_auto" else 0
     return 120 + 3 * per_iter * (warmup + iters + extra)
 
 
@@ -219,7 +229,8 @@ def main() -> int:
                                    f"any tc rate, or max (unshaped)")
     p.add_argument("--models", help=f"comma-separated, of {', '.join(MODELS)} (default {DEFAULT_MODELS}; "
                                     f"--quick: {QUICK_MODELS})")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help=f"comma-separated, of {', '.join(SYSTEMS)}; gp_<x>{INSECURE}: gp_<x> without CURVE")
     p.add_argument("--iters", type=int, help="timed iterations (default: 3 where slow, 8 otherwise)")
     p.add_argument("--warmup", type=int, help="warm-up iterations (default: 1 where slow, 2 otherwise)")
     p.add_argument("--quick", action="store_true", help=f"rates {QUICK_RATES}, model {QUICK_MODELS}, fewer "
@@ -237,7 +248,7 @@ def main() -> int:
             netns.rate_bits(r)
         except ValueError as e:
             p.error(str(e))
-    for what, given, known in (("systems", systems, SYSTEMS), ("models", models, list(MODELS))):
+    for what, given, known in (("systems", systems, KNOWN_SYSTEMS), ("models", models, list(MODELS))):
         unknown = [x for x in given if x not in known]
         if unknown or not given:
             p.error(f"unknown {what} {unknown}; choose from {', '.join(known)}")
@@ -345,6 +356,7 @@ def report(rows: list[dict], args, floors: dict[str, float], decision_ms: float 
         print(f"{r['rate']:8s} {r['model']:5s} {r['system']:13s} {s if s is not None else float('nan'):9.3f} "
               f"{mb if mb is not None else float('nan'):20.2f} {speed} {loss:>20s}")
     goals(rows, floors, rates)
+    encryption_cost(rows)
     if args.chart:
         chart(rows, rates, models, systems, Path(args.chart), floors)
         print(f"chart: {args.chart}")
@@ -359,6 +371,17 @@ def report(rows: list[dict], args, floors: dict[str, float], decision_ms: float 
         if r["system"] == "gp_auto":
             result[f"{tag}_predicted_s"] = None if r["predicted_s"] is None else round(r["predicted_s"], 4)
     print("RESULT " + json.dumps(result))
+
+
+def encryption_cost(rows: list[dict]) -> None:
+    """Each gradpress system measured both ways: seconds per iteration with CURVE over without."""
+    for plain in (r for r in rows if r["system"].endswith(INSECURE) and r["s_per_iter"]):
+        system = plain["system"].removesuffix(INSECURE)
+        curve = next((r for r in rows if (r["rate"], r["model"], r["system"]) == (plain["rate"], plain["model"], system)
+                      and r["s_per_iter"]), None)
+        if curve is not None:
+            print(f"encryption {plain['rate']} {plain['model']} {system}: CURVE / insecure s/iter = "
+                  f"{curve['s_per_iter'] / plain['s_per_iter']:.3f}")
 
 
 def goals(rows: list[dict], floors: dict[str, float], rates: list[str]) -> None:

@@ -1,6 +1,7 @@
 """Loopback throughput in one run: raw pyzmq, gradpress push_pull, gloo all_reduce.
 
     python benchmarks/pushpull.py [--mb 100] [--reps 10]
+    python benchmarks/pushpull.py --curve-cost [--mb 100] [--reps 10] [--trials 3]
 
 Each figure is bytes of the tensor divided by the median seconds per operation
 (push_pull and all_reduce) or per message (zmq). push_pull runs with 2 workers and
@@ -8,6 +9,12 @@ Each figure is bytes of the tensor divided by the median seconds per operation
 for co-located nodes) and again over loopback TCP (GRADPRESS_SHM=0);
 all_reduce with 2 gloo processes.
 The last line is ``RESULT {json}``.
+
+``--curve-cost`` measures what authentication and encryption cost instead: push_pull
+through shared memory and over loopback TCP, each with CURVE (the default, a job
+secret made by the launcher) and with ``GRADPRESS_INSECURE=1``; the jobs alternate,
+``--trials`` times each, so that a busy machine slows both alike. Its ratio is
+insecure throughput / CURVE throughput (above 1: what encryption costs).
 """
 from __future__ import annotations
 
@@ -96,14 +103,19 @@ bps.shutdown()
 """
 
 
-def pushpull_seconds(nbytes: int, reps: int, shm: bool = True) -> list[float]:
+def pushpull_seconds(nbytes: int, reps: int, shm: bool = True, insecure: bool = False) -> list[float]:
+    env = dict(os.environ, GRADPRESS_SHM=str(int(shm)))
+    if insecure:  # the job's sockets in the clear: no secret, GRADPRESS_INSECURE=1
+        env = {k: v for k, v in env.items() if not k.startswith("GRADPRESS_JOB_SECRET")}
+        env["GRADPRESS_INSECURE"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         script, out = os.path.join(tmp, "w.py"), os.path.join(tmp, "times.json")
         with open(script, "w") as fh:
             fh.write(WORKER)
         subprocess.run([sys.executable, "-m", "gradpress.launcher", "--local", "--workers", "2", "--servers", "1",
                         "--", sys.executable, script, str(nbytes // 4), str(reps), out],
-                       check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, GRADPRESS_SHM=str(int(shm))))
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL if insecure else None,
+                       env=env)
         with open(out) as fh:
             return json.load(fh)
 
@@ -142,12 +154,39 @@ def gloo_seconds(nbytes: int, reps: int) -> list[float]:
             return json.load(fh)
 
 
+def curve_cost(nbytes: int, reps: int, trials: int, mb: float) -> None:
+    """push_pull with CURVE and insecure, through shared memory and loopback TCP, alternating."""
+    times: dict[tuple[str, str], list[float]] = {}
+    for _ in range(trials):
+        for path in ("shm", "tcp"):
+            for security in ("curve", "insecure"):
+                times.setdefault((path, security), []).extend(
+                    pushpull_seconds(nbytes, reps, shm=path == "shm", insecure=security == "insecure"))
+    rate = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
+    print(f"push_pull {mb:g} MB, 2 workers 1 server, {trials} x {reps} timed ops each:")
+    print(f"{'path':5s} {'security':9s} {'median s/op':>12s} {'GB/s':>8s}")
+    for (path, security), v in times.items():
+        print(f"{path:5s} {security:9s} {statistics.median(v):12.4f} {rate[path, security]:8.2f}")
+    ratios = {path: rate[path, "insecure"] / rate[path, "curve"] for path in ("shm", "tcp")}
+    for path, r in ratios.items():
+        print(f"{path}: insecure / CURVE throughput = {r:.3f}")
+    print("RESULT " + json.dumps({"tensor_MB": mb, **{f"pushpull_{p}_{s}_GBps": round(r, 3)
+                                                     for (p, s), r in rate.items()},
+                                  **{f"{p}_insecure_over_curve": round(r, 3) for p, r in ratios.items()}}))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=float, default=100.0, help="tensor size in MB (10^6 bytes)")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--curve-cost", action="store_true",
+                   help="push_pull with and without CURVE (shared memory and TCP) instead of the comparison")
+    p.add_argument("--trials", type=int, default=3, help="--curve-cost: jobs per configuration, alternating")
     args = p.parse_args()
     nbytes = int(args.mb * 1e6) // 4 * 4
+    if args.curve_cost:
+        curve_cost(nbytes, args.reps, args.trials, args.mb)
+        return
     zmq_rate = zmq_gbps()
     pp = pushpull_seconds(nbytes, args.reps)
     tcp = pushpull_seconds(nbytes, args.reps, shm=False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
 import tempfile
 import time
@@ -107,7 +106,7 @@ class LocalJob:
         self.group = group or ProcessGroup()
         self.env = dict(environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_NODE_HOST="127.0.0.1",
                         DMLC_NUM_WORKER=str(workers), DMLC_NUM_SERVER=str(servers), PYTHONUNBUFFERED="1",
-                        **_thread_share(workers, environ), **_job_secret(environ))
+                        **_thread_share(workers, environ), **auth.secret_env(environ))
         self.port = 0
 
     def start(self, command: list[str], port_file: str) -> None:
@@ -136,15 +135,6 @@ class LocalJob:
     def start_worker(self, index: int, command: list[str], **env: str) -> None:
         self.group.start(f"worker {index}", command, {**self.env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(index),
                                                       "BYTEPS_LOCAL_RANK": "0", "BYTEPS_LOCAL_SIZE": "1", **env})
-
-
-def _job_secret(environ: dict[str, str]) -> dict[str, str]:
-    """A fresh random job secret for a job on this machine, unless the user set one (or
-    GRADPRESS_INSECURE): only the processes started here learn it, from their environment."""
-    insecure = environ.get("GRADPRESS_INSECURE", "").strip().lower() in ("1", "true", "yes", "on")
-    if insecure or environ.get("GRADPRESS_JOB_SECRET") or environ.get("GRADPRESS_JOB_SECRET_FILE"):
-        return {}
-    return {"GRADPRESS_JOB_SECRET": secrets.token_hex(32)}
 
 
 def _wait_for_port(path: str, group: ProcessGroup, timeout_s: float = 60.0) -> int:

@@ -20,7 +20,8 @@ capabilities and volumes. Then:
 
 What is translated, as in tests/test_k8s_netns_integ.py: the downward API (the pod IP is
 the namespace's address, the completion index the pod's), cluster DNS (``--add-host``
-for each Service name), ConfigMap volumes (files in a directory mounted read-only) and
+for each Service name), ConfigMap and Secret volumes (files in a directory mounted
+read-only; the job secret made as docs/deploy.md says, in a copy of deploy/k8s) and
 emptyDir volumes (a tmpfs). Resource limits and restart policies are not.
 
 Needs root, podman, iproute2 and kubectl; the venv (make setup) for PyYAML and the
@@ -90,7 +91,7 @@ class Container:
 
     def __init__(self, pod, docs, netns: str, addr: str, hosts: dict[str, str], image: str, run_id: str,
                  workdir: Path):
-        from test_k8s_manifests import config_map, container_env, expand, pod_fields
+        from test_k8s_manifests import config_map, container_env, expand, pod_fields, secret_data
         self.pod, self.addr = pod, addr
         self.name = f"{run_id}-{pod.name}"
         c = pod.container
@@ -119,10 +120,20 @@ class Container:
                     (local / item["path"]).write_text(data[item["key"]])
                 local.chmod(0o755)
                 argv += ["--volume", f"{local}:{m['mountPath']}:{'ro' if m.get('readOnly') else 'rw'}"]
+            elif "secret" in v:  # as the kubelet writes it: the mode asked for, group fsGroup
+                local = workdir / pod.name / m["name"]
+                local.mkdir(parents=True)
+                for key, value in secret_data(docs, v["secret"]["secretName"]).items():
+                    (local / key).write_bytes(value)
+                    os.chown(local / key, 0, sc.get("fsGroup", 0))
+                    (local / key).chmod(v["secret"].get("defaultMode", 0o644))
+                local.chmod(0o755)
+                argv += ["--volume", f"{local}:{m['mountPath']}:ro"]
             elif "emptyDir" in v:
                 argv += ["--tmpfs", f"{m['mountPath']}:rw,mode=1777"]  # emptyDir: writable by any user
             else:
-                raise Failed(f"{pod.name}: volume {m['name']} is {sorted(v)}; smoke.py knows configMap and emptyDir")
+                raise Failed(f"{pod.name}: volume {m['name']} is {sorted(v)}; smoke.py knows configMap, secret "
+                             "and emptyDir")
         argv += [f"--env={k}={v}" for k, v in env.items()]
         self.argv = argv + [image] + [expand(a, env) for a in c.get("args", [])]
         self.started = False

@@ -15,8 +15,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import secrets
 import threading
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import zmq
 from zmq.utils import z85
@@ -53,6 +55,16 @@ class JobKeys:
         raw = hashlib.blake2b(secret, digest_size=32, person=KDF_PERSON).digest()
         secret_z85 = z85.encode(raw)
         return cls(public=zmq.curve_public(secret_z85), secret=secret_z85)
+
+
+def secret_env(environ: Mapping[str, str], secret: str | None = None) -> dict[str, str]:
+    """What to add to ``environ`` so that the processes it starts form a job: a random
+    ``GRADPRESS_JOB_SECRET`` (or ``secret``), unless ``environ`` sets a secret or
+    ``GRADPRESS_INSECURE`` already (the user's choice wins)."""
+    insecure = environ.get("GRADPRESS_INSECURE", "").strip().lower() in ("1", "true", "yes", "on")
+    if insecure or environ.get("GRADPRESS_JOB_SECRET") or environ.get("GRADPRESS_JOB_SECRET_FILE"):
+        return {}
+    return {"GRADPRESS_JOB_SECRET": secret or secrets.token_hex(32)}
 
 
 def job_secret(settings) -> bytes | None:

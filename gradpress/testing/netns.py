@@ -25,6 +25,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+from ..net import auth
+
 RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 UNSHAPED = "max"        # the rate name for links left as they are
 MIN_BURST_BYTES = 4096  # 32 kbit
@@ -78,6 +80,9 @@ class NetnsCluster:
         self.namespaces: list[str] = []
         self.made_etc_netns = not Path("/etc/netns").exists()
         self.rate: str | None = None
+        # The job secret of every process started here whose environment sets none (nor
+        # GRADPRESS_INSECURE): the jobs of one cluster are members of each other's.
+        self.secret = secrets.token_hex(32)
 
     def __enter__(self) -> "NetnsCluster":
         self.start()
@@ -145,7 +150,9 @@ class NetnsCluster:
         return int(out.stdout)
 
     def popen(self, name: str, argv: list[str], env: dict, log: Path, cwd: str | None = None) -> subprocess.Popen:
-        """Start ``argv`` in the node's namespace, in a session of its own, output to ``log``."""
+        """Start ``argv`` in the node's namespace, in a session of its own, output to ``log``;
+        with the cluster's job secret unless ``env`` sets a secret or GRADPRESS_INSECURE."""
+        env = {**env, **auth.secret_env(env, self.secret)}
         with open(log, "wb") as fh:
             return subprocess.Popen(["ip", "netns", "exec", self.ns(name), *argv], env=env, cwd=cwd, stdout=fh,
                                     stderr=subprocess.STDOUT, start_new_session=True)
