@@ -347,13 +347,13 @@ def report(rows: list[dict], args, floors: dict[str, float], decision_ms: float 
            models: list[str], systems: list[str]) -> None:
     base = {(r["rate"], r["model"]): r["s_per_iter"] for r in rows if r["system"] == "gp_none"}
     print()
-    print(f"{'rate':8s} {'model':5s} {'system':13s} {'s/iter':>9s} {'MB sent/iter/worker':>20s} {'vs gp_none':>11s} "
+    print(f"{'rate':8s} {'model':5s} {'system':18s} {'s/iter':>9s} {'MB sent/iter/worker':>20s} {'vs gp_none':>11s} "
           f"{'loss first -> last':>20s}")
     for r in rows:
         s, mb, b = r["s_per_iter"], r["MB_per_iter"], base.get((r["rate"], r["model"]))
         speed = f"{b / s:10.2f}x" if s and b else f"{'':>11s}"
         loss = f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}" if "loss_first" in r else r.get("error", "")[:40]
-        print(f"{r['rate']:8s} {r['model']:5s} {r['system']:13s} {s if s is not None else float('nan'):9.3f} "
+        print(f"{r['rate']:8s} {r['model']:5s} {r['system']:18s} {s if s is not None else float('nan'):9.3f} "
               f"{mb if mb is not None else float('nan'):20.2f} {speed} {loss:>20s}")
     goals(rows, floors, rates)
     encryption_cost(rows)

@@ -75,7 +75,7 @@ def test_suspend_then_resume_with_fewer_workers_continues_the_same_trajectory(cl
         time.sleep(0.05)
     for name in ("scheduler", "server 0", "worker 1"):  # the first job ended cleanly
         assert first.procs[name].wait(timeout=30) == 0, first.logs()
-    second = cluster(workers=1, servers=1)
+    second = cluster(workers=1, servers=1, env={"GRADPRESS_JOB_SECRET": first.secret})  # the job it resumes into
     second.start_scheduler()
     second.start_server(0)
     (first.tmp / "port2").write_text(str(second.port))
@@ -111,7 +111,7 @@ def test_a_compressed_run_suspended_and_resumed_is_bit_identical_to_an_uninterru
         time.sleep(0.05)
     for name in ("scheduler", "server 0"):
         assert first.procs[name].wait(timeout=30) == 0, first.logs()
-    second = cluster(workers=2, servers=1, env=env)
+    second = cluster(workers=2, servers=1, env={**env, "GRADPRESS_JOB_SECRET": first.secret})
     second.start_scheduler()
     second.start_server(0)
     (first.tmp / "port2").write_text(str(second.port))
