@@ -20,6 +20,10 @@ from tests.compressors.cases import CODEC_PARAMS, gaussian  # noqa: E402
 
 LENGTHS = [1, 9, 300]  # raw fallback, a partial byte, several bytes and segments
 KEY, ROUND = 77, 5
+# the fused kernels, two rounds each: one element, a partial block, two blocks of
+# kernels/cuda/device.THREADS (128) with a partial one. The simulator runs every CUDA
+# thread as a Python thread, so each block costs about a second per case here.
+FUSED_LENGTHS = (1, 9, 150)
 
 
 def same_payload(a, b) -> str:
@@ -91,7 +95,7 @@ def fused_cases():
         if name == "none":
             continue
         for kind in ("vanilla", "corrected"):
-            for n in (1, 9, 300):
+            for n in FUSED_LENGTHS:
                 pair = [ErrorFeedback(build_compressor(params, "server"), kind == "corrected",
                                       fused) for fused in (True, False)]
                 problem = ""
@@ -106,9 +110,9 @@ def fused_cases():
                         problem = f"residuals differ at round {round}"
                 yield f"fused/{name}/{kind}/n={n}", problem
         c = ErrorFeedback(build_compressor(params, "server"), True)
-        c.compress(cuda.to_device(gaussian(300, seed=1)), key=1, round=0, lr=0.1)
+        c.compress(cuda.to_device(gaussian(FUSED_LENGTHS[-1], seed=1)), key=1, round=0, lr=0.1)
         before = c.residual(1).copy_to_host()
-        bad = gaussian(300, seed=2)
+        bad = gaussian(FUSED_LENGTHS[-1], seed=2)
         bad[123] = np.nan
         try:
             c.compress(cuda.to_device(bad), key=1, round=1, lr=0.1)
