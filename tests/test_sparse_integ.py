@@ -80,3 +80,73 @@ def test_sparse_sums_equal_numpy(cluster, workers, servers):
     c.start(SUMS).assert_success()
     for i in range(workers):
         assert f"OK rank {i}" in c.log(f"worker {i}")
+
+
+TRAIN = """
+import copy, hashlib, json, os, numpy as np, torch, gradpress.torch as bps
+from torch import nn
+bps.init()
+r, n = bps.rank(), bps.size()
+
+class Model(nn.Module):
+    def __init__(self, sparse):
+        super().__init__()
+        self.emb = nn.Embedding(300, 8, sparse=sparse)
+        self.bag = nn.EmbeddingBag(200, 8, mode="sum", sparse=sparse)
+        self.head = nn.Linear(16, 1)
+    def forward(self, ids, bag_ids, offsets):
+        return self.head(torch.cat([self.emb(ids), self.bag(bag_ids, offsets)], 1)).squeeze(1)
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    ids = (torch.rand(16, generator=g) ** 3 * 300).long()                    # skewed towards row 0
+    ids[0] = 0 if rank == 0 else 299                                          # first and last rows
+    bag_ids = torch.randint(0, 200, (48,), generator=g)
+    bag_ids[:3] = 5                                                           # one row thrice in a bag
+    return ids, bag_ids, torch.arange(0, 48, 3), torch.randn(16, generator=g)
+
+torch.manual_seed(0)
+sparse_model = Model(sparse=True)
+dense_rows_model = Model(sparse=False)              # dense gradients, found mostly zero rows
+dense_rows_model.load_state_dict(sparse_model.state_dict())
+reference = copy.deepcopy(dense_rows_model)        # trained alone on every worker's batches, dense
+opts = {}
+for label, model in (("sparse", sparse_model), ("dense-rows", dense_rows_model)):
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    named = [(label + "." + k, v) for k, v in model.named_parameters()]
+    opts[label] = bps.DistributedOptimizer(opt, named_parameters=named)
+ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+torch.manual_seed(1)
+for step in range(6):
+    for label, model in (("sparse", sparse_model), ("dense-rows", dense_rows_model)):
+        ids, bag_ids, offsets, y = batch(step, r)
+        opts[label].zero_grad()
+        ((model(ids, bag_ids, offsets) - y) ** 2).mean().backward()
+        if label == "sparse":
+            assert model.emb.weight.grad.is_sparse and model.bag.weight.grad.is_sparse
+        opts[label].step()
+        if label == "sparse":
+            assert model.emb.weight.grad.is_sparse, "the averaged gradient stays sparse"
+    ref_opt.zero_grad()
+    for k in range(n):
+        ids, bag_ids, offsets, y = batch(step, k)
+        (((reference(ids, bag_ids, offsets) - y) ** 2).mean() / n).backward()
+    ref_opt.step()
+routed = opts["dense-rows"]._gp_rows.decided
+assert sorted(routed.values()) == [True, True], routed  # both tables go row-sparse (the 1-row head is not a candidate)
+digest = {}
+for label, model in (("sparse", sparse_model), ("dense-rows", dense_rows_model)):
+    for (k, v), (_, want) in zip(model.state_dict().items(), reference.state_dict().items()):
+        assert torch.allclose(v, want, rtol=1e-5, atol=1e-6), (label, k, (v - want).abs().max())
+    digest[label] = hashlib.sha256(b"".join(v.numpy().tobytes() for v in model.state_dict().values())).hexdigest()
+json.dump(digest, open(os.path.join(os.environ["GP_TEST_DIR"], f"train{r}.json"), "w"))
+print("OK rank", r, flush=True)
+bps.shutdown()
+"""
+
+
+def test_sparse_embeddings_train_bit_identically_and_as_dense_training(cluster):
+    c = cluster(workers=2, servers=2)
+    c.start(TRAIN).assert_success()
+    digests = [json.loads((c.tmp / f"train{i}.json").read_text()) for i in range(2)]
+    assert digests[0] == digests[1], "workers' parameters differ"

@@ -66,9 +66,10 @@ class SparseKeyState:
         self.shard = split_key(key)[1]
         if self.shard >= self.layout.num_servers:
             raise PushError(f"{self.describe()}: share {self.shard} of a layout over {self.layout.num_servers} servers")
-        if self.layout.parts()[self.shard] != count:  # INIT_KEY's count: the share's expected elements
+        expected = self.layout.parts()[self.shard]  # INIT_KEY's count: the share's expected elements
+        if expected != count:
             raise PushError(f"{self.describe()}: {count} elements declared for share {self.shard}, but a "
-                            f"{self.layout.rows} x {self.layout.width} layout gives it {self.layout.parts()[self.shard]}")
+                            f"{self.layout.rows} x {self.layout.width} layout gives it {expected}")
         self.stream = self.layout.stream
         self.acc_dtype = sum_dtype(dtype)
         self.index_dtype = self.layout.index_dtype

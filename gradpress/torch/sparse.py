@@ -92,7 +92,7 @@ def start(client: WorkerClient, tensor: torch.Tensor, rows: SparseRows, name: st
                 return dense_out
             values = values.reshape((values.shape[0],) + tuple(tensor.shape[1:])).to(tensor.dtype)
             return torch.sparse_coo_tensor(indices.unsqueeze(0), values, tuple(tensor.shape),
-                                           is_coalesced=True).to(tensor.device)
+                                           is_coalesced=True, check_invariants=False).to(tensor.device)
     return future, result
 
 
