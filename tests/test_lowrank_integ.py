@@ -5,11 +5,13 @@ and step), so the test replays both methods in numpy float32 (its own Gram-Schmi
 products) and checks the system's averaged gradients against it to float32 rounding; that
 every worker gets bit-identical gradients and the same first factors; that the shapes (1-D,
 tiny, tall, wide, a 4-D kernel, a rank larger than a side, a matrix that is exactly zero)
-travel the right way without a NaN; and that an optimizer rebuilt from a checkpoint
-continues bit for bit (with 2 workers: a server's sum of 3 pushes depends on their order).
+travel the right way without a NaN; that the trace shows each method's rounds; that an
+optimizer rebuilt from a checkpoint continues bit for bit (with 2 workers: a server's sum of
+3 pushes depends on their order); and ACP-SGD on OneBitAdam's momentum path.
 """
 from __future__ import annotations
 
+import json
 import zlib
 
 import numpy as np
@@ -159,9 +161,15 @@ def replay(method: str, workers: int) -> list[dict[str, np.ndarray]]:
 
 
 @pytest.mark.parametrize("workers,servers", [(2, 1), (3, 2)])
-def test_lowrank_matches_replay_and_resumes_bit_for_bit(cluster, workers, servers):
-    job = cluster(workers=workers, servers=servers).start(WORKER, {"BYTEPS_MIN_COMPRESS_BYTES": "0"})
+def test_lowrank_matches_replay_and_resumes_bit_for_bit(cluster, tmp_path, workers, servers):
+    job = cluster(workers=workers, servers=servers, env={"GRADPRESS_TRACE": str(tmp_path / "trace.json")})
+    job.start(WORKER, {"BYTEPS_MIN_COMPRESS_BYTES": "0"})
     job.assert_success(timeout_s=120)
+    events = json.loads((tmp_path / "trace-worker0.json").read_text())["traceEvents"]
+    spans = {e["name"] for e in events if e["ph"] == "X"}
+    for name in ("powersgd round P", "powersgd round Q", "acpsgd round P", "acpsgd round Q", "acpsgd factors",
+                 "acpsgd reconstruct"):
+        assert name in spans, f"trace: no {name!r} span"
     results = [torch.load(job.tmp / f"w{r}.pt") for r in range(workers)]
     for method in ("powersgd", "acpsgd"):
         mine = [res[method] for res in results]

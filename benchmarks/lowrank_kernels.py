@@ -1,0 +1,126 @@
+"""What PowerSGD's and ACP-SGD's worker-side steps cost here: Numba kernels against torch ops.
+
+    flock /tmp/gp-cpu.lock .venv/bin/python benchmarks/lowrank_kernels.py [--reps 7]
+
+One thread (as every benchmark worker runs). Matrices: the bandwidth benchmark's MLP (3
+matrices, 25.2M elements) and a transformer's (8 blocks of width 512: 33 matrices).
+
+- orthonormalise: every matrix's factor of one step, Numba (modified Gram-Schmidt over the
+  flat buffer, one call) against torch per matrix (``torch.linalg.qr``, and the same
+  Gram-Schmidt as torch ops, what a GPU worker runs);
+- a step's compression arithmetic without communication (M + E, products, error update,
+  reconstruction), Numba (``NumbaMath``) against torch (``TorchMath``): ACP-SGD's P step and
+  Q step, and PowerSGD's two rounds.
+
+Prints medians in milliseconds and a last line ``RESULT {json}``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gradpress.torch.lowrank import NumbaMath, TorchMath  # noqa: E402
+
+SHAPES = {
+    "mlp": [(4096, 1024), (4096, 4096), (1024, 4096)],
+    "tfm": [(256, 512)] + [(1536, 512), (512, 512), (2048, 512), (512, 2048)] * 8,
+}
+
+
+def median_ms(fn, reps: int) -> float:
+    fn()  # compile / first touch
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def orth_costs(shapes, rank: int, reps: int) -> dict[str, float]:
+    g = torch.Generator().manual_seed(0)
+    ranks = [min(rank, n, m) for n, m in shapes]
+    sizes = [n * r for (n, _), r in zip(shapes, ranks)]
+    flat0 = torch.randn(sum(sizes), generator=g)
+    offsets = np.cumsum([0] + sizes[:-1]).astype(np.int64)
+    layout = (offsets, np.array([n for n, _ in shapes], np.int64), np.array(ranks, np.int64))
+    flat = flat0.clone()
+
+    def numba():
+        flat.copy_(flat0)
+        NumbaMath.orthonormalize(flat, layout, False)
+
+    def torch_gs():
+        flat.copy_(flat0)
+        TorchMath.orthonormalize(flat, layout, False)
+
+    def torch_qr():
+        flat.copy_(flat0)
+        for off, (n, _), r in zip(offsets, shapes, ranks):
+            block = flat[int(off):int(off) + n * r].view(n, r)
+            block.copy_(torch.linalg.qr(block).Q)
+    return {"numba_batched": median_ms(numba, reps), "torch_gram_schmidt": median_ms(torch_gs, reps),
+            "torch_qr": median_ms(torch_qr, reps)}
+
+
+def step_costs(shapes, rank: int, reps: int) -> dict[str, float]:
+    g = torch.Generator().manual_seed(1)
+    mats = []
+    for n, m in shapes:
+        r = min(rank, n, m)
+        mats.append((torch.randn(n, m, generator=g), torch.zeros(n, m), torch.randn(n, r, generator=g),
+                     torch.randn(r, m, generator=g), torch.empty(n, m)))
+    out = {}
+    for math in (NumbaMath, TorchMath):
+        def acp_p():
+            for grad, e, p, qt, res in mats:
+                math.factor_rows(grad, e, qt, p, True, True)
+                math.reconstruct(p, qt, 0.5, res)
+
+        def acp_q():
+            for grad, e, p, qt, res in mats:
+                math.factor_cols(grad, e, p, qt, True)
+                math.subtract_product(grad, e, p, qt, True)
+                math.reconstruct(p, qt, 0.5, res)
+
+        def powersgd():
+            for grad, e, p, qt, res in mats:
+                math.factor_rows(grad, e, qt, p, True, False)
+                math.factor_cols(None, e, p, qt, False)
+                math.subtract_product(None, e, p, qt, False)
+                math.reconstruct(p, qt, 0.5, res)
+        name = "numba" if math is NumbaMath else "torch"
+        for what, fn in (("acpsgd_p_step", acp_p), ("acpsgd_q_step", acp_q), ("powersgd_step", powersgd)):
+            for _, e, _, _, _ in mats:
+                e.zero_()
+            out[f"{what}_{name}"] = median_ms(fn, reps)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    result = {}
+    for model, shapes in SHAPES.items():
+        elements = sum(n * m for n, m in shapes)
+        for rank in (1, 4):
+            costs = {**orth_costs(shapes, rank, args.reps), **step_costs(shapes, rank, args.reps)}
+            print(f"{model} ({len(shapes)} matrices, {elements / 1e6:.1f}M elements), rank {rank}: "
+                  + ", ".join(f"{k} {v:.2f} ms" for k, v in costs.items()), flush=True)
+            result.update({f"{model}_r{rank}_{k}_ms": round(v, 3) for k, v in costs.items()})
+    print("RESULT " + json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
