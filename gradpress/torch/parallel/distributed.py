@@ -91,9 +91,11 @@ class DistributedDataParallel(torch.nn.Module):
         for pname, p in reversed(named):
             nbytes = p.numel() * p.element_size()
             spec = policy.for_tensor(pname, nbytes, str(p.dtype).replace("torch.", ""))
-            if spec is not None and (spec.is_auto or spec.compression_params.get("ef") == "corrected"):
+            needs_optimizer = spec is not None and (spec.is_auto or spec.is_lowrank
+                                                    or spec.compression_params.get("ef") == "corrected")
+            if needs_optimizer:
                 raise ValueError(f"DistributedDataParallel: parameter {pname!r}: compression {spec} needs the "
-                                 f"optimizer (learning rate, step times); use DistributedOptimizer")
+                                 f"optimizer (learning rate, step times, a step's matrices); use DistributedOptimizer")
             same = current and spec == current_spec and p.dtype == current[0][1].dtype
             if not same or size + nbytes > cap_mb * (1 << 20):
                 close()
