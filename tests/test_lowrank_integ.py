@@ -94,6 +94,16 @@ lin2, opt2 = onebit(model_at)
 saved.seek(0)
 opt2.load_state_dict(torch.load(saved))
 reducer = opt._table._reducers["OneBitAdam.momentum."]
+refused = []  # where a step's matrices are not at hand: a clear error, before anything travels
+from gradpress.torch.parallel import DistributedDataParallel
+for attempt in (lambda: DistributedDataParallel(torch.nn.Linear(4, 4), compression_params=dict(compressor="acpsgd")),
+                lambda: bps.push_pull(torch.zeros(3), name="x", compression_params=dict(compressor="powersgd"))):
+    try:
+        attempt()
+        refused.append(None)
+    except ValueError as e:
+        refused.append(str(e))
+result["refused"] = refused
 result["onebit"] = {{"params": params, "resumed": onebit_run(lin2, opt2, range(SAVE_AT, STEPS)),
                     "steps": reducer.step, "matrices": [m.name for m in reducer.matrices]}}
 torch.save(result, os.path.join(os.environ["GP_TEST_DIR"], f"w{{r}}.pt"))
@@ -191,6 +201,9 @@ def test_lowrank_matches_replay_and_resumes_bit_for_bit(cluster, tmp_path, worke
                 assert err <= 2e-4 * scale, f"{method} step {step}: {name} off the replay by {err:.3g} ({scale:.3g})"
         assert all((step[f"{method}.zero"] == 0).all() for step in mine[0]["grads"]), f"{method}: zero matrix"
         check_resumed(mine[0]["grads"][SAVE_AT:], mine[0]["resumed"], workers, method)
+    ddp, push_pull = results[0]["refused"]
+    assert ddp and "use DistributedOptimizer" in ddp and "acpsgd" in ddp, ddp
+    assert push_pull and "through DistributedOptimizer" in push_pull and "powersgd" in push_pull, push_pull
     onebit = [res["onebit"] for res in results]  # ACP-SGD on OneBitAdam's momentum path
     assert onebit[0]["matrices"] == ["onebit.weight"] and onebit[0]["steps"] == STEPS - 2
     for other in onebit[1:]:
