@@ -53,11 +53,11 @@ class RowLayout:
         """The server owning each row of ``indices``."""
         return owners(indices, self.seed, self.num_servers)
 
-    def parts(self) -> list[int]:
-        """Elements per partition as declared to the scheduler: the table split evenly by
-        rows (the expected share of each server under the hash)."""
-        per, extra = divmod(self.rows, self.num_servers)
-        return [(per + (s < extra)) * self.width for s in range(self.num_servers)]
+    def declared_parts(self) -> list[int]:
+        """What the scheduler is told: one element per share. It only names the tensor
+        (its id, so every worker's keys agree); a share's size changes every round and the
+        layout travels in INIT_KEY, where the servers check that every worker sends it alike."""
+        return [1] * self.num_servers
 
     def wire(self) -> dict[str, int]:
         return {"rows": self.rows, "width": self.width, "seed": self.seed, "servers": self.num_servers}

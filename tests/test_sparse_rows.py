@@ -128,7 +128,7 @@ ROWS, WIDTH, SERVERS = 1001, 3, 2
 def make_state(shard=0, workers=2, dtype="float32"):
     layout = RowLayout(ROWS, WIDTH, 7, SERVERS)
     keys = {}
-    init_key(keys, {"key": (5 << 16) | shard, "name": "emb", "count": layout.parts()[shard], "dtype": dtype,
+    init_key(keys, {"key": (5 << 16) | shard, "name": "emb", "count": 1, "dtype": dtype,
                     "sparse": layout.wire()}, workers, False, Tracer(""))
     return keys[(5 << 16) | shard], layout
 
@@ -193,10 +193,10 @@ def test_bad_pushes_are_refused_naming_the_tensor_and_the_sum_stays_intact():
 
 def test_init_key_checks_the_layout_and_its_agreement():
     layout = RowLayout(ROWS, WIDTH, 7, SERVERS)
-    good = {"key": 5 << 16, "name": "emb", "count": layout.parts()[0], "dtype": "float32", "sparse": layout.wire()}
+    good = {"key": 5 << 16, "name": "emb", "count": 1, "dtype": "float32", "sparse": layout.wire()}
     keys = {}
     init_key(keys, dict(good), 2, False, Tracer(""))
-    for field, value, what in [("sparse", dict(layout.wire(), seed=8), "layout"), ("count", 3, "elements")]:
+    for field, value, what in [("sparse", dict(layout.wire(), seed=8), "layout"), ("count", 3, "3 float32 elements")]:
         with pytest.raises(PushError, match=f"sparse tensor 'emb'.*{what}"):
             init_key(keys, dict(good, **{field: value}), 2, False, Tracer(""))
     for bad, what in [(dict(layout.wire(), width=0), "width=0"), ({"rows": 5}, "exactly rows, width"),
@@ -211,7 +211,7 @@ def run_rounds(layout, pushes_per_round, workers):
     """Push every round into both shares' states; land the replies as a worker does."""
     from gradpress.worker.jobs import PartitionOp, PushPull, Tensor
     states = [make_state(s, workers)[0] for s in range(SERVERS)]
-    tensor = Tensor("emb", layout.count, "float32", 5, layout.parts(), list(range(SERVERS)), None, layout)
+    tensor = Tensor("emb", SERVERS, "float32", 5, layout.declared_parts(), list(range(SERVERS)), None, layout)
     from gradpress.worker.keys import WorkerKey
     tensor.keys = [WorkerKey((5 << 16) | s, tensor, s, s, tensor.parts[s], 0) for s in range(SERVERS)]
     results, encodings = [], []
@@ -250,7 +250,7 @@ def test_a_bitmap_over_other_known_rows_is_refused():
     layout = RowLayout(ROWS, WIDTH, 7, SERVERS)
     from gradpress.worker.jobs import PartitionOp, PushPull, Tensor
     from gradpress.worker.keys import WorkerKey
-    tensor = Tensor("emb", layout.count, "float32", 5, layout.parts(), [0, 1], None, layout)
+    tensor = Tensor("emb", SERVERS, "float32", 5, layout.declared_parts(), [0, 1], None, layout)
     wk = WorkerKey(5 << 16, tensor, 0, 0, tensor.parts[0], 0)
     job = PushPull(tensor, None, SparseResult(layout, "float32", 1), 1, None, 2)
     h = {"key": 5 << 16, "round": 0, "dtype": "float32", "count": 1, "sparse": "bitmap", "known": 3}
@@ -278,8 +278,8 @@ def test_the_engine_answers_a_bad_sparse_push_with_an_error_and_still_sums(tmp_p
             h = protocol.decode(protocol.encode(op, "worker 0", key=5 << 16, **fields))
             engine.inbox.put((who, h, [bytes(memoryview(np.ascontiguousarray(f)).cast("B")) for f in frames]))
 
-        send(b"w0", Op.INIT_KEY, name="emb", count=layout.parts()[0], dtype="float32", sparse=layout.wire())
-        send(b"w1", Op.INIT_KEY, name="emb", count=layout.parts()[0], dtype="float32", sparse=layout.wire())
+        send(b"w0", Op.INIT_KEY, name="emb", count=1, dtype="float32", sparse=layout.wire())
+        send(b"w1", Op.INIT_KEY, name="emb", count=1, dtype="float32", sparse=layout.wire())
         a, b = good_push(layout, 1), good_push(layout, 2)
         send(b"w0", Op.PUSH, [a[0][::-1].copy(), a[1]], round=0, dtype="float32", count=a[0].size, sparse=True)
         send(b"w0", Op.PUSH, list(a), round=0, dtype="float32", count=a[0].size, sparse=True)

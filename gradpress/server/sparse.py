@@ -66,10 +66,9 @@ class SparseKeyState:
         self.shard = split_key(key)[1]
         if self.shard >= self.layout.num_servers:
             raise PushError(f"{self.describe()}: share {self.shard} of a layout over {self.layout.num_servers} servers")
-        expected = self.layout.parts()[self.shard]  # INIT_KEY's count: the share's expected elements
-        if expected != count:
-            raise PushError(f"{self.describe()}: {count} elements declared for share {self.shard}, but a "
-                            f"{self.layout.rows} x {self.layout.width} layout gives it {expected}")
+        if count != 1:  # a share is declared as one element (RowLayout.declared_parts)
+            raise PushError(f"{self.describe()}: INIT_KEY declares {count} elements for a share; "
+                            f"a row-sparse tensor's shares are declared as 1")
         self.stream = self.layout.stream
         self.acc_dtype = sum_dtype(dtype)
         self.index_dtype = self.layout.index_dtype

@@ -88,7 +88,7 @@ class WorkerClient:
         if spec is not None:
             spec.check_dtype(dtype, f"tensor {name!r}")
         fut = Future(f"declare tensor {name!r}")
-        parts = layout.parts() if layout is not None else \
+        parts = layout.declared_parts() if layout is not None else \
             partition_counts(count, np.dtype(dtype).itemsize, self.s.partition_bytes)
         self.comm.submit(cmd.Declare(name, count, dtype, parts, spec, fut, layout))
         return fut.result(self.s.op_timeout_s + 5)
@@ -167,7 +167,7 @@ class WorkerClient:
             raise ValueError(f"tensor {name!r}: a row layout over {layout.num_servers} servers; "
                              f"the job has {self.book.num_servers}")
         dtype = rows.values.dtype.name
-        tensor = self.declare(name, layout.count, dtype, None, layout)
+        tensor = self.declare(name, layout.num_servers, dtype, None, layout)
         fut = Future(f"push_pull of sparse tensor {name!r}")
         job = PushPull(tensor, SparseShares(rows, layout), SparseResult(layout, dtype, divisor), divisor, fut,
                        len(tensor.parts))
