@@ -25,7 +25,7 @@ def test_a_peer_over_its_budget_is_cut_off_and_named_once(caplog):
     guard = PeerGuard("scheduler", rate_per_s=10, burst=5, clock=clock)
     assert all(guard.charge(b"a", "worker 0") for _ in range(5))
     clock.now += 0.15  # one token back (and a half)
-    assert guard.charge(b"a") and not guard.charge(b"a")
+    assert guard.charge(b"a", "worker 0") and not guard.charge(b"a", "worker 0")
     assert guard.is_cut(b"a") and not guard.is_cut(b"b") and guard.charge(b"b")
     with caplog.at_level(logging.WARNING):
         for _ in range(1000):
