@@ -139,3 +139,19 @@ class _NoTrace:
     def span(self, *_a, **_k):
         import contextlib
         return contextlib.nullcontext()
+
+
+def test_reachable_from_the_job_file_and_rules(tmp_path):
+    from gradpress.compressors.policy import CompressionPolicy
+    job = tmp_path / "job.toml"
+    job.write_text('[compression.default]\ncompressor = "acpsgd"\nrank = 2\n\n'
+                   '[[compression.rules]]\npattern = "embed*"\ncompressor = "none"\n')
+    policy = CompressionPolicy.from_job_file(str(job), 0).overridden_by(
+        None, [("head.*", {"compressor": "powersgd", "rank": 1, "start_step": 10})])
+    assert LowRankParams.parse(policy.rule_for("layer.weight").compression_params) == \
+        LowRankParams("acpsgd", 2, 0, 2.0, 0)
+    assert policy.rule_for("embed.weight") is None
+    assert LowRankParams.parse(policy.rule_for("head.weight").compression_params).start_step == 10
+    job.write_text('[compression.default]\ncompressor = "powersgd"\nrank = 0\n')
+    with pytest.raises(ValueError, match=r"compression default: compression_params\['rank'\] = 0"):
+        CompressionPolicy.from_job_file(str(job), 0)
