@@ -108,3 +108,10 @@ def test_logs_quote_at_most_64_characters_of_a_peer_value():
     assert cut.endswith("...(100000 bytes)") and cut.count("x") == logs.PEER_TEXT_CHARS - 2
     assert len(logs.peer("y" * 1000)) <= logs.PEER_TEXT_CHARS + len("...(1000 chars)")
     assert logs.peer(memoryview(b"\x00" * 500)).endswith("...(500 bytes)")
+
+
+def test_a_training_script_without_a_secret_fails_at_init_saying_what_to_set():
+    """bps.init() outside gradpress-launch: the worker client refuses before any socket exists."""
+    from gradpress.worker import WorkerClient
+    with pytest.raises(auth.JobSecretError, match="GRADPRESS_JOB_SECRET"):
+        WorkerClient(Settings(role="worker"))
