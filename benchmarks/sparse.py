@@ -9,8 +9,8 @@ Needs root. A scheduler, 2 servers and 4 workers each get a network namespace
 (gradpress/testing/netns.py) whose link ``tc tbf`` limits to the rate both ways; DDP runs
 in the 4 workers' namespaces.
 
-Model: an ``EmbeddingBag`` table of rows x width (1M x 64 = 64M parameters, 256 MB) summed
-over bags of ``bag`` ids, then an MLP width-128-1; MSE against a synthetic target, SGD lr
+Model: an ``EmbeddingBag`` table of rows x width (1M x 64 = 64M parameters, 256 MB)
+averaged over bags of ``bag`` ids, then an MLP width-128-1; MSE against a synthetic target, SGD lr
 0.01, one thread per worker. Ids are Zipf-distributed (exponent 1.1, folded into the table
 by ``(z - 1) mod rows``); each worker cycles through 4 batches of its own, drawn before
 timing starts.
@@ -83,7 +83,7 @@ def train(system: str, a: argparse.Namespace, out: str, ddp_rank: int, ddp_addr:
     class RecModel(nn.Module):
         def __init__(self, sparse: bool):
             super().__init__()
-            self.table = nn.EmbeddingBag(a.rows, a.width, mode="sum", sparse=sparse)
+            self.table = nn.EmbeddingBag(a.rows, a.width, mode="mean", sparse=sparse)
             self.mlp = nn.Sequential(nn.Linear(a.width, 128), nn.ReLU(), nn.Linear(128, 1))
 
         def forward(self, ids, offsets):

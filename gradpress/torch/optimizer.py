@@ -182,7 +182,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _gp_start(self, p: torch.Tensor) -> None:
         compressed, ctx = self._compression.compress(p.grad)
-        route = self._gp_rows.route(p, self._gp_names[id(p)], compressed)
+        route, compressed = self._gp_rows.route(p, self._gp_names[id(p)], compressed)
         if route is not None:  # row-sparse: its rows travel exactly, hashed over the servers
             start = ops.push_pull_async_inplace if route == "coo" else ops.push_pull_rows_async_inplace
             prefix = "Gradient." if route == "coo" else "SparseGradient."

@@ -110,19 +110,23 @@ class RowRouting:
         self._push_pull_async, self._synchronize = push_pull_async, synchronize
         self._probes: dict[int, tuple[str, int]] = {}  # id(p) -> (name, handle of its density's push_pull)
         self.decided: dict[int, bool] = {}              # id(p) -> travels row-sparse
+        self._coo: set[int] = set()                     # parameters whose gradients came sparse
 
-    def route(self, p: torch.Tensor, name: str, grad: torch.Tensor) -> str | None:
-        """"coo", "rows" or None (dense) for this step's gradient of ``p``."""
+    def route(self, p: torch.Tensor, name: str, grad: torch.Tensor) -> tuple[str | None, torch.Tensor]:
+        """"coo", "rows" or None (dense) for this step's gradient of ``p``, and the gradient to send."""
         if is_row_sparse(grad):
-            return "coo"
+            self._coo.add(id(p))
+            return "coo", grad
+        if id(p) in self._coo:  # a sparse parameter backward did not reach: the zeros stood in for it
+            return "coo", grad.to_sparse(1)
         if self.threshold <= 0 or grad.dim() < 2 or grad.shape[0] < 2 or grad.dtype not in _WIRE:
-            return None
+            return None, grad
         if id(p) in self.decided:
-            return "rows" if self.decided[id(p)] else None
+            return ("rows" if self.decided[id(p)] else None), grad
         if id(p) not in self._probes:
             local = torch.tensor([rows_of_dense(grad, name).indices.shape[0] / grad.shape[0]], dtype=torch.float64)
             self._probes[id(p)] = (name, self._push_pull_async(local, average=True, name="SparseDensity." + name))
-        return None
+        return None, grad
 
     def settle(self) -> None:
         """Decide from the densities pushed this step (every worker got the same mean)."""
