@@ -209,7 +209,9 @@ class ZeroOneAdam(torch.optim.Optimizer):
         workers, servers = mp.save_residuals(self._compressed_tensors())
         sd["zero_one"] = {"schedule": self.schedule.state(), "variance_floor": self.variance_floor,
                           "bias_correction": self.bias_correction, "last_kind": self.last_kind,
-                          "worker_residuals": workers, "server_residuals": servers}
+                          "worker_residuals": workers, "server_residuals": servers,
+                          "lowrank": self._table.lowrank_state(),
+                          "variance_lowrank": self._variance_table.lowrank_state()}
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -225,3 +227,5 @@ class ZeroOneAdam(torch.optim.Optimizer):
         self.bias_correction = extra["bias_correction"]
         self.last_kind = extra["last_kind"]
         mp.load_residuals(self._compressed_tensors(), extra["worker_residuals"], extra.get("server_residuals", {}))
+        self._table.load_lowrank_state(extra.get("lowrank", {}))
+        self._variance_table.load_lowrank_state(extra.get("variance_lowrank", {}))
