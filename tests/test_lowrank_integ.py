@@ -7,7 +7,8 @@ every worker gets bit-identical gradients and the same first factors; that the s
 tiny, tall, wide, a 4-D kernel, a rank larger than a side, a matrix that is exactly zero)
 travel the right way without a NaN; that the trace shows each method's rounds; that an
 optimizer rebuilt from a checkpoint continues bit for bit (with 2 workers: a server's sum of
-3 pushes depends on their order); and ACP-SGD on OneBitAdam's momentum path.
+3 pushes depends on their order); and ACP-SGD on OneBitAdam's and ZeroOneAdam's momentum
+paths (identical workers, resumed bit for bit).
 """
 from __future__ import annotations
 
@@ -94,6 +95,28 @@ lin2, opt2 = onebit(model_at)
 saved.seek(0)
 opt2.load_state_dict(torch.load(saved))
 reducer = opt._table._reducers["OneBitAdam.momentum."]
+
+def zero_one(state=None):  # ZeroOneAdam with ACP-SGD on the momentum and the synced updates
+    lin = torch.nn.Linear(30, 20)
+    if state is not None:
+        lin.load_state_dict(state)
+    opt = bps.ZeroOneAdam(lin.parameters(), lr=0.01, var_freeze_step=3, var_update_scaler=1, local_step_scaler=2,
+                          local_step_clipper=2, named_parameters=[(f"zero_one.{{n}}", p) for n, p in
+                                                                  lin.named_parameters()],
+                          compression_params=dict(compressor="acpsgd", rank=2))
+    return lin, opt
+
+torch.manual_seed(0)
+zlin, zopt = zero_one()
+zparams = onebit_run(zlin, zopt, range(SAVE_AT))
+zsaved, zmodel_at = io.BytesIO(), {{k: v.clone() for k, v in zlin.state_dict().items()}}
+torch.save(zopt.state_dict(), zsaved)
+zparams += onebit_run(zlin, zopt, range(SAVE_AT, STEPS))
+zlin2, zopt2 = zero_one(zmodel_at)
+zsaved.seek(0)
+zopt2.load_state_dict(torch.load(zsaved))
+result["zero_one"] = {{"params": zparams, "resumed": onebit_run(zlin2, zopt2, range(SAVE_AT, STEPS)),
+                      "reducers": sorted(zopt._table._reducers)}}
 refused = []  # where a step's matrices are not at hand: a clear error, before anything travels
 from gradpress.torch.parallel import DistributedDataParallel
 for attempt in (lambda: DistributedDataParallel(torch.nn.Linear(4, 4), compression_params=dict(compressor="acpsgd")),
@@ -212,6 +235,11 @@ def test_lowrank_matches_replay_and_resumes_bit_for_bit(cluster, tmp_path, worke
     assert all(torch.isfinite(x).all() for step in onebit[0]["params"] for x in step)
     check_resumed([dict(enumerate(s)) for s in onebit[0]["params"][SAVE_AT:]],
                   [dict(enumerate(s)) for s in onebit[0]["resumed"]], workers, "OneBitAdam")
+    zero_one = [res["zero_one"] for res in results]  # ZeroOneAdam: its momentum steps factored
+    assert "ZeroOneAdam.momentum." in zero_one[0]["reducers"], zero_one[0]["reducers"]
+    assert all(torch.isfinite(x).all() for step in zero_one[0]["params"] for x in step)
+    check_resumed([dict(enumerate(s)) for s in zero_one[0]["params"][SAVE_AT:]],
+                  [dict(enumerate(s)) for s in zero_one[0]["resumed"]], workers, "ZeroOneAdam")
 
 
 def check_resumed(first, resumed, workers: int, what: str) -> None:
