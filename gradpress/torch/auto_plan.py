@@ -133,8 +133,8 @@ class AutoPlanner:
         else:
             text = None
         from .broadcast import broadcast_object
-        self.profile = Profile.from_json(broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.label}.{self.version}"),
-                                         "rank 0's profile")
+        text = broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.label}.{self.version}")
+        self.profile = Profile.from_json(text, "rank 0's profile")
         self._apply(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
 
     def _probe(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
