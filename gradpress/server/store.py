@@ -108,6 +108,13 @@ class KeyState:
         if residual.dtype != np.float32 or residual.size != self.count:
             raise PushError(f"{self.describe()}: a restored residual of {residual.size} {residual.dtype} "
                             f"values; the key holds {self.count} float32")
+        if lr is not None:
+            try:
+                check_lr(lr, self.describe())
+            except ValueError as e:
+                raise PushError(str(e)) from None
+        if not np.isfinite(residual).all():  # it would fail every later round's compression
+            raise PushError(f"{self.describe()}: a restored residual holds NaN or inf")
         self.compressor.load_state_dict({"residuals": {self.key: residual.copy()},
                                     "lrs": {} if lr is None else {self.key: lr}})
 
