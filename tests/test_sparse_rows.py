@@ -41,7 +41,7 @@ def test_coalesce_sums_duplicates_like_torch(dtype):
     vals = (rng.integers(-8, 8, (ids.size, 3)) / 4).astype(dtype)
     got = coalesce(ids, vals, 10, "t")
     want = torch.sparse_coo_tensor(torch.from_numpy(ids).view(1, -1), torch.from_numpy(vals.astype(np.float64)),
-                                   (10, 3)).coalesce()
+                                   (10, 3), check_invariants=True).coalesce()
     assert got.indices.tolist() == want.indices()[0].tolist() and got.values.dtype == dtype
     np.testing.assert_array_equal(got.values.astype(np.float64), want.values().numpy())
 
@@ -306,3 +306,13 @@ def test_the_engine_answers_a_bad_sparse_push_with_an_error_and_still_sums(tmp_p
         replies.close(linger=0)
         reports.close(linger=0)
         ctx.term()
+
+
+def test_checkpoints_find_no_server_state_on_a_sparse_key():
+    """A row sum is exact: a sparse share keeps no residual (STATE_GET answers none) and
+    refuses one to restore, naming the tensor; known rows restart empty on both sides with
+    a new job (a resumed worker's tensors are declared afresh)."""
+    state, _ = make_state()
+    assert state.server_state() == (None, None)
+    with pytest.raises(PushError, match="sparse tensor 'emb'.*no server error feedback"):
+        state.load_server_state(np.zeros(3, np.float32), None)
