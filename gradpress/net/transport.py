@@ -65,7 +65,7 @@ def bound(sock: zmq.Socket, settings: Settings) -> None:
     # A DEALER's send waits only while its queue holds HIGH_WATER_MARK messages (credit keeps
     # a worker far below): a peer that reads nothing for a heartbeat timeout is dead, and the
     # send raises zmq.Again instead of waiting for ever. (ROUTERs send through an Outbox.)
-    if sock.socket_type == zmq.DEALER:
+    if sock.type == zmq.DEALER:
         sock.setsockopt(zmq.SNDTIMEO, int(settings.heartbeat_timeout_s * 1000))
 
 
