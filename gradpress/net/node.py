@@ -63,6 +63,8 @@ class SchedulerLink:
         self.name = transport.node_name(role, -1)
         self._last_sent = 0.0
         self._last_heard = time.monotonic()
+        self.shut_down = False  # SHUTDOWN arrived: the scheduler may go silent now, by design
+        self._last_tick = time.monotonic()
 
     def register(self) -> AddressBook:
         """Announce this node and wait for the address book (deadline: connect timeout)."""
@@ -106,6 +108,10 @@ class SchedulerLink:
         if op == Op.NODE_LOST:
             raise NodeLostError(f"{self.name}: lost {header['role']} {header['rank']}: {header['reason']}")
         if op == Op.SHUTDOWN:
+            # acknowledged at once, so that the scheduler stays up until every member knows
+            # (a duplicate, resent while our first acknowledgement travelled, is acknowledged too)
+            self._send(Op.SHUTDOWN_ACK)
+            self.shut_down = True
             if header["reason"] != "done":
                 raise JobError(f"{self.name}: the scheduler ended the job: {header['reason']}")
             return header
@@ -114,12 +120,18 @@ class SchedulerLink:
         return header
 
     def tick(self) -> None:
-        """Send a heartbeat if due; raise if the scheduler has gone silent."""
+        """Send a heartbeat if due; raise if the scheduler has gone silent (unless it ended the job)."""
         now = time.monotonic()
+        stalled = now - self._last_tick
+        self._last_tick = now
+        if stalled > 2 * self.settings.heartbeat_interval_s:
+            # this process did not run (stopped, starved): what the scheduler sent meanwhile may
+            # not have been read yet, so the time we were away does not count as its silence
+            self._last_heard = min(now, self._last_heard + stalled)
         if now - self._last_sent >= self.settings.heartbeat_interval_s:
             self._send(Op.HEARTBEAT)
         silent = now - self._last_heard
-        if silent > self.settings.heartbeat_timeout_s:
+        if silent > self.settings.heartbeat_timeout_s and not self.shut_down:
             raise NodeLostError(f"{self.name}: lost scheduler 0: no heartbeat for {silent:.1f} s "
                                 f"(PS_HEARTBEAT_TIMEOUT={self.settings.heartbeat_timeout_s:g})")
         self.health.beat()

@@ -42,6 +42,7 @@ class Op(IntEnum):
     STATE_GET = 17     # worker -> server: send me this key's error-feedback state (checkpoints)
     STATE = 18         # both ways: a key's error-feedback state (reply, or install before a push)
     ABORT = 19         # worker or launcher -> scheduler: a worker failed; `reason` is its first error line
+    SHUTDOWN_ACK = 20  # node -> scheduler: SHUTDOWN received; the scheduler exits once every member sent it
 
 
 # Schema: op -> (required fields, optional fields), each field name -> accepted types.
@@ -84,6 +85,7 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     # pid/worker_id/local_rank name the failed worker when the sender is not it (its launcher),
     # or when it failed before registering
     Op.ABORT: ({"reason": _STR}, {"pid": _INT, "worker_id": _INT, "local_rank": _INT}),
+    Op.SHUTDOWN_ACK: ({}, {}),
 }
 
 # Common fields every header carries.
