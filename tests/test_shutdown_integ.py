@@ -1,9 +1,18 @@
 """The end of a job (issue 14): the scheduler exits only once every member acknowledged
 SHUTDOWN, within a deadline, and a member that heard SHUTDOWN never reports the scheduler lost."""
+import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
+
+from cluster import FAST
+from gradpress.testing import netns
+
+REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.integ
 
@@ -72,3 +81,64 @@ def test_a_member_that_never_acknowledges_is_named_and_still_exits_cleanly(clust
     log = c.log("scheduler")
     assert "without the SHUTDOWN acknowledgement of server 0 within PS_HEARTBEAT_TIMEOUT=1.5 s" in log, log
     _assert_nobody_lost_the_scheduler(c)  # the server, resumed after the scheduler left, exits 0
+
+
+# Links busy to the end: every worker pushes and pulls 1 MB per round at 10 Mbit/s.
+SLOW_WORKER = """
+import os, numpy as np
+from gradpress.config import Settings
+from gradpress.worker import WorkerClient
+c = WorkerClient(Settings.load(os.environ))
+c.start()
+futs = []
+for rnd in range(3):
+    out = np.empty(1 << 18, np.float32)
+    futs.append((c.push_pull_async(f"t{rnd}", np.full(1 << 18, float(rnd), np.float32), out, 1, 0), out, rnd))
+for fut, out, rnd in futs:
+    fut.result(60)
+    assert np.all(out == rnd * c.size), out[:3]
+c.finish()
+print("finished", c.rank, flush=True)
+"""
+
+
+@pytest.fixture
+def namespaces():
+    why = netns.check_allowed()
+    if why:
+        pytest.skip(why)
+    cluster = netns.NetnsCluster()
+    try:
+        cluster.start()
+        for name in ("sched", "s0", "w0", "w1"):
+            cluster.add_node(name)
+        yield cluster
+    finally:
+        cluster.remove()
+    assert not cluster.leftovers(), cluster.leftovers()
+
+
+def test_a_job_on_slow_links_shuts_down_cleanly(namespaces, tmp_path):
+    namespaces.shape("10mbit")
+    script = tmp_path / "worker.py"
+    script.write_text(SLOW_WORKER)
+    common = {**os.environ, **FAST, "DMLC_PS_ROOT_URI": namespaces.addr("sched"), "DMLC_PS_ROOT_PORT": "9432",
+              "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "PS_HEARTBEAT_TIMEOUT": "3",
+              "PYTHONPATH": str(REPO)}
+    role = [sys.executable, "-m", "gradpress.launcher"]
+    nodes = [("sched", role, {"DMLC_ROLE": "scheduler"}), ("s0", role, {"DMLC_ROLE": "server"})]
+    nodes += [(f"w{i}", [sys.executable, str(script)], {"DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(i)})
+              for i in range(2)]
+    procs = {name: namespaces.popen(name, argv, {**common, **env, "DMLC_NODE_HOST": namespaces.addr(name)},
+                                    tmp_path / f"{name}.log", cwd=str(REPO)) for name, argv, env in nodes}
+    codes = {}
+    for name, p in procs.items():
+        try:
+            codes[name] = p.wait(90)
+        except subprocess.TimeoutExpired:
+            codes[name] = None
+    logs = {name: (tmp_path / f"{name}.log").read_text(errors="replace") for name in procs}
+    everything = "\n".join(f"--- {n} (exit {codes[n]})\n{text[-3000:]}" for n, text in logs.items())
+    assert all(c == 0 for c in codes.values()), everything
+    assert not any("lost scheduler" in text for text in logs.values()), everything
+    assert "without the SHUTDOWN acknowledgement" not in logs["sched"], everything
