@@ -98,13 +98,18 @@ def train(system: str, model_name: str, warmup: int, iters: int, out: str, ddp_r
     loss_fn = torch.nn.CrossEntropyLoss()
     times, losses, predictions = [], [], []
 
+    phases = []  # (forward, backward, step) seconds: where an iteration's time goes
+
     def step() -> None:
         t = time.perf_counter()
         opt.zero_grad()
         loss = loss_fn(net(x), y)
+        t_forward = time.perf_counter()
         loss.backward()
+        t_backward = time.perf_counter()
         opt.step()
         times.append(time.perf_counter() - t)
+        phases.append((t_forward - t, t_backward - t_forward, time.perf_counter() - t_backward))
         losses.append(loss.item())
         predictions.append(predicted_s(opt))
 
@@ -130,7 +135,7 @@ def train(system: str, model_name: str, warmup: int, iters: int, out: str, ddp_r
     with open(out, "w") as fh:
         json.dump({"rank": rank, "times": times[first:], "warmup_times": times[:first], "tx_bytes": sent,
                    "cpu_s_per_iter": cpu_s, "page_faults_per_iter": faults, "losses": losses,
-                   "predicted_s": predictions[first:], "planned_at": planned_at}, fh)
+                   "predicted_s": predictions[first:], "planned_at": planned_at, "phases_s": phases[first:]}, fh)
     finish()
 
 
