@@ -10,7 +10,8 @@ Settings (``SETTINGS``): uncompressed Adam; Adam on two-way onebit + error feedb
 topk 1% + EF; on randomk at about 333x against fp16 + EF; 1-bit Adam (``OneBitAdam``) with
 onebit or topk 1% on the momentum; 0/1 Adam (``ZeroOneAdam``) with onebit or topk 1%;
 PowerSGD and ACP-SGD at rank 4 with Adam (``powersgd``, ``acpsgd``) and with SGD + momentum
-0.9 (``powersgd_sgdm``, ``acpsgd_sgdm``, compared with ``sgdm``, uncompressed).
+0.9 (``powersgd_sgdm``, ``acpsgd_sgdm``, compared with ``sgdm``, uncompressed); ACP-SGD also
+after 10% of the run uncompressed (``acpsgd_warm``, ``acpsgd_sgdm_warm``).
 
 Reported per run: final validation accuracy (digits) or loss (lm), payload bytes on the
 wire per step per worker (pushed + pulled, counted by the worker client over the training
@@ -69,11 +70,16 @@ SETTINGS = {
     # Adam and with SGD + momentum 0.9, each against its own uncompressed optimizer ("baseline")
     "powersgd": {"params": {"compressor": "powersgd", "rank": 4}},
     "acpsgd": {"params": {"compressor": "acpsgd", "rank": 4}},
+    # the same after 10% of the run uncompressed ("start": start_step as a fraction of the steps,
+    # the warm-up PyTorch's PowerSGD hook has as start_powerSGD_iter)
+    "acpsgd_warm": {"params": {"compressor": "acpsgd", "rank": 4}, "start": 0.1},
     "sgdm": {"optimizer": "sgd_momentum", "lr": SGD_LR, "baseline": "sgdm", "params": None},
     "powersgd_sgdm": {"optimizer": "sgd_momentum", "lr": SGD_LR, "baseline": "sgdm",
                       "params": {"compressor": "powersgd", "rank": 4}},
     "acpsgd_sgdm": {"optimizer": "sgd_momentum", "lr": SGD_LR, "baseline": "sgdm",
                     "params": {"compressor": "acpsgd", "rank": 4}},
+    "acpsgd_sgdm_warm": {"optimizer": "sgd_momentum", "lr": SGD_LR, "baseline": "sgdm",
+                         "params": {"compressor": "acpsgd", "rank": 4}, "start": 0.1},
 }
 # a setting is at parity with adam within 0.5 points of accuracy (digits) and 3% of validation loss (lm)
 PARITY = {"digits": 0.005, "lm": 0.03}
@@ -112,6 +118,8 @@ def run_worker(args) -> None:
     named = list(model.named_parameters())
     steps = recipe["steps"]
     rules = [tuple(r) for r in spec.get("rules") or []]
+    if spec.get("start") is not None:  # a fraction of the run averaged uncompressed first
+        spec["params"] = dict(spec["params"], start_step=max(1, int(spec["start"] * steps)))
     if spec.get("optimizer") == "onebit_adam":
         freeze = max(1, int(spec["freeze"] * steps))
         opt = bps.OneBitAdam(model.parameters(), lr=recipe["lr"], eps=spec["eps"], freeze_step=freeze,
