@@ -1,5 +1,4 @@
 """push_pull across real worker and server processes: sums, averages, shapes, dtypes, async."""
-from pathlib import Path
 
 import pytest
 
@@ -51,7 +50,6 @@ def test_sum_and_average_over_shapes_dtypes_and_partitions(cluster, workers, ser
     c.start(SHAPES_AND_DTYPES).assert_success()
     for i in range(workers):
         assert f"OK rank {i}" in c.log(f"worker {i}")
-    assert not list(Path("/dev/shm").glob("gradpress-*")), "shared-memory segments left behind"
 
 
 ASYNC = """
