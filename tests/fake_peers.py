@@ -115,5 +115,5 @@ class FakePeers:
             self.client.comm.wake()
             self.client.comm.join(timeout=5)
         for sock in [self.scheduler] + [s for s, _ in self.servers]:
-            sock.close()
+            sock.close(linger=0)
         self.ctx.term()

@@ -175,7 +175,7 @@ def attacked(tmp_path_factory):
         yield c, heard, member_got, listening
     finally:
         c.kill()
-        ctx.term()
+        ctx.destroy(linger=0)  # a socket left with unsent messages must not block the teardown
 
 
 def test_outsiders_get_no_answer_from_scheduler_or_server(attacked):
