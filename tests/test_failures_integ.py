@@ -55,7 +55,9 @@ def test_kill_9_stops_every_other_process_with_an_error_naming_the_lost_node(clu
         assert code != 0, f"{name} exited 0 after {victim} died\n{c.logs()}"
         assert f"lost {victim}" in c.log(name), f"{name}'s error does not name {victim}:\n{c.log(name)}"
     elapsed = time.monotonic() - killed_at
-    assert elapsed <= 2 * HEARTBEAT_TIMEOUT_S + 1, f"took {elapsed:.1f} s"
+    # detection within the heartbeat timeout, then the scheduler's wait for the survivors'
+    # SHUTDOWN acknowledgements; 2 s of slack for a loaded 2-core machine
+    assert elapsed <= 2 * HEARTBEAT_TIMEOUT_S + 2, f"took {elapsed:.1f} s"
 
 
 def test_launcher_stops_the_job_and_exits_nonzero_when_a_process_dies(tmp_path):
