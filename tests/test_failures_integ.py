@@ -48,16 +48,16 @@ def test_kill_9_stops_every_other_process_with_an_error_naming_the_lost_node(clu
     survivors = [n for n in c.procs if n != victim]
     for name in survivors:
         try:
-            code = c.procs[name].wait(timeout=2 * HEARTBEAT_TIMEOUT_S + 2)
+            code = c.procs[name].wait(timeout=2 * HEARTBEAT_TIMEOUT_S + 4)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{name} still running {2 * HEARTBEAT_TIMEOUT_S + 2} s after "
+            raise AssertionError(f"{name} still running {2 * HEARTBEAT_TIMEOUT_S + 4} s after "
                                  f"{victim} was killed\n{c.logs()}")
         assert code != 0, f"{name} exited 0 after {victim} died\n{c.logs()}"
         assert f"lost {victim}" in c.log(name), f"{name}'s error does not name {victim}:\n{c.log(name)}"
     elapsed = time.monotonic() - killed_at
-    # detection within the heartbeat timeout, then the scheduler's wait for the survivors'
-    # SHUTDOWN acknowledgements; 2 s of slack for a loaded 2-core machine
-    assert elapsed <= 2 * HEARTBEAT_TIMEOUT_S + 2, f"took {elapsed:.1f} s"
+    # detection within the heartbeat timeout, then every survivor's exit; measured 5.3 and 6.2 s
+    # for a killed server while the suite runs two tests at once on 2 cores (4.x s alone)
+    assert elapsed <= 2 * HEARTBEAT_TIMEOUT_S + 4, f"took {elapsed:.1f} s"
 
 
 def test_launcher_stops_the_job_and_exits_nonzero_when_a_process_dies(tmp_path):
