@@ -118,7 +118,12 @@ def test_a_huge_init_key_a_bad_future_push_and_a_peer_that_never_reads_leave_the
                            local_size=1, pid=1)
         _send_many(lazy_sched, [register], 40_000, deadline_s=60)
         _send_many(lazy_srv, [_header(Op.PULL, key=(1 << 40) + 1, round=0)], 40_000, deadline_s=60)
-        time.sleep(6)  # past PS_HEARTBEAT_TIMEOUT (5 s): still stuck, the peer is cut off
+        # past PS_HEARTBEAT_TIMEOUT (5 s) still stuck, the peer is cut off: wait for it to be
+        # said (a loaded machine takes a while to answer 40,000 requests), within a deadline
+        deadline = time.monotonic() + 60
+        while not all("cut off peer" in c.log(role) for role in ("scheduler", "server 0")):
+            assert time.monotonic() < deadline, f"no peer was cut off within 60 s\n{c.logs()}"
+            time.sleep(0.2)
         (c.tmp / "go").touch()
         c.assert_success(90)
     finally:
