@@ -2,6 +2,8 @@ import pytest
 
 from cluster import LocalCluster
 
+from gradpress.testing import netns
+
 
 @pytest.fixture
 def cluster(tmp_path):
@@ -16,3 +18,19 @@ def cluster(tmp_path):
     yield make
     for c in made:
         c.kill()
+
+@pytest.fixture
+def namespaces():
+    """Network namespaces for a job of a scheduler, a server and two workers, removed after."""
+    why = netns.check_allowed()
+    if why:
+        pytest.skip(why)
+    cluster = netns.NetnsCluster()
+    try:
+        cluster.start()
+        for name in ("sched", "s0", "w0", "w1"):
+            cluster.add_node(name)
+        yield cluster
+    finally:
+        cluster.remove()
+    assert not cluster.leftovers(), cluster.leftovers()

@@ -29,22 +29,6 @@ PAUSE_AFTER_STEP = 4          # after two planned steps; the drift check at step
 RATE, RATE_BYTES_PER_S = "100mbit", 100e6 / 8
 
 
-@pytest.fixture
-def namespaces():
-    why = netns.check_allowed()
-    if why:
-        pytest.skip(why)
-    cluster = netns.NetnsCluster()
-    try:
-        cluster.start()
-        for name in ("sched", "s0", "w0", "w1"):
-            cluster.add_node(name)
-        yield cluster
-    finally:
-        cluster.remove()
-    assert not cluster.leftovers(), cluster.leftovers()
-
-
 def _start(cluster: netns.NetnsCluster, tmp: Path) -> dict:
     script = tmp / "worker.py"
     script.write_text(worker_script(SHAPE))

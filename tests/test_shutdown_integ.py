@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from cluster import FAST
-from gradpress.testing import netns
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -100,22 +99,6 @@ for fut, out, rnd in futs:
 c.finish()
 print("finished", c.rank, flush=True)
 """
-
-
-@pytest.fixture
-def namespaces():
-    why = netns.check_allowed()
-    if why:
-        pytest.skip(why)
-    cluster = netns.NetnsCluster()
-    try:
-        cluster.start()
-        for name in ("sched", "s0", "w0", "w1"):
-            cluster.add_node(name)
-        yield cluster
-    finally:
-        cluster.remove()
-    assert not cluster.leftovers(), cluster.leftovers()
 
 
 def test_a_job_on_slow_links_shuts_down_cleanly(namespaces, tmp_path):
