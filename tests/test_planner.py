@@ -181,3 +181,88 @@ def test_gradpress_plan_refuses_a_corrupt_file(tmp_path):
     assert out.returncode == 2 and "not a gradpress profile" in out.stderr
     out = run_cli(str(tmp_path / "missing.json"))
     assert out.returncode == 2 and "No such file" in out.stderr
+
+
+# ---- low-rank options (planner/low_rank.py) -------------------------------------------------
+
+# ACP-SGD at rank 1: factor work 16 GB/s of matrix, reconstruction 50 GB/s, one round per step
+ACP = CodecCost(LinearCost(0.0, 6e-11), LinearCost(0.0, 2e-11), LinearCost(0.0, 2e-10), 0.0, rank=1, rounds=1,
+                min_rate=2.0)
+
+
+def matrices_profile(rate, rows=1024, cols=1024, n=4):
+    """n rows x cols matrices with a small bias after each, ready over 100 ms of backward."""
+    tensors = []
+    for i in range(n):
+        tensors.append(TensorProfile(f"w{i}", 4 * rows * cols, 0.1 * (i + 1) / n, -2 * i, rows))
+        tensors.append(TensorProfile(f"b{i}", 4 * rows, 0.1 * (i + 1) / n, -2 * i - 1))
+    return Profile(2, 1, tuple(tensors), 0.1, 0.01, {"none": RAW, "acpsgd": ACP}, Link(1e-4, rate), 0.0,
+                   partition_bytes=4 * MB)
+
+
+def test_matrices_travel_as_factors_where_the_link_is_slow():
+    plan = decide(matrices_profile(12.5e6), ["none", "acpsgd"])
+    assert plan.low_rank_option == "acpsgd"
+    assert [plan_name for plan_name in (matrices_profile(12.5e6).tensors[i].name for i in plan.low_rank)] == \
+        ["w0", "w1", "w2", "w3"]
+    # every other tensor is in exactly one group; the factors are in none
+    assert sorted(i for g in plan.groups for i in g) == [1, 3, 5, 7]
+    # 16 MB raw over 12.5 MB/s takes seconds; the factors (4 x 4 KB) and their work take milliseconds
+    assert plan.predicted_s < 0.2
+    text = plan.table(matrices_profile(12.5e6))
+    assert "w0" in text and "acpsgd" in text and "4 matrices as factors" in text
+
+
+def test_no_factors_where_the_link_is_fast_or_the_matrices_small():
+    # a 10 GB/s link: the last matrix's raw sum lands about 3.5 ms after backward; factoring the
+    # matrices at 1 GB/s would add 16 ms of work after backward
+    fast = matrices_profile(10e9)
+    slow_factors = CodecCost(LinearCost(0.0, 1e-9), ACP.decompress, ACP.add, 0.0, rank=1, rounds=1, min_rate=2.0)
+    fast = Profile(fast.workers, fast.servers, fast.tensors, fast.backward_end_s, fast.step_s,
+                   {"none": RAW, "acpsgd": slow_factors}, fast.link, partition_bytes=4 * MB)
+    assert decide(fast, ["none", "acpsgd"]).low_rank == ()
+    # ... while at 16 GB/s it is cheaper than the last sum (the servers' too), even there
+    assert decide(matrices_profile(10e9), ["none", "acpsgd"]).low_rank == (0, 2, 4, 6)
+    # 2 x 3 matrices are not worth factoring (rate 2 needs rows * cols >= 2 r (rows + cols))
+    plan = decide(matrices_profile(12.5e6, rows=2, cols=3), ["none", "acpsgd"], min_compress_bytes=0)
+    assert plan.low_rank == () and plan.low_rank_option is None
+
+
+def test_the_factor_prediction_by_hand():
+    # one 1024 x 1024 matrix ready at 0.1 s on a 12.5 MB/s link, 2 workers, one server
+    prof = Profile(2, 1, (TensorProfile("w", 4 * MB, 0.1, 0, 1024),), 0.1, 0.01, {"none": RAW, "acpsgd": ACP},
+                   Link(1e-4, 12.5e6), 0.0, partition_bytes=4 * MB)
+    plan = decide(prof, ["acpsgd"])
+    assert plan.low_rank == (0,) and plan.groups == ()
+    factors = 4 * 1 * (1024 + 1024) / 2            # ACP-SGD sends P or Q: 4 KB
+    ready = 0.1 + 6e-11 * 4 * MB                     # after backward, the factor work
+    arrive = ready + 2 * factors / 12.5e6 + 1e-4     # both workers' pushes up the server's link
+    land = arrive + 2 * 2e-10 * factors + 2 * factors / 12.5e6 + 1e-4
+    want = land + 1e-10 * factors + 0.01 + 2e-11 * 4 * MB   # copy out, step, reconstruction
+    assert plan.predicted_s == pytest.approx(want, rel=1e-9)
+
+
+def test_low_rank_options_of_auto_are_checked():
+    from gradpress.compressors import auto
+    from gradpress.torch.momentum_path import momentum_codec_problem
+    assert auto.low_rank(auto.options({"compressor": "auto", "allowed": ["onebit", "acpsgd"]}))[0] == "acpsgd"
+    assert auto.low_rank(auto.options({"compressor": "auto"})) is None, "low-rank is not a default option"
+    for allowed, match in ((["acpsgd", "powersgd"], "second low-rank codec"),
+                           ([{"compressor": "acpsgd", "start_step": 5}], "start_step 5"),
+                           ([{"compressor": "powersgd", "rank": 0}], r"\['rank'\] = 0"),
+                           ([{"compressor": "acpsgd", "ef": "vanilla"}], "unknown compression_params")):
+        with pytest.raises(ValueError, match=match):
+            auto.options({"compressor": "auto", "allowed": allowed})
+    with pytest.raises(ValueError, match="at most one low-rank option"):
+        decide(Profile(1, 1, (TensorProfile("w", 4 * MB, 0.1, 0, 1024),), 0.1, 0.0,
+                       {"none": RAW, "a": ACP, "b": ACP}, Link(0.0, 1e8)), ["a", "b"])
+    problem = momentum_codec_problem({"compressor": "auto", "allowed": ["onebit", "acpsgd"]})
+    assert problem and "does not take low-rank options" in problem
+
+
+def test_a_profile_with_matrices_and_low_rank_costs_round_trips():
+    prof = matrices_profile(12.5e6)
+    back = Profile.from_json(prof.to_json())
+    assert back == prof and back.tensors[0].rows == 1024 and back.codecs["acpsgd"].rank == 1
+    with pytest.raises(ProfileError, match="rows do not divide"):
+        Profile(1, 1, (TensorProfile("w", 40, 0.1, 0, 3),), 0.1, 0.0, {"none": RAW}, Link(0.0, 1e8))

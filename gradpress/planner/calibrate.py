@@ -22,11 +22,14 @@ import numpy as np
 
 from .. import __version__
 from ..compressors import build_compressor
-from ..kernels.cpu import server_sum
+from ..compressors.lowrank import CODECS as LOW_RANK
+from ..compressors.lowrank import LowRankParams
+from ..kernels.cpu import lowrank, server_sum
 from .profile import CodecCost, LinearCost, fit_linear
 
 SIZES = (1 << 14, 1 << 18, 1 << 20)   # elements: 64 KB, 1 MB, 4 MB of fp32
 REPEATS = 5
+MATRICES = ((128, 512), (512, 512), (512, 2048))   # low-rank options: 256 KB, 1 MB, 4 MB
 
 
 def cache_path(name: str, params: dict[str, Any]) -> Path:
@@ -55,6 +58,8 @@ def codec_costs(options: dict[str, dict[str, Any]]) -> dict[str, CodecCost]:
 
 
 def measure(params: dict[str, Any]) -> CodecCost:
+    if params.get("compressor") in LOW_RANK:
+        return measure_low_rank(LowRankParams.parse(params))
     raw = params.get("compressor", "none") == "none"
     rng = np.random.default_rng(0)
     comp, decomp, add, ratio = [], [], [], 1.0
@@ -83,6 +88,34 @@ def measure(params: dict[str, Any]) -> CodecCost:
     return CodecCost(zero if raw else fit_linear(comp), fit_linear(decomp), fit_linear(add), ratio)
 
 
+def measure_low_rank(params: LowRankParams) -> CodecCost:
+    """A low-rank option's work per step on the training thread, per matrix byte, as
+    ``torch/lowrank.py`` does it on a CPU: the factor products with the error update
+    (ACP-SGD: the mean of a P step and a Q step; PowerSGD: both), and the reconstruction.
+    The servers only sum the factors (the raw path's cost)."""
+    rng = np.random.default_rng(0)
+    comp, decomp = [], []
+    for rows, cols in MATRICES:
+        r = min(params.rank, rows, cols)
+        m = rng.standard_normal((rows, cols)).astype(np.float32)
+        e, out = np.zeros_like(m), np.empty_like(m)
+        p = rng.standard_normal((rows, r)).astype(np.float32)
+        qt = rng.standard_normal((r, cols)).astype(np.float32)
+
+        def p_step():
+            lowrank.factor_rows(m, e, qt, p, True, params.method == "acpsgd")
+
+        def q_step():
+            lowrank.factor_cols(m, e, p, qt, params.method == "acpsgd")
+            lowrank.subtract_product(m, e, p, qt, params.method == "acpsgd")
+        both = _median_s(p_step) + _median_s(q_step)
+        comp.append((4 * rows * cols, both if params.method == "powersgd" else both / 2))
+        decomp.append((4 * rows * cols, _median_s(lambda: lowrank.reconstruct(p, qt, 0.5, out))))
+    raw = measure({"compressor": "none"})
+    return CodecCost(fit_linear(comp), fit_linear(decomp), raw.add, 0.0, params.rank,
+                     2 if params.method == "powersgd" else 1, params.min_compression_rate)
+
+
 def _median_s(fn) -> float:
     fn()  # first call: compiled kernels load, buffers fault in
     times = []
@@ -95,9 +128,9 @@ def _median_s(fn) -> float:
 
 def _to_dict(c: CodecCost) -> dict:
     return {"compress": vars(c.compress), "decompress": vars(c.decompress), "add": vars(c.add),
-            "payload_ratio": c.payload_ratio}
+            "payload_ratio": c.payload_ratio, "rank": c.rank, "rounds": c.rounds, "min_rate": c.min_rate}
 
 
 def _from_dict(d: dict) -> CodecCost:
     return CodecCost(LinearCost(**d["compress"]), LinearCost(**d["decompress"]), LinearCost(**d["add"]),
-                     float(d["payload_ratio"]))
+                     float(d["payload_ratio"]), int(d["rank"]), int(d["rounds"]), float(d["min_rate"]))

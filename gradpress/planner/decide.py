@@ -16,16 +16,21 @@ MergeComp's fusion (arXiv 2103.15195):
    already reaches the floor (backward, the fused groups' copies, the optimizer's step) is
    kept as it is.
 
+3. A low-rank option (``planner/low_rank.py``) is one more candidate: every matrix it can
+   factor travels as factors, and the rest is planned as above on the derived profile; the
+   faster of the two plans is kept.
+
 The result is a pure function of the profile and the options, so every worker, given
 rank 0's profile, computes the same plan.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import low_rank
 from .profile import Profile
 from .simulate import Group, Layout
 
@@ -38,22 +43,38 @@ class Plan:
     options: tuple[str, ...]      # how each group travels (an option name; "none": raw fp32)
     predicted_s: float            # simulated seconds per iteration
     decision_ms: float
+    low_rank: tuple[int, ...] = ()    # tensors that travel as factors, in no group
+    low_rank_option: str | None = None
 
     def table(self, profile: Profile) -> str:
-        """The plan as a table: tensor, size, decision, group, predicted landing."""
-        layout = Layout(profile, list(self.groups), sorted(set(self.options)))
+        """The plan as a table: tensor, size, decision, group, predicted landing (a matrix
+        sent as factors: the landing of all the factors)."""
+        sim, groups, options = self.simulated(profile)
+        layout = Layout(sim, groups, sorted(set(options)))
         names = layout.options
-        layout.predict(np.array([names.index(o) for o in self.options], np.int64))
+        layout.predict(np.array([names.index(o) for o in options], np.int64))
         lands = layout.landings()
         rows = [f"{'tensor':40s} {'bytes':>11s} {'decision':10s} {'group':>5s} {'ready ms':>9s} {'lands ms':>9s}"]
-        for g, members in enumerate(self.groups):
-            for i in members:
-                t = profile.tensors[i]
-                rows.append(f"{t.name[:40]:40s} {t.nbytes:11d} {self.options[g]:10s} {g:5d} "
-                            f"{1e3 * t.ready_s:9.2f} {1e3 * lands[g]:9.2f}")
+        entries = [(i, self.options[g], str(g), lands[g]) for g, members in enumerate(self.groups) for i in members]
+        entries += [(i, self.low_rank_option, "-", lands[-1]) for i in self.low_rank]
+        for i, decision, g, land in sorted(entries):
+            t = profile.tensors[i]
+            rows.append(f"{t.name[:40]:40s} {t.nbytes:11d} {decision:10s} {g:>5s} "
+                        f"{1e3 * t.ready_s:9.2f} {1e3 * land:9.2f}")
         rows.append(f"predicted iteration: {1e3 * self.predicted_s:.1f} ms ({len(self.groups)} groups, "
-                    f"{len(profile.tensors)} tensors; decided in {self.decision_ms:.2f} ms)")
+                    f"{len(self.low_rank)} matrices as factors, {len(profile.tensors)} tensors; "
+                    f"decided in {self.decision_ms:.2f} ms)")
         return "\n".join(rows)
+
+    def simulated(self, profile: Profile) -> tuple[Profile, list[Group], list[str]]:
+        """The profile, groups and options the simulator runs for this plan (the derived
+        profile of ``planner/low_rank.py`` and its factor group when some matrices are factored)."""
+        if not self.low_rank:
+            return profile, list(self.groups), list(self.options)
+        sim, kept = low_rank.derived(profile, self.low_rank_option, self.low_rank)
+        where = {orig: j for j, orig in enumerate(kept)}
+        groups = [tuple(where[i] for i in g) for g in self.groups] + [(len(kept),)]
+        return sim, groups, list(self.options) + ["none"]
 
 
 def group_by_threshold(profile: Profile, threshold: int) -> list[Group]:
@@ -84,31 +105,63 @@ def decide(profile: Profile, options: list[str], min_compress_bytes: int = 65536
     if unknown:
         raise ValueError(f"options {unknown} have no measured costs in the profile ({sorted(profile.codecs)})")
     start = time.perf_counter()
+    factored = sorted(o for o in set(options) if profile.codecs[o].low_rank)
+    if len(factored) > 1:
+        raise ValueError(f"options {factored}: at most one low-rank option (its matrices are reduced together)")
+    elementwise = sorted(set(options) - set(factored)) or ["none"]
+    groups, chosen, t = _decide_elementwise(profile, elementwise, min_compress_bytes, factors=False)
+    plan = Plan(groups, chosen, t, 0.0)
+    matrices = low_rank.eligible(profile, factored[0], min_compress_bytes) if factored else ()
+    if matrices:
+        sim, kept = low_rank.derived(profile, factored[0], matrices)
+        groups, chosen, t = _decide_elementwise(sim, elementwise, min_compress_bytes, factors=True)
+        if t < plan.predicted_s:  # the factor group is the last: it is no group of the plan
+            plan = Plan(tuple(tuple(kept[i] for i in g) for g in groups[:-1]), chosen[:-1], t, 0.0, matrices,
+                        factored[0])
+    return replace(plan, decision_ms=1e3 * (time.perf_counter() - start))
+
+
+def _decide_elementwise(profile: Profile, options: list[str], min_compress_bytes: int,
+                        factors: bool) -> tuple[tuple[Group, ...], tuple[str, ...], float]:
+    """Steps 1 and 2: groups, each group's option, the simulated time. With ``factors``
+    the profile's last tensor is the low-rank factors: alone in its group, sent raw."""
     names = sorted(set(options) | {"none"})
     # the option that sends the most first: ties go to it, as it loses the least
     allowed = [names.index(o) for o in sorted(set(options), key=lambda o: (-profile.codecs[o].payload_ratio, o))]
-    layouts = [Layout(profile, group_by_threshold(profile, th), names) for th in THRESHOLDS]
-    uniform = [_uniform_best(layout, allowed, min_compress_bytes) for layout in layouts]
+    layouts = [Layout(profile, _grouping(profile, th, factors), names) for th in THRESHOLDS]
+    pinned = len(layouts[0].groups) - 1 if factors else -1
+    uniform = [_uniform_best(layout, allowed, min_compress_bytes, pinned) for layout in layouts]
     i = min(range(len(layouts)), key=lambda i: (uniform[i][0], i))
     assignment, t = uniform[i][1], uniform[i][0]
     if t > layouts[i].floor_s() + 1e-9:  # at the floor, no plan can be faster
-        assignment, t = _greedy(layouts[i], allowed, assignment, min_compress_bytes)
-    return Plan(tuple(layouts[i].groups), tuple(names[a] for a in assignment), t,
-                1e3 * (time.perf_counter() - start))
+        assignment, t = _greedy(layouts[i], allowed, assignment, min_compress_bytes, pinned)
+    return tuple(layouts[i].groups), tuple(names[a] for a in assignment), t
+
+
+def _grouping(profile: Profile, threshold: int, factors: bool) -> list[Group]:
+    """``group_by_threshold``; with ``factors`` the last tensor kept in a group of its own."""
+    if not factors:
+        return group_by_threshold(profile, threshold)
+    last = len(profile.tensors) - 1
+    head = [tuple(i for i in g if i != last) for g in group_by_threshold(profile, threshold)]
+    return [g for g in head if g] + [(last,)]
 
 
 def _sizes(layout: Layout) -> list[int]:
     return layout.group_bytes
 
 
-def _uniform_best(layout: Layout, allowed: list[int], min_compress_bytes: int) -> tuple[float, np.ndarray]:
+def _uniform_best(layout: Layout, allowed: list[int], min_compress_bytes: int,
+                  pinned: int = -1) -> tuple[float, np.ndarray]:
     """The best plan that sends every group above ``min_compress_bytes`` the same way
-    (ties to the option tried first: the one that sends the most, so loses the least)."""
+    (ties to the option tried first: the one that sends the most, so loses the least);
+    group ``pinned`` is always sent raw."""
     sizes = _sizes(layout)
     none = layout.options.index("none")
     best = (np.inf, None)
     for o in allowed:
-        assignment = np.array([o if b >= min_compress_bytes else none for b in sizes], np.int64)
+        assignment = np.array([o if b >= min_compress_bytes and g != pinned else none
+                               for g, b in enumerate(sizes)], np.int64)
         t = layout.predict(assignment)
         if t < best[0] - 1e-12:
             best = (t, assignment)
@@ -116,7 +169,7 @@ def _uniform_best(layout: Layout, allowed: list[int], min_compress_bytes: int) -
 
 
 def _greedy(layout: Layout, allowed: list[int], assignment: np.ndarray,
-            min_compress_bytes: int) -> tuple[np.ndarray, float]:
+            min_compress_bytes: int, pinned: int = -1) -> tuple[np.ndarray, float]:
     """Espresso's search from ``assignment``: each group, largest first, takes the option that
     makes the simulated iteration shortest with the others fixed."""
     sizes = _sizes(layout)
@@ -124,7 +177,7 @@ def _greedy(layout: Layout, allowed: list[int], assignment: np.ndarray,
     best = layout.predict(assignment)
     order = sorted(range(len(sizes)), key=lambda g: (-sizes[g], g))
     for g in order:
-        if sizes[g] < min_compress_bytes:
+        if sizes[g] < min_compress_bytes or g == pinned:
             continue
         # Espresso's pruning: a group that lands before backward ends is hidden behind
         # computation, and sending it smaller cannot shorten the iteration

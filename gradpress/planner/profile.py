@@ -45,6 +45,28 @@ class CodecCost:
     decompress: LinearCost    # worker: decode into the output
     add: LinearCost           # server: decode one push into the fp32 sum
     payload_ratio: float
+    # low-rank options (powersgd, acpsgd): the factor rank and push_pull rounds per step, with
+    # the smallest size ratio of a matrix worth factoring; compress is then one step's factor
+    # work on the training thread (per matrix byte), decompress the reconstruction, and the
+    # payload is the factors (``factor_bytes``), not ``payload_ratio``
+    rank: int = 0
+    rounds: int = 0
+    min_rate: float = 0.0
+
+    @property
+    def low_rank(self) -> bool:
+        return self.rank > 0
+
+    def factors(self, rows: int, cols: int) -> bool:
+        """Whether a rows x cols matrix travels as factors under this option."""
+        r = min(self.rank, rows, cols)
+        return self.low_rank and rows > 1 and cols > 1 and rows * cols >= self.min_rate * r * (rows + cols)
+
+    def factor_bytes(self, rows: int, cols: int) -> float:
+        """Bytes of factors one step sends for a rows x cols matrix: ACP-SGD alternates P (rows x r)
+        and Q (cols x r), PowerSGD sends both."""
+        r = min(self.rank, rows, cols)
+        return 4.0 * r * (rows + cols) * (1.0 if self.rounds > 1 else 0.5)
 
 
 @dataclass(frozen=True)
@@ -53,6 +75,11 @@ class TensorProfile:
     nbytes: int
     ready_s: float            # gradient ready, seconds after the iteration started
     priority: int             # larger goes first (layers the next forward pass needs first)
+    rows: int = 1             # a gradient of 2+ dimensions: its first dimension (low-rank options)
+
+    @property
+    def cols(self) -> int:
+        return self.nbytes // 4 // max(self.rows, 1)
 
 
 @dataclass(frozen=True)
@@ -89,6 +116,11 @@ class Profile:
         for t in self.tensors:
             check(t.nbytes >= 0 and math.isfinite(t.ready_s) and t.ready_s >= 0,
                   f"tensor {t.name!r}: size {t.nbytes} and ready time {t.ready_s} must be non-negative")
+            check(t.rows >= 1 and (t.nbytes // 4) % t.rows == 0,
+                  f"tensor {t.name!r}: {t.rows} rows do not divide its {t.nbytes // 4} elements")
+        for name, c in self.codecs.items():
+            check(c.rank >= 0 and (c.rank == 0 or c.rounds in (1, 2)),
+                  f"codec {name!r}: rank {c.rank} and rounds {c.rounds} (1 or 2 for a low-rank option)")
 
     def scaled(self, workers: int | None = None, servers: int | None = None,
                bytes_per_s: float | None = None) -> "Profile":
@@ -112,9 +144,11 @@ class Profile:
                 raise ProfileError(f"{where}: profile version {d.get('version')!r}; this gradpress reads "
                                    f"{PROFILE_VERSION}")
             codecs = {name: CodecCost(LinearCost(**c["compress"]), LinearCost(**c["decompress"]),
-                                      LinearCost(**c["add"]), float(c["payload_ratio"]))
+                                      LinearCost(**c["add"]), float(c["payload_ratio"]), int(c.get("rank", 0)),
+                                      int(c.get("rounds", 0)), float(c.get("min_rate", 0.0)))
                       for name, c in d["codecs"].items()}
-            tensors = tuple(TensorProfile(str(t["name"]), int(t["nbytes"]), float(t["ready_s"]), int(t["priority"]))
+            tensors = tuple(TensorProfile(str(t["name"]), int(t["nbytes"]), float(t["ready_s"]), int(t["priority"]),
+                                          int(t.get("rows", 1)))
                             for t in d["tensors"])
             return cls(int(d["workers"]), int(d["servers"]), tensors, float(d["backward_end_s"]),
                        float(d["step_s"]), codecs, Link(**d["link"]), float(d["message_s"]), int(d["partition_bytes"]),

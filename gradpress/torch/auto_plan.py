@@ -6,7 +6,9 @@
    push_pulls of a few sizes, timed), the codecs' costs on this host (``planner/calibrate``),
    rank 0's profile broadcast to every worker, and the same decision everywhere
    (``planner/decide``). ``GRADPRESS_PLAN_FILE`` keeps rank 0's profile for ``gradpress-plan``.
-3. Planned: gradients travel in fused groups (``fusion.py``), each the way the plan says.
+3. Planned: gradients travel in fused groups (``fusion.py``), each the way the plan says;
+   with a low-rank option allowed, the matrices the plan factors are reduced together by a
+   ``LowRankReducer`` once backward has ended (their error buffers are residuals too).
    Every ``DRIFT_CHECK_STEPS`` steps the workers sum a drift flag; when measured iteration
    times have left the prediction by more than 20% for several steps (the link changed),
    they re-measure the network; if the link did change, they re-plan together, and the
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 
 from ..compressors import auto
+from ..compressors.lowrank import LowRankParams
 from ..compressors.spec import CodecSpec
 from ..planner import calibrate
 from ..planner.decide import Plan, decide
@@ -32,6 +35,7 @@ from ..planner.profile import Profile, TensorProfile, fit_link, fit_message
 from ..trace import now_us
 from . import ops
 from .fusion import FusedGroup
+from .lowrank import LowRankReducer
 
 log = logging.getLogger(__name__)
 PROBE_BYTES = (64 << 10, 512 << 10, 2 << 20)
@@ -60,6 +64,8 @@ class AutoPlanner:
         self.groups: list[FusedGroup] = []
         self.group_of: dict[int, FusedGroup] = {}
         self.carry: dict[int, torch.Tensor] = {}
+        self.factored: list[torch.Tensor] = []      # the plan's matrices sent as low-rank factors
+        self.reducer: LowRankReducer | None = None
         self.profile: Profile | None = None
         self._steps = 0
         self._iter_start = time.perf_counter()
@@ -78,7 +84,9 @@ class AutoPlanner:
         if self.plan is None:
             self._ready[id(p)].append(time.perf_counter() - self._iter_start)
             return False
-        group = self.group_of[id(p)]
+        group = self.group_of.get(id(p))
+        if group is None:  # factored: reduced with the plan's other matrices in synchronize()
+            return True
         if group.mark_ready(p):
             group.start(self.carry)
         return True
@@ -88,6 +96,17 @@ class AutoPlanner:
         for group in self.groups:
             if group.handle is None:
                 group.start(self.carry)
+        if self.reducer is not None:
+            grads = {}
+            with torch.no_grad():
+                for p in self.factored:
+                    if p.grad is None:  # unused in this backward: every worker must still take part
+                        p.grad = torch.zeros_like(p)
+                    extra = self.carry.pop(id(p), None)
+                    if extra is not None:
+                        p.grad.add_(extra.view_as(p.grad))
+                    grads[id(p)] = p.grad
+                self.reducer.reduce(grads)
         for group in self.groups:
             group.finish()
 
@@ -117,7 +136,8 @@ class AutoPlanner:
             order = sorted(self.params, key=lambda p: (statistics.mean(self._ready[id(p)] or [0.0]),
                                                          -self.priority[id(p)]))
             tensors = tuple(TensorProfile(self.names[id(p)], 4 * p.numel(),
-                                          statistics.mean(self._ready[id(p)] or [0.0]), self.priority[id(p)])
+                                          statistics.mean(self._ready[id(p)] or [0.0]), self.priority[id(p)],
+                                          p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1)
                             for p in order)
             s = self.settings
             profile = Profile(ops.size(), len(ops.client().book.servers), tensors,
@@ -172,12 +192,21 @@ class AutoPlanner:
             groups.append(FusedGroup(name, params, spec, max(self.priority[id(p)] for p in params), self.lr_of))
         self.plan, self.groups = plan, groups
         self.group_of = {id(p): grp for grp in groups for p in grp.members}
+        self.factored = [by_name[self.profile.tensors[i].name] for i in plan.low_rank]
+        self.reducer = None
+        if self.factored:
+            params = LowRankParams.parse(self.options[plan.low_rank_option])
+            lowest = min(self.priority.values()) - 1
+            self.reducer = LowRankReducer([(self.names[id(p)], p) for p in self.factored], params,
+                                          f"Plan{self.version}.{self.label}.", self.settings.min_compress_bytes,
+                                          lowest)
         self._measured = []
         self._reference_s = plan.predicted_s  # what drift is measured against
         log.info("gradpress plan %d (rank %d):\n%s", self.version, ops.rank(), plan.table(self.profile))
         tracer = ops.client().tracer
         now = now_us()
-        tracer.add(f"plan {self.version}: {len(groups)} groups, predicted {1e3 * plan.predicted_s:.1f} ms", now, now,
+        tracer.add(f"plan {self.version}: {len(groups)} groups, {len(self.factored)} matrices as factors, "
+                   f"predicted {1e3 * plan.predicted_s:.1f} ms", now, now,
                    key=-1, round=self._steps)
 
     def _drift_agreed(self) -> bool:
@@ -231,6 +260,9 @@ class AutoPlanner:
                 flat += _flat_residual({"residuals": {i: r for i, (r, _) in server.items() if r is not None}}, parts)
             for pid, part in group.flat_to_members(torch.from_numpy(flat)).items():
                 out[pid] = out[pid] + part if pid in out else part
+        # a factored matrix's error buffer is this worker's only residual (servers sum factors exactly)
+        for pid, error in (self.reducer.errors() if self.reducer is not None else {}).items():
+            out[pid] = out[pid] + error if pid in out else error
         return out
 
 

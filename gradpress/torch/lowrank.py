@@ -209,6 +209,10 @@ class LowRankReducer:
         """Each compressed matrix's (P, Q^T) as kept now (copies)."""
         return {m.name: (self._p(m).clone(), self._qt(m).clone()) for m in self.matrices}
 
+    def errors(self) -> dict[int, torch.Tensor]:
+        """This worker's error buffers, flat copies by the id of the tensor each stands for."""
+        return {m.tensor_id: m.error.reshape(-1).clone() for m in self.matrices if m.error is not None}
+
     def state_dict(self) -> dict:
         """Step count, the kept factors and this worker's error buffers (by tensor name)."""
         return {"method": self.params.method, "step": self.step, "factors_ready": self.factors_ready,

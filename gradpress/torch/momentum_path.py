@@ -49,6 +49,9 @@ def momentum_codec_problem(params: dict) -> str | None:
     codec = params.get("compressor", "none")
     if codec == auto.AUTO:  # every option the planner may pick must be one the path can carry
         for name, option in auto.options(params).items():
+            if auto.low_rank({name: option}):
+                return (f"option {name!r} of compressor 'auto': the momentum path's planner does not take "
+                        f"low-rank options (give the momenta compressor {option['compressor']!r} itself)")
             problem = momentum_codec_problem(option)
             if problem:
                 return f"option {name!r} of compressor 'auto': {problem}"

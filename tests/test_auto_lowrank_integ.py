@@ -1,0 +1,85 @@
+"""A low-rank option of ``compressor: auto`` in a real job: a plan that factors the
+matrices trains bit for bit like ``compressor: acpsgd`` itself (with ``start_step`` equal to
+the planner's profiling steps), every worker plans alike, and the matrices' error buffers
+are the plan's residuals."""
+import json
+
+import pytest
+import torch
+
+from cluster import LocalCluster
+
+STEPS, PLAN_STEPS = 8, 3
+ACPSGD = {"compressor": "acpsgd", "rank": 1}
+WORKER = f"""
+import json, os, torch, gradpress.torch as bps
+from gradpress.torch import auto_plan
+real_decide = auto_plan.decide
+# plan as for a 1 MB/s link, where factoring pays: the job itself runs on loopback
+auto_plan.decide = lambda profile, options, min_bytes: real_decide(profile.scaled(bytes_per_s=1e6), options,
+                                                                   min_bytes)
+bps.init()
+r = bps.rank()
+client = bps.ops.client()
+results = {{}}
+for label, params in json.loads(os.environ["GP_RUNS"]).items():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.ReLU(), torch.nn.Linear(48, 40))
+    named = list(model.named_parameters())  # one job per run: the names seed the first factors
+    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=named,
+                                   compression_params=params)
+    g = torch.Generator().manual_seed(10 + r)
+    pushed = []
+    for step in range({STEPS}):
+        x = torch.randn(16, 32, generator=g)
+        opt.zero_grad()
+        before = client.bytes_pushed  # pushes start during backward
+        torch.nn.functional.mse_loss(model(x), torch.sin(x[:, :40].repeat(1, 2)[:, :40])).backward()
+        opt.step()
+        pushed.append(client.bytes_pushed - before)
+    out = {{"state": {{n: p.detach().clone() for n, p in named}}, "pushed": pushed}}
+    planner = opt._gp_auto
+    if planner is not None:
+        names = {{id(p): n for n, p in named}}
+        out["plan"] = (planner.plan.groups, planner.plan.options, planner.plan.low_rank,
+                       planner.plan.low_rank_option, planner.plan.predicted_s)
+        out["factored"] = sorted(names[id(p)] for p in planner.factored)
+        out["residuals"] = {{names[i]: t for i, t in planner.residuals().items()}}
+    results[label] = out
+torch.save(results, os.path.join(os.environ["GP_TEST_DIR"], f"{{label}}{{r}}.pt"))
+bps.shutdown()
+"""
+
+
+@pytest.mark.integ
+def test_a_factoring_plan_trains_like_acpsgd_itself(tmp_path):
+    runs = {"acpsgd": dict(ACPSGD, start_step=PLAN_STEPS),
+            "auto": {"compressor": "auto", "allowed": ["none", ACPSGD]}}
+    for label, params in runs.items():
+        (tmp_path / label).mkdir()
+        c = LocalCluster(tmp_path / label, workers=2, servers=2,
+                         env={"BYTEPS_MIN_COMPRESS_BYTES": "0", "GRADPRESS_PLAN_STEPS": str(PLAN_STEPS),
+                              "GP_RUNS": json.dumps({label: params})})
+        try:
+            c.start(WORKER).assert_success(180)
+        finally:
+            c.kill()
+    a, b = ({label: torch.load(tmp_path / label / f"{label}{r}.pt", weights_only=False)[label] for label in runs}
+            for r in range(2))
+    auto = a["auto"]
+    assert auto["plan"] == b["auto"]["plan"], "workers made different plans"
+    assert auto["plan"][3] == "acpsgd" and auto["factored"] == ["0.weight", "2.weight"], auto["plan"]
+    assert set(auto["plan"][1]) == {"none"}, "the biases travel raw"
+    for label in runs:
+        for name, value in a[label]["state"].items():
+            assert torch.equal(value, b[label]["state"][name]), f"{label}: workers differ at {name}"
+    for name, value in auto["state"].items():
+        assert torch.equal(value, a["acpsgd"]["state"][name]), f"{name}: the planned path differs from acpsgd"
+    raw = 4 * sum(v.numel() for v in auto["state"].values())
+    # (step PLAN_STEPS - 1 also probes the link)
+    pushed = auto["pushed"]
+    assert min(pushed[:PLAN_STEPS - 1]) >= raw and max(pushed[PLAN_STEPS + 1:]) < raw / 5, pushed
+    # the matrices' error buffers are the plan's residuals (what a re-plan hands over)
+    assert sorted(auto["residuals"]) == ["0.weight", "2.weight"]
+    for name, residual in auto["residuals"].items():
+        assert residual.numel() == auto["state"][name].numel() and float(residual.abs().sum()) > 0, name
