@@ -9,12 +9,10 @@ yields the indices sorted. O(k) draws, O(n/64) words to clear and scan.
 import numpy as np
 from numba import njit
 
-from gradpress.kernels.cpu.elementwise import compensate
-from gradpress.kernels.cpu.norms import INF_BITS, max_abs_bits
+from gradpress.kernels.cpu.elementwise import compensate_checked
 from gradpress.kernels.rng import below, draw_bits
 
 _WORD = np.uint64(1)
-_BLOCK = 4096  # elements per in-cache block of the error-feedback pass
 
 
 @njit(nogil=True, cache=True)
@@ -60,20 +58,6 @@ def gather_scaled(x: np.ndarray, indices: np.ndarray, scale: float, values: np.n
 
 
 @njit(nogil=True, cache=True)
-def _compensate_checked(g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray) -> bool:
-    """e_out = p = g + lam * e, and whether all of p is finite (each block's check reads
-    it back from cache; one loop doing both measured slower)."""
-    n = g.shape[0]
-    largest = np.uint32(0)
-    bits = e_out.view(np.uint32)
-    for start in range(0, n, _BLOCK):
-        end = min(start + _BLOCK, n)
-        compensate(g[start:end], e[start:end], lam, e_out[start:end])
-        largest = max(largest, max_abs_bits(bits[start:end].view(np.float32)))
-    return largest < INF_BITS
-
-
-@njit(nogil=True, cache=True)
 def _take_feedback(e_out: np.ndarray, indices: np.ndarray, scale: float,
                    values: np.ndarray) -> bool:
     """values = p[indices] scaled; e_out[indices] = p - values; whether all are finite."""
@@ -94,6 +78,6 @@ def gather_feedback(g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
     chosen entries are read out (``gather_scaled``'s rounding) and become p - value.
     False when anything is not finite; ``e_out`` then holds garbage and must not alias
     ``e``. ``lam = 0`` with ``e = g`` gives p = g bit for bit."""
-    if not _compensate_checked(g, e, lam, e_out):
+    if not compensate_checked(g, e, lam, e_out):
         return False
     return _take_feedback(e_out, indices, scale, values)
