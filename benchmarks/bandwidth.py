@@ -31,6 +31,8 @@ one thread per worker (OMP_NUM_THREADS=1).
   tensor's codec and fusion from what it profiles in the first steps. Its timed
   iterations start once every worker has the plan (plus the warm-up again); its
   prediction (``optimizer.gradpress_plan.predicted_s``) is reported beside the time.
+- ``gp_auto_lr``: the same with ACP-SGD at rank 1 allowed beside the defaults (low-rank
+  options are not defaults: they change what a step averages, a choice left to the user).
 - ``gp_powersgd``, ``gp_acpsgd``: PowerSGD (two rounds per step) and ACP-SGD (one round,
   P and Q alternately) at rank 1, the rank ``ddp_powersgd`` uses; ``gp_acpsgd_r4`` at rank 4.
   Factors travel as float32 sums through the servers (gradpress/torch/lowrank.py).
@@ -49,7 +51,7 @@ The same loop in one process without communication is timed first (the floor).
 ``--quick``: 1gbit and max, the transformer only, fewer iterations.
 The last line is ``RESULT {json}`` with ``<rate>_<model>_<system>_s_per_iter``,
 ``<rate>_<model>_<system>_MB_per_iter`` (null where a run failed),
-``<rate>_<model>_gp_auto_predicted_s``, ``<model>_compute_only_s_per_iter`` and
+``<rate>_<model>_gp_auto_predicted_s`` (and ``gp_auto_lr``'s), ``<model>_compute_only_s_per_iter`` and
 ``planner_decision_ms_200`` (the planner's decision time for 200 tensors, median of 20;
 null without a planner).
 """
@@ -186,7 +188,7 @@ def deadline(rate: str, model: str, system: str, warmup: int, iters: int) -> flo
     gp_auto pushes uncompressed while it profiles, for up to AUTO_MAX_EXTRA_WARMUP more iterations.
     """
     per_iter = 2 * MODELS[model].params * 4 * 8 / netns.rate_bits(rate)
-    extra = AUTO_MAX_EXTRA_WARMUP + warmup if system.removesuffix(INSECURE) == "gp_auto" else 0
+    extra = AUTO_MAX_EXTRA_WARMUP + warmup if system.removesuffix(INSECURE).startswith("gp_auto") else 0
     return 120 + 3 * per_iter * (warmup + iters + extra)
 
 
@@ -332,12 +334,18 @@ def measure_one(cluster: netns.NetnsCluster, rate: str, model: str, system: str,
                predicted_s=statistics.median(predicted) if predicted else None,
                loss_first=rec0["losses"][0], loss_last=rec0["losses"][-1], records=recs)
     extra = ""
-    if system == "gp_auto":
+    if system.startswith("gp_auto"):
         extra = (f"; no plan after {len(rec0['warmup_times'])} warm-up iterations" if rec0["planned_at"] is None
                  else f"; planned after iteration {rec0['planned_at']}, predicted {row['predicted_s']}")
     if "cpu_s_per_iter" in rec0:
         extra += (f"; worker 0: {rec0['cpu_s_per_iter']:.3f} CPU s, {rec0['page_faults_per_iter']:.0f} page faults "
                   f"per iter")
+    if rec0.get("thread_cpu_s_per_iter"):
+        busiest = sorted(rec0["thread_cpu_s_per_iter"].items(), key=lambda kv: -kv[1])[:4]
+        extra += f" ({', '.join(f'{t} {c:.3f}' for t, c in busiest)})"
+    if rec0.get("phases_s"):
+        fwd, bwd, stp = (statistics.median(p[i] for p in rec0["phases_s"]) for i in range(3))
+        extra += f"; forward/backward/step {fwd:.3f}/{bwd:.3f}/{stp:.3f} s"
     print(f"  {row['s_per_iter']:.3f} s/iter, {row['MB_per_iter']:.2f} MB sent per iter per worker; "
           f"times {[round(t, 3) for t in rec0['times']]}{extra}; {time.monotonic() - t0:.0f} s in all", flush=True)
     return row
@@ -368,7 +376,7 @@ def report(rows: list[dict], args, floors: dict[str, float], decision_ms: float 
         tag = f"{r['rate']}_{r['model']}_{r['system']}"
         result[f"{tag}_s_per_iter"] = None if r["s_per_iter"] is None else round(r["s_per_iter"], 4)
         result[f"{tag}_MB_per_iter"] = None if r["MB_per_iter"] is None else round(r["MB_per_iter"], 3)
-        if r["system"] == "gp_auto":
+        if r["system"].startswith("gp_auto"):
             result[f"{tag}_predicted_s"] = None if r["predicted_s"] is None else round(r["predicted_s"], 4)
     print("RESULT " + json.dumps(result))
 
@@ -394,21 +402,21 @@ def goals(rows: list[dict], floors: dict[str, float], rates: list[str]) -> None:
             print(f"goal {acp['rate']} {acp['model']}: ddp_powersgd / gp_acpsgd (rank 1) = "
                   f"{ddp['s_per_iter'] / acp['s_per_iter']:.3f} (at least 1.3)")
     fastest = max(rates, key=netns.rate_bits)
-    for auto in (r for r in rows if r["system"] == "gp_auto" and r["s_per_iter"] is not None):
-        rate, model, s = auto["rate"], auto["model"], auto["s_per_iter"]
-        peers = [r for r in rows if (r["rate"], r["model"]) == (rate, model) and r["system"] != "gp_auto"
+    for auto in (r for r in rows if r["system"].startswith("gp_auto") and r["s_per_iter"] is not None):
+        rate, model, s, name = auto["rate"], auto["model"], auto["s_per_iter"], auto["system"]
+        peers = [r for r in rows if (r["rate"], r["model"]) == (rate, model) and not r["system"].startswith("gp_auto")
                  and r["s_per_iter"] is not None]
         if peers:
             best = min(peers, key=lambda r: r["s_per_iter"])
-            print(f"goal {rate} {model}: gp_auto / fastest other ({best['system']}) = "
+            print(f"goal {rate} {model}: {name} / fastest other ({best['system']}) = "
                   f"{s / best['s_per_iter']:.3f} (at most 1.05)")
         if model == "tfm" and rate == "1gbit":
-            print(f"goal {rate} {model}: gp_auto / compute only = {s / floors[model]:.3f} (at most 1.3)")
+            print(f"goal {rate} {model}: {name} / compute only = {s / floors[model]:.3f} (at most 1.3)")
         none = next((r for r in peers if r["system"] == "gp_none"), None)
         if rate == fastest and none is not None:
-            print(f"goal {rate} {model}: gp_auto / gp_none = {s / none['s_per_iter']:.3f} (at most 1.05)")
+            print(f"goal {rate} {model}: {name} / gp_none = {s / none['s_per_iter']:.3f} (at most 1.05)")
         if auto["predicted_s"] is not None:
-            print(f"goal {rate} {model}: predicted {auto['predicted_s']:.4f} s against measured {s:.4f} s: "
+            print(f"goal {rate} {model}: {name} predicted {auto['predicted_s']:.4f} s against measured {s:.4f} s: "
                   f"{abs(auto['predicted_s'] - s) / s:.1%} off (at most 15%)")
 
 

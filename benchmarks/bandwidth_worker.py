@@ -27,6 +27,8 @@ GP_COMPRESSION = {
     "gp_randomk": {"compressor": "randomk", "k": 0.0015, "ef": "vanilla", "seed": 1},
     # the planner (gradpress/planner) picks each tensor's codec and fusion from profiles
     "gp_auto": {"compressor": "auto"},
+    "gp_auto_lr": {"compressor": "auto", "allowed": ["onebit", "topk", "randomk", "fp16", "none",
+                                                     {"compressor": "acpsgd", "rank": 1}]},
     # low-rank factors (gradpress/torch/lowrank.py); rank 1 is what ddp_powersgd uses
     "gp_powersgd": {"compressor": "powersgd", "rank": 1},
     "gp_acpsgd": {"compressor": "acpsgd", "rank": 1},
@@ -46,6 +48,20 @@ def tx_bytes() -> int:
     return int(Path(f"/sys/class/net/{IFACE}/statistics/tx_bytes").read_text())
 
 
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds of each of this process's threads so far, by ``name-tid`` (from /proc)."""
+    import os
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[f"{name}-{tid}"] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def predicted_s(opt) -> float | None:
     """The planner's predicted iteration time, None before it has planned (or without one)."""
     plan = getattr(opt, "gradpress_plan", None)
@@ -53,9 +69,11 @@ def predicted_s(opt) -> float | None:
 
 
 def everyone_planned(bps, opt) -> bool:
-    """Whether every worker holds a plan: all must leave the warm-up at the same iteration."""
+    """Whether every worker holds its settled plan (the one re-based on the backward measured
+    under the first): all must leave the warm-up at the same iteration."""
     import torch
-    flag = torch.tensor([0.0 if predicted_s(opt) is None else 1.0])
+    plan = getattr(opt, "gradpress_plan", None)
+    flag = torch.tensor([1.0 if plan is not None and plan.refined else 0.0])
     return bps.push_pull(flag, average=False, name="bandwidth.planned").item() == NUM_WORKERS
 
 
@@ -116,7 +134,7 @@ def train(system: str, model_name: str, warmup: int, iters: int, out: str, ddp_r
     for _ in range(warmup):
         step()
     planned_at = None
-    if system == "gp_auto":
+    if system.startswith("gp_auto"):
         while not everyone_planned(bps, opt) and len(times) < warmup + AUTO_MAX_EXTRA_WARMUP:
             step()
         if predicted_s(opt) is not None:
@@ -124,17 +142,20 @@ def train(system: str, model_name: str, warmup: int, iters: int, out: str, ddp_r
             for _ in range(max(1, warmup)):  # the first planned iterations set up fused keys
                 step()
     first = len(times)
-    tx0, use0 = tx_bytes(), resource.getrusage(resource.RUSAGE_SELF)
+    tx0, use0, threads0 = tx_bytes(), resource.getrusage(resource.RUSAGE_SELF), thread_cpu_s()
     for _ in range(iters):
         step()
-    sent, use = tx_bytes() - tx0, resource.getrusage(resource.RUSAGE_SELF)
+    sent, use, threads = tx_bytes() - tx0, resource.getrusage(resource.RUSAGE_SELF), thread_cpu_s()
     # where a worker's time goes beside the model: every thread's CPU, and the page faults of
     # memory the process had to be given afresh (costly on this VM)
     cpu_s = (use.ru_utime + use.ru_stime - use0.ru_utime - use0.ru_stime) / iters
     faults = (use.ru_minflt - use0.ru_minflt) / iters
+    per_thread = {t: round((c - threads0.get(t, 0.0)) / iters, 4) for t, c in threads.items()
+                  if c - threads0.get(t, 0.0) > 0}
     with open(out, "w") as fh:
         json.dump({"rank": rank, "times": times[first:], "warmup_times": times[:first], "tx_bytes": sent,
-                   "cpu_s_per_iter": cpu_s, "page_faults_per_iter": faults, "losses": losses,
+                   "cpu_s_per_iter": cpu_s, "page_faults_per_iter": faults,
+                   "thread_cpu_s_per_iter": per_thread, "losses": losses,
                    "predicted_s": predictions[first:], "planned_at": planned_at, "phases_s": phases[first:]}, fh)
     finish()
 

@@ -67,7 +67,7 @@ for step in range({steps}):
 plan = opt.gradpress_plan
 keys = {{n: [t.tensor_id, t.parts] for n, t in ops.client().tensors.items()}}
 torch.save({{"state": model.state_dict(), "planned": planned, "groups": groups_now(), "step_groups": step_groups,
-             "keys": keys, "version": opt._gp_auto.version, "links": links,
+             "keys": keys, "version": opt._gp_auto.version, "links": links, "refined": opt._gp_auto.refined,
              "options": plan.options, "predicted": plan.predicted_s}},
            os.path.join(test_dir, f"w{{r}}.pt"))
 bps.shutdown()

@@ -23,11 +23,31 @@ def test_every_worker_plans_alike_and_fused_sums_match_the_replay(cluster, auto,
         env[force] = "1"
     c = cluster(workers=2, servers=1, env=env)
     c.start(worker_script(SHAPE)).assert_success(180)
+    check_against_replay(c, auto, versions, SHAPE)
+
+
+@pytest.mark.integ
+def test_the_plan_is_re_based_on_the_backward_measured_under_it(cluster):
+    """After REFINE_STEPS planned steps the workers re-base the prediction on rank 0's planned
+    timeline: alike everywhere, the plan kept, every sum as the replay's."""
+    import json
+    shape = Shape(steps=SHAPE.plan_steps + 8)
+    auto = {"compressor": "auto", "allowed": ["onebit"]}
+    c = cluster(workers=2, servers=1, env={"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(shape.plan_steps),
+                                           "BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    c.start(worker_script(shape)).assert_success(180)
+    a = check_against_replay(c, auto, 0, shape)
+    assert a["refined"], "the plan was not re-based"
+
+
+def check_against_replay(c, auto, versions, shape):
+    """Both workers' plans alike and ``versions`` re-plans (None: any), parameters equal to the replay."""
     results = [torch.load(c.tmp / f"w{r}.pt", weights_only=False) for r in range(2)]
     a, b = results
-    assert a["planned"] == [False] * SHAPE.plan_steps + [True] * (SHAPE.steps - SHAPE.plan_steps)
+    assert a["planned"] == [False] * shape.plan_steps + [True] * (shape.steps - shape.plan_steps)
     # a forced re-plan after steps 4 and 6; a drift on an unchanged link probes but keeps the plan
-    assert len({tuple(g[1] for g in groups) for groups in a["step_groups"] if groups}) == versions + 1
+    if versions is not None:
+        assert len({tuple(g[1] for g in groups) for groups in a["step_groups"] if groups}) == versions + 1
     assert (a["groups"], a["options"], a["predicted"]) == (b["groups"], b["options"], b["predicted"]), \
         "workers made different plans"
     expected = set(auto["allowed"])
@@ -36,6 +56,7 @@ def test_every_worker_plans_alike_and_fused_sums_match_the_replay(cluster, auto,
         "a tensor is missing from the plan, or in two groups"
     for name in a["state"]:
         assert torch.equal(a["state"][name], b["state"][name]), f"{name}: workers' parameters differ"
-    want = replay(results, 2, SHAPE)  # with the residuals handed over at each re-plan
+    want = replay(results, 2, shape)  # with the residuals handed over at each re-plan
     for name, value in want.items():
         assert torch.equal(a["state"][name], value), f"{name}: differs from the replay of the plan's grouping"
+    return a

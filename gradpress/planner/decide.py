@@ -45,6 +45,7 @@ class Plan:
     decision_ms: float
     low_rank: tuple[int, ...] = ()    # tensors that travel as factors, in no group
     low_rank_option: str | None = None
+    refined: bool = False             # predicted_s re-based on the backward measured under this plan
 
     def table(self, profile: Profile) -> str:
         """The plan as a table: tensor, size, decision, group, predicted landing (a matrix

@@ -9,6 +9,10 @@
 3. Planned: gradients travel in fused groups (``fusion.py``), each the way the plan says;
    with a low-rank option allowed, the matrices the plan factors are reduced together by a
    ``LowRankReducer`` once backward has ended (their error buffers are residuals too).
+   After ``REFINE_STEPS`` planned steps the plan's prediction is re-based on the backward
+   timeline measured under it: while the profiled steps pushed every gradient raw, that
+   traffic's CPU work slowed backward down (two workers and two servers share these
+   cores), so the first prediction starts from a slower backward than the plan's own.
    Every ``DRIFT_CHECK_STEPS`` steps the workers sum a drift flag; when measured iteration
    times have left the prediction by more than 20% for several steps (the link changed),
    they re-measure the network; if the link did change, they re-plan together, and the
@@ -18,6 +22,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import time
@@ -31,6 +36,7 @@ from ..compressors.lowrank import LowRankParams
 from ..compressors.spec import CodecSpec
 from ..planner import calibrate
 from ..planner.decide import Plan, decide
+from ..planner.simulate import predict
 from ..planner.profile import Profile, TensorProfile, fit_link, fit_message
 from ..trace import now_us
 from . import ops
@@ -45,6 +51,7 @@ DRIFT = 0.2                 # relative distance from the prediction that counts 
 DRIFT_STEPS = 5             # ... for this many consecutive steps
 DRIFT_CHECK_STEPS = 10      # how often the workers agree on whether to re-plan
 LINK_CHANGE = 0.2           # a re-measured link this far from the profile's is a changed link
+REFINE_STEPS = 5            # planned steps measured before the plan is re-based on them (the first is not)
 
 
 class AutoPlanner:
@@ -72,6 +79,9 @@ class AutoPlanner:
         self._backward_end = 0.0
         self._ready: dict[int, list[float]] = {id(p): [] for p in params}
         self._timeline: list[tuple[float, float]] = []   # (backward end, step) per profiled step
+        self._planned_ready: dict[int, list[float]] = {id(p): [] for p in params}
+        self._planned_timeline: list[tuple[float, float]] = []
+        self.refined = False       # the plan has been re-based on the timeline measured under it
         self._measured: list[float] = []
 
     # ---- called by the optimizer ------------------------------------------------
@@ -84,6 +94,7 @@ class AutoPlanner:
         if self.plan is None:
             self._ready[id(p)].append(time.perf_counter() - self._iter_start)
             return False
+        self._planned_ready[id(p)].append(time.perf_counter() - self._iter_start)
         group = self.group_of.get(id(p))
         if group is None:  # factored: reduced with the plan's other matrices in synchronize()
             return True
@@ -121,7 +132,10 @@ class AutoPlanner:
                 self._make_plan()
         else:
             self._measured.append(elapsed)
-            if self._steps % DRIFT_CHECK_STEPS == 0 and self._drift_agreed():
+            self._planned_timeline.append((self._backward_end, step_s))
+            if not self.refined and len(self._planned_timeline) > REFINE_STEPS:
+                self._refine()
+            elif self._steps % DRIFT_CHECK_STEPS == 0 and self._drift_agreed():
                 self._replan()
         self._iter_start = time.perf_counter()
 
@@ -133,12 +147,7 @@ class AutoPlanner:
             costs = calibrate.codec_costs(self.options)
             message_s = fit_message(batches)
             link = fit_link(round_trips, ops.size(), costs["none"].add, message_s)
-            order = sorted(self.params, key=lambda p: (statistics.mean(self._ready[id(p)] or [0.0]),
-                                                         -self.priority[id(p)]))
-            tensors = tuple(TensorProfile(self.names[id(p)], 4 * p.numel(),
-                                          statistics.mean(self._ready[id(p)] or [0.0]), self.priority[id(p)],
-                                          p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1)
-                            for p in order)
+            tensors = self._tensors(self._ready)
             s = self.settings
             profile = Profile(ops.size(), len(ops.client().book.servers), tensors,
                               statistics.mean(b for b, _ in self._timeline),
@@ -156,6 +165,40 @@ class AutoPlanner:
         text = broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.label}.{self.version}")
         self.profile = Profile.from_json(text, "rank 0's profile")
         self._apply(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
+
+    def _tensors(self, ready: dict[int, list[float]]) -> tuple[TensorProfile, ...]:
+        """The managed tensors in the order their gradients became ready (mean times in ``ready``)."""
+        mean = {id(p): statistics.mean(ready[id(p)] or [0.0]) for p in self.params}
+        order = sorted(self.params, key=lambda p: (mean[id(p)], -self.priority[id(p)]))
+        return tuple(TensorProfile(self.names[id(p)], 4 * p.numel(), mean[id(p)], self.priority[id(p)],
+                                   p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1) for p in order)
+
+    def _refine(self) -> None:
+        """Re-base the plan's prediction on rank 0's backward timeline measured under it (its
+        first planned step left out: it declared the groups' keys). The plan itself stays:
+        decided again on that timeline, a plan whose codecs cost more CPU would slow the
+        backward it was decided on (this model does not see CPU shared between the training
+        thread, the communication thread and the servers), and the plans would alternate."""
+        self.refined = True
+        text = None
+        if ops.rank() == 0:
+            ready = {pid: times[1:] for pid, times in self._planned_ready.items()}
+            timeline = self._planned_timeline[1:]
+            profile = dataclasses.replace(self.profile, tensors=self._tensors(ready),
+                                          backward_end_s=statistics.mean(b for b, _ in timeline),
+                                          step_s=statistics.mean(t for _, t in timeline),
+                                          notes=dict(self.profile.notes, refined_steps=len(timeline)))
+            text = profile.to_json()
+        from .broadcast import broadcast_object
+        text = broadcast_object(text, root_rank=0, name=f"PlanRefined.{self.label}.{self.version}")
+        profile = Profile.from_json(text, "rank 0's refined profile")
+        predicted = predict(*self.plan.simulated(profile))
+        log.info("gradpress: plan %d re-based on the backward measured under it (%.1f ms, profiled %.1f ms): "
+                 "predicted %.1f ms (was %.1f ms)", self.version, 1e3 * profile.backward_end_s,
+                 1e3 * self.profile.backward_end_s, 1e3 * predicted, 1e3 * self.plan.predicted_s)
+        self.profile = profile
+        self.plan = dataclasses.replace(self.plan, predicted_s=predicted, refined=True)
+        self._reference_s, self._measured = predicted, []
 
     def _probe(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
         """Median times of uncompressed push_pulls, every worker at once: one partition of a
@@ -201,6 +244,8 @@ class AutoPlanner:
                                           f"Plan{self.version}.{self.label}.", self.settings.min_compress_bytes,
                                           lowest)
         self._measured = []
+        self._planned_ready = {pid: [] for pid in self._planned_ready}
+        self._planned_timeline = []
         self._reference_s = plan.predicted_s  # what drift is measured against
         log.info("gradpress plan %d (rank %d):\n%s", self.version, ops.rank(), plan.table(self.profile))
         tracer = ops.client().tracer
