@@ -22,8 +22,8 @@ from numba import njit, prange
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from gradpress.kernels.cpu import onebit, randomk  # noqa: E402
-from gradpress.kernels.cpu.elementwise import compensate  # noqa: E402
+from gradpress.kernels.cpu import onebit  # noqa: E402
+from gradpress.kernels.cpu.elementwise import compensate, compensate_checked  # noqa: E402
 from gradpress.kernels.cpu.norms import chunk_sum, max_abs_bits  # noqa: E402
 from gradpress.kernels.reduction import CHUNK, LANES, pairwise_total  # noqa: E402
 
@@ -78,7 +78,7 @@ def main() -> None:
     cases = {
         "onebit_norm_serial": lambda: onebit._feedback_norms(g, e, 1.0, False),
         "onebit_norm_parallel": lambda: norms_parallel(g, e, 1.0),
-        "sparse_pass_serial": lambda: randomk._compensate_checked(g, e, 1.0, out),
+        "sparse_pass_serial": lambda: compensate_checked(g, e, 1.0, out),
         "sparse_pass_parallel": lambda: compensate_parallel(g, e, 1.0, out),
     }
     for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):

@@ -15,16 +15,16 @@ full selection runs over the whole array instead (``select_topk``).
 """
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from gradpress.kernels.cpu.elementwise import compensate
-from gradpress.kernels.cpu.randomk import bit_position
 from gradpress.kernels.selection import (
     HIGH_BINS, LOW_BINS, bin_holding_rank, sample_plan, threshold_from_histograms)
 
 _ABS = np.uint32(0x7FFFFFFF)
 _INF = np.uint32(0x7F800000)
 _ONE = np.uint64(1)
-BLOCK = 4096  # elements per block of the candidate pass (a multiple of 64)
+BLOCK = 65536  # elements per block of the candidate pass (64k: 256 KiB of p, in L2)
 
 
 @njit(nogil=True, cache=True)
@@ -70,62 +70,96 @@ def _estimate(g: np.ndarray, e: np.ndarray, lam: float, k: int) -> tuple:
     return sample[m - rank], capacity
 
 
-@njit(nogil=True, cache=True)
-def _mark(bits: np.ndarray, estimate: np.uint32, marks: np.ndarray) -> np.uint32:
-    """Bit i of ``marks`` = key i >= estimate (the bit layout of ``kernels.bitlayout``);
-    returns the largest key. Branch-free, so LLVM vectorises it."""
-    n = bits.shape[0]
+@njit(inline="always", nogil=True, cache=True)
+def _p(g: np.ndarray, e: np.ndarray, lam: float, i: int) -> np.float32:
+    """p_i = g_i + lam * e_i as ``elementwise.compensate`` rounds it."""
+    if lam == 1.0:
+        return g[i] + e[i]
+    return np.float32(g[i] + lam * e[i])
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _read_out(words: np.ndarray, first: int, bits: np.ndarray, count: int,
+              candidates: np.ndarray, keys: np.ndarray) -> int:
+    """Append the index and p bits of every set bit of ``words`` (element ``first`` is bit 0
+    of word 0) while they are in cache; returns the new count (past the capacity: counted
+    only)."""
+    capacity = candidates.shape[0]
+    for w in range(words.shape[0]):
+        word = words[w]
+        while word:
+            if count < capacity:
+                i = first + 64 * w + np.int64(trailing_zeros(word))
+                candidates[count] = i
+                keys[count] = bits[i]  # the sign too: step 3 takes the value from here
+            count += 1
+            word &= word - _ONE  # clear the lowest set bit
+    return count
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _mark_words(g: np.ndarray, e: np.ndarray, lam: float, write: bool, e_out: np.ndarray,
+                estimate: np.uint32, words: np.ndarray) -> np.uint32:
+    """For the first 64 * len(words) elements: p = g + lam * e into ``e_out`` when
+    ``write`` (else p = g), bit j of ``words[w]`` = key 64w + j >= estimate; returns the
+    largest key. The fixed-trip loop that writes p and builds the word is what LLVM
+    vectorises; the callers pass slices starting at the block so the loop starts at 0
+    (the same loop over ``range(first, last)`` of the whole arrays ran scalar, 4x
+    slower)."""
     largest = np.uint32(0)
-    for b in range(n // 8):
-        byte = np.uint8(0)
-        for j in range(8):  # a fixed trip count: this is what vectorises
-            key = bits[8 * b + j] & _ABS
-            largest = max(largest, key)
-            byte |= np.uint8(key >= estimate) << np.uint8(j)
-        marks[b] = byte
-    if n % 8:
-        byte = np.uint8(0)
-        for i in range(n - n % 8, n):
-            key = bits[i] & _ABS
-            largest = max(largest, key)
-            byte |= np.uint8(key >= estimate) << np.uint8(i % 8)
-        marks[n // 8] = byte
+    bits = g.view(np.uint32)
+    for w in range(words.shape[0]):
+        base = 64 * w
+        word = np.uint64(0)
+        if write:
+            for j in range(64):
+                p = _p(g, e, lam, base + j)
+                e_out[base + j] = p
+                key = np.float32(p).view(np.uint32) & _ABS
+                largest = max(largest, key)
+                word |= np.uint64(key >= estimate) << np.uint64(j)
+        else:
+            for j in range(64):
+                key = bits[base + j] & _ABS
+                largest = max(largest, key)
+                word |= np.uint64(key >= estimate) << np.uint64(j)
+        words[w] = word
     return largest
 
 
 @njit(nogil=True, cache=True)
 def _scan(g: np.ndarray, e: np.ndarray, lam: float, write: bool, e_out: np.ndarray,
           estimate: np.uint32, candidates: np.ndarray, keys: np.ndarray) -> tuple:
-    """The one pass: p = g + lam * e (into ``e_out`` when ``write``), the index and key of
-    every candidate (at most ``len(candidates)`` stored), and whether every p is finite.
-    Returns (candidate count, all finite).
+    """The one pass: p = g + lam * e (into ``e_out`` when ``write``; it must not alias g
+    or e), the index and bits of every candidate (at most ``len(candidates)`` stored), and
+    whether every p is finite. Returns (candidate count, all finite).
 
-    Block by block: p, then a bitmap of keys >= estimate, whose set bits are read out
-    while the block is in cache. Separate simple loops vectorise; one loop doing it all
-    (or appending candidates as it goes) measured 2-3x slower."""
+    Block by block (in cache): ``_mark_words`` (p, the words of keys >= estimate, the
+    largest key, in one vectorised loop), then the block's set bits are read out. A branch
+    or an append per element does not vectorise; p, marks and check as three loops per
+    block measured 14.5 ms at 16M elements, this 9.8."""
     n = g.shape[0]
-    marks = np.zeros(BLOCK // 8, np.uint8)
-    words = marks.view(np.uint64)
     bits = (e_out if write else g).view(np.uint32)
+    words = np.zeros(BLOCK // 64, np.uint64)
     largest = np.uint32(0)
     count = 0
-    capacity = candidates.shape[0]
-    for start in range(0, n, BLOCK):
-        end = min(start + BLOCK, n)
+    for start in range(0, n - n % 64, BLOCK):
+        end = min(start + BLOCK, n - n % 64)
+        block_words = words[:(end - start) // 64]
+        largest = max(largest, _mark_words(g[start:end], e[start:end], lam, write,
+                                           e_out[start:end], estimate, block_words))
+        count = _read_out(block_words, start, bits, count, candidates, keys)
+    start = n - n % 64
+    if start < n:  # the last n % 64 elements
         if write:
-            compensate(g[start:end], e[start:end], lam, e_out[start:end])
-        marks[:] = 0
-        largest = max(largest, _mark(bits[start:end], estimate, marks))
-        for w in range((end - start + 63) // 64):
-            word = words[w]
-            while word:
-                low = word & (~word + _ONE)  # lowest set bit
-                if count < capacity:
-                    i = start + w * 64 + bit_position(low)
-                    candidates[count] = i
-                    keys[count] = bits[i] & _ABS
-                count += 1
-                word ^= low
+            compensate(g[start:], e[start:], lam, e_out[start:])
+        word = np.uint64(0)
+        for j in range(n - start):
+            key = bits[start + j] & _ABS
+            largest = max(largest, key)
+            word |= np.uint64(key >= estimate) << np.uint64(j)
+        words[0] = word
+        count = _read_out(words[:1], start, bits, count, candidates, keys)
     return count, largest < _INF
 
 
@@ -134,15 +168,16 @@ def _take(p: np.ndarray, candidates: np.ndarray, keys: np.ndarray, indices: np.n
           values: np.ndarray, zero: bool) -> None:
     """Exactly k of the candidates by the selection rule; their p zeroed when ``zero``."""
     threshold, keep_equal = _threshold(keys, indices.shape[0])
+    found = keys.view(np.float32)  # p itself: no read of p[i] (a cache miss each)
     out = 0
     for j in range(candidates.shape[0]):
-        key = keys[j]
+        key = keys[j] & _ABS
         if key > threshold or (key == threshold and keep_equal > 0):
             if key == threshold:
                 keep_equal -= 1
             i = candidates[j]
             indices[out] = i
-            values[out] = p[i]
+            values[out] = found[j]
             if zero:
                 p[i] = 0.0
             out += 1
