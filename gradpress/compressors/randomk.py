@@ -55,8 +55,8 @@ class RandomK(Compressor):
                          key: int, round: int) -> tuple[dict, list]:
         n, k = g.shape[0], keep_count(self.k, g.shape[0])
         values = np.empty(k, np.float32)
-        if not randomk.gather_feedback(g, e, lam, e_out,
-                                       chosen_indices(n, k, self.seed, key, round),
+        bitmap = randomk.random_bitmap(n, k, stream_id(self.seed, key, round))
+        if not randomk.gather_feedback(g, e, lam, e_out, bitmap,
                                        n / k if self.scaling else 1.0, values):
             raise FeedbackRefused(self.name)
         return self._fields(k), [values]

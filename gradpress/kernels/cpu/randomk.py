@@ -8,6 +8,7 @@ yields the indices sorted. O(k) draws, O(n/64) words to clear and scan.
 """
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from gradpress.kernels.cpu.elementwise import compensate_checked
 from gradpress.kernels.rng import below, draw_bits
@@ -16,8 +17,8 @@ _WORD = np.uint64(1)
 
 
 @njit(nogil=True, cache=True)
-def random_indices(n: int, k: int, stream: np.uint64) -> np.ndarray:
-    """k distinct indices in ``[0, n)``, increasing, determined by ``stream`` (n < 2**32)."""
+def random_bitmap(n: int, k: int, stream: np.uint64) -> np.ndarray:
+    """The k indices of ``stream`` as a bitmap: bit ``i & 63`` of word ``i >> 6``."""
     bitmap = np.zeros((n + 63) // 64, np.uint64)
     for step in range(k):
         j = n - k + step
@@ -25,6 +26,13 @@ def random_indices(n: int, k: int, stream: np.uint64) -> np.ndarray:
         if bitmap[r >> 6] & (_WORD << np.uint64(r & 63)):
             r = j
         bitmap[r >> 6] |= _WORD << np.uint64(r & 63)
+    return bitmap
+
+
+@njit(nogil=True, cache=True)
+def random_indices(n: int, k: int, stream: np.uint64) -> np.ndarray:
+    """k distinct indices in ``[0, n)``, increasing, determined by ``stream`` (n < 2**32)."""
+    bitmap = random_bitmap(n, k, stream)
     indices = np.empty(k, np.uint32)
     out = 0
     for w in range(bitmap.shape[0]):
@@ -57,27 +65,34 @@ def gather_scaled(x: np.ndarray, indices: np.ndarray, scale: float, values: np.n
         values[j] = np.float32(np.float64(x[indices[j]]) * scale)
 
 
-@njit(nogil=True, cache=True)
-def _take_feedback(e_out: np.ndarray, indices: np.ndarray, scale: float,
-                   values: np.ndarray) -> bool:
-    """values = p[indices] scaled; e_out[indices] = p - values; whether all are finite."""
-    finite = True
-    for j in range(indices.shape[0]):
-        i = indices[j]
-        value = np.float32(np.float64(e_out[i]) * scale)
-        values[j] = value
-        e_out[i] = e_out[i] - value
-        finite &= abs(value) < np.inf and abs(e_out[i]) < np.inf
-    return finite
+_BLOCK = 65536  # elements per block of the error-feedback pass (256 KiB of p: in L2)
 
 
 @njit(nogil=True, cache=True)
 def gather_feedback(g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
-                    indices: np.ndarray, scale: float, values: np.ndarray) -> bool:
-    """Error feedback fused into random-k: e_out = p = g + lam * e in one pass, then the
-    chosen entries are read out (``gather_scaled``'s rounding) and become p - value.
-    False when anything is not finite; ``e_out`` then holds garbage and must not alias
-    ``e``. ``lam = 0`` with ``e = g`` gives p = g bit for bit."""
-    if not compensate_checked(g, e, lam, e_out):
-        return False
-    return _take_feedback(e_out, indices, scale, values)
+                    bitmap: np.ndarray, scale: float, values: np.ndarray) -> bool:
+    """Error feedback fused into random-k, one pass: e_out = p = g + lam * e, block by
+    block, and while a block is in cache its chosen entries (``bitmap``, from
+    ``random_bitmap``) are read out in increasing order (``gather_scaled``'s rounding) and
+    become p - value: no index list, and no cache miss per chosen entry (1 ms of 11 at 16M
+    elements when they were read afterwards). False when anything is not finite;
+    ``e_out`` then holds garbage and must not alias ``e``. ``lam = 0`` with ``e = g``
+    gives p = g bit for bit."""
+    n = g.shape[0]
+    finite = True
+    out = 0
+    for start in range(0, n, _BLOCK):
+        end = min(start + _BLOCK, n)
+        # on slices: the vectorised loop of compensate_checked starts at 0 (see topk)
+        finite &= compensate_checked(g[start:end], e[start:end], lam, e_out[start:end])
+        for w in range(start // 64, (end + 63) // 64):
+            word = bitmap[w]
+            while word:
+                i = 64 * w + np.int64(trailing_zeros(word))
+                value = np.float32(np.float64(e_out[i]) * scale)
+                values[out] = value
+                e_out[i] = e_out[i] - value
+                finite &= abs(value) < np.inf and abs(e_out[i]) < np.inf
+                out += 1
+                word &= word - _WORD  # clear the lowest set bit
+    return finite
