@@ -241,3 +241,63 @@ def test_compressor_state_by_partition_survives_a_load_before_the_declaration(pe
     assert state["residuals"][0].tolist() == [0.5, 0.5] and state["residuals"][1].tolist() == [-1.0]
     with pytest.raises(ValueError, match=r"partition\(s\) \[2\].*has 2"):
         client.load_compressor_state("g", {"residuals": {2: np.zeros(1, np.float32)}, "lrs": {}})
+
+
+def test_a_landed_push_pull_leaves_nothing_alive(peers, calls):
+    """Its deadline (GRADPRESS_OP_TIMEOUT_S away) once held every partition, and with it the
+    gradient and the output, until it fell due: a worker grew by the model's size every step."""
+    import gc
+    import weakref
+    client = peers.start_client()
+    fut = calls.submit(lambda: client.push_pull_async("g", np.ones(6, np.float32), np.zeros(6, np.float32),
+                                                      divisor=1, priority=0))
+    peers.declare("g", tensor_id=3, servers=[0])
+    peers.serve_round(0, np.full(6, 2.0, np.float32))
+    fut.result(10).result(10)
+    src = np.ones(6, np.float32)
+    gone = weakref.ref(src)
+    fut = client.push_pull_async("g", src, np.zeros(6, np.float32), divisor=1, priority=0)
+    peers.serve_round(0, np.full(6, 2.0, np.float32))
+    fut.result(10)
+    del src, fut
+    import time
+    deadline = time.monotonic() + 5  # the future is set just before the op leaves flight
+    while gone() is not None and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert gone() is None, "a landed push_pull's input is still referenced"
+
+
+def test_the_deadline_table_forgets_cancelled_callbacks_at_once():
+    import weakref
+
+    from gradpress.worker.deadlines import Deadlines
+    from gradpress.worker.future import Future
+    table = Deadlines()
+    fired = []
+
+    class Held:
+        pass
+    held = Held()
+    gone = weakref.ref(held)
+    entry = table.add(10.0, lambda h=held: fired.append(h))
+    del held
+    table.cancel(entry)
+    assert gone() is None and len(table) == 0
+    table.expire(11.0)
+    assert fired == []
+    # a future nobody holds any more is not kept alive (nor failed); a held one times out
+    lost, kept = Future("lost"), Future("kept")
+    lost_ref = weakref.ref(lost)
+    table.add_future(1.0, lost, 1.0)
+    table.add_future(1.0, kept, 1.0)
+    del lost
+    assert lost_ref() is None
+    table.expire(2.0)
+    with pytest.raises(OpTimeoutError, match="kept: no answer within 1 s"):
+        kept.result(0)
+    # many cancelled entries are dropped from the heap long before they fall due
+    entries = [table.add(100.0 + i, lambda: None) for i in range(3000)]
+    for e in entries[:2500]:
+        table.cancel(e)
+    assert len(table) == 500 and len(table._heap) < 3000

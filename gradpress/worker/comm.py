@@ -124,6 +124,7 @@ class CommunicationThread(threading.Thread):
             while not self._commands.empty():
                 command = self._commands.get_nowait()
                 self._handlers[type(command)](command)
+                command = None  # a push_pull's command holds its tensors: not until the next one
             if self.link.sock in ready:
                 while self.link.sock.poll(0):
                     self._from_scheduler()

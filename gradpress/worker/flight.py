@@ -70,7 +70,7 @@ class PartitionFlight:
         self.stages.push(op, payload)
         self.stages.pull(op)
         wk.in_flight = op
-        self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
+        op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
 
     def _land(self, op: PartitionOp, h: dict, frames: list) -> None:
         job = op.job
@@ -90,6 +90,9 @@ class PartitionFlight:
         """The op landed or failed: free its credit (unless an ack did) and its key."""
         if not op.acked:
             self._queue.release()
+        if op.deadline is not None:  # it holds the op (the gradient, the output) until cancelled
+            self._deadlines.cancel(op.deadline)
+            op.deadline = None
         wk = op.wkey
         if wk.in_flight is op:
             wk.in_flight = None

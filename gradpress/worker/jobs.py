@@ -56,6 +56,7 @@ class PartitionOp:
     round: int = -1
     sent_us: float = 0.0
     acked: bool = False   # the server took the push: its credit is free again
+    deadline: Any = None  # its entry in the deadline table, cancelled when it leaves flight
 
     @property
     def chunk(self) -> Any:
