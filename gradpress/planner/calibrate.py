@@ -4,11 +4,13 @@ Each option is timed at a few sizes on the real kernels, as a worker runs them (
 feedback and encode; decode into the output) and as a server does (decode one push into
 the fp32 sum); a least-squares line through the medians gives its ``LinearCost``. The raw
 path ``none`` is timed as the worker's copy-and-divide of a reply and the server's sum.
-The result is cached per host, gradpress version and option (``~/.cache/gradpress``, or
-``GRADPRESS_CACHE_DIR``), so a second job on the host starts without recalibrating.
+The result is cached per host, gradpress version, kernel source and option
+(``~/.cache/gradpress``, or ``GRADPRESS_CACHE_DIR``), so a second job on the host starts
+without recalibrating.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -34,8 +36,20 @@ MATRICES = ((128, 512), (512, 512), (512, 2048))   # low-rank options: 256 KB, 1
 
 def cache_path(name: str, params: dict[str, Any]) -> Path:
     root = Path(os.environ.get("GRADPRESS_CACHE_DIR") or Path.home() / ".cache" / "gradpress")
-    digest = hashlib.sha256(json.dumps([name, params], sort_keys=True).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps([name, params, kernels_digest()], sort_keys=True).encode()).hexdigest()[:16]
     return root / f"codec-{socket.gethostname()}-{__version__}-{digest}.json"
+
+
+@functools.cache
+def kernels_digest() -> str:
+    """A digest of the codecs' and kernels' source: a changed kernel is measured again even
+    where the version number did not move (a development tree, a patched install)."""
+    package = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted([*(package / "compressors").glob("*.py"), *(package / "kernels").rglob("*.py")]):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def codec_costs(options: dict[str, dict[str, Any]]) -> dict[str, CodecCost]:
