@@ -27,7 +27,8 @@ one thread per worker (OMP_NUM_THREADS=1).
 - ``gp_onebit``: two-way onebit (scaled sign) with vanilla error feedback.
 - ``gp_topk``: two-way topk, k = 1%, vanilla error feedback.
 - ``gp_randomk``: two-way randomk, k = 0.15% (333x against fp16), vanilla EF, seed 1.
-- ``gp_auto``: ``compression_params={"compressor": "auto"}``: the planner picks each
+- ``gp_auto``: ``compression_params={"compressor": "auto", "k": 0.0015, "seed": 1}`` (the
+  default options; randomk's at gp_randomk's k and seed): the planner picks each
   tensor's codec and fusion from what it profiles in the first steps. Its timed
   iterations start once every worker has the plan (plus the warm-up again); its
   prediction (``optimizer.gradpress_plan.predicted_s``) is reported beside the time.

@@ -26,9 +26,10 @@ GP_COMPRESSION = {
     # fp16 that is 2 / (4 k) = 333x for k = 1 / 666
     "gp_randomk": {"compressor": "randomk", "k": 0.0015, "ef": "vanilla", "seed": 1},
     # the planner (gradpress/planner) picks each tensor's codec and fusion from profiles
-    "gp_auto": {"compressor": "auto"},
-    "gp_auto_lr": {"compressor": "auto", "allowed": ["onebit", "topk", "randomk", "fp16", "none",
-                                                     {"compressor": "acpsgd", "rank": 1}]},
+    # the default options, with randomk at gp_randomk's k and seed ("randomk at the user's k")
+    "gp_auto": {"compressor": "auto", "k": 0.0015, "seed": 1},
+    "gp_auto_lr": {"compressor": "auto", "k": 0.0015, "seed": 1,
+                   "allowed": ["onebit", "topk", "randomk", "fp16", "none", {"compressor": "acpsgd", "rank": 1}]},
     # low-rank factors (gradpress/torch/lowrank.py); rank 1 is what ddp_powersgd uses
     "gp_powersgd": {"compressor": "powersgd", "rank": 1},
     "gp_acpsgd": {"compressor": "acpsgd", "rank": 1},

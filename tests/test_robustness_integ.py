@@ -37,7 +37,13 @@ if r == 0:
         json.dump({"host": server.host, "port": server.port, "key": wk.key, "count": wk.count}, fh)
     os.replace(os.path.join(d, "target.json.tmp"), os.path.join(d, "target.json"))
 steps = 0
-while not os.path.exists(os.path.join(d, "go")):
+def go_seen():
+    if not os.environ.get("GP_KEEP_STEPPING"):
+        return os.path.exists(os.path.join(d, "go"))
+    # stepping meanwhile, the workers must stop after the same step: they agree on the flag
+    flag = torch.tensor([1.0 if os.path.exists(os.path.join(d, "go")) else 0.0])
+    return bps.push_pull(flag, average=False, name="go").item() > 0
+while not go_seen():
     if os.environ.get("GP_KEEP_STEPPING"):
         step(r + 1, n * (n + 1) / 2)
         steps += 1

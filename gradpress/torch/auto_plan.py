@@ -150,8 +150,8 @@ class AutoPlanner:
             tensors = self._tensors(self._ready)
             s = self.settings
             profile = Profile(ops.size(), len(ops.client().book.servers), tensors,
-                              statistics.mean(b for b, _ in self._timeline),
-                              statistics.mean(t for _, t in self._timeline), costs, link, message_s,
+                              statistics.median(b for b, _ in self._timeline),
+                              statistics.median(t for _, t in self._timeline), costs, link, message_s,
                               s.partition_bytes, s.scheduling_credit, s.server_engine_threads,
                               notes={"profiled_steps": len(self._timeline), "round_trips": round_trips,
                                      "batches": batches})
@@ -167,10 +167,11 @@ class AutoPlanner:
         self._apply(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
 
     def _tensors(self, ready: dict[int, list[float]]) -> tuple[TensorProfile, ...]:
-        """The managed tensors in the order their gradients became ready (mean times in ``ready``)."""
-        mean = {id(p): statistics.mean(ready[id(p)] or [0.0]) for p in self.params}
-        order = sorted(self.params, key=lambda p: (mean[id(p)], -self.priority[id(p)]))
-        return tuple(TensorProfile(self.names[id(p)], 4 * p.numel(), mean[id(p)], self.priority[id(p)],
+        """The managed tensors in the order their gradients became ready (median times in
+        ``ready``: a pause between two steps, an evaluation say, is one step's outlier)."""
+        typical = {id(p): statistics.median(ready[id(p)] or [0.0]) for p in self.params}
+        order = sorted(self.params, key=lambda p: (typical[id(p)], -self.priority[id(p)]))
+        return tuple(TensorProfile(self.names[id(p)], 4 * p.numel(), typical[id(p)], self.priority[id(p)],
                                    p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1) for p in order)
 
     def _refine(self) -> None:
@@ -185,8 +186,8 @@ class AutoPlanner:
             ready = {pid: times[1:] for pid, times in self._planned_ready.items()}
             timeline = self._planned_timeline[1:]
             profile = dataclasses.replace(self.profile, tensors=self._tensors(ready),
-                                          backward_end_s=statistics.mean(b for b, _ in timeline),
-                                          step_s=statistics.mean(t for _, t in timeline),
+                                          backward_end_s=statistics.median(b for b, _ in timeline),
+                                          step_s=statistics.median(t for _, t in timeline),
                                           notes=dict(self.profile.notes, refined_steps=len(timeline)))
             text = profile.to_json()
         from .broadcast import broadcast_object
