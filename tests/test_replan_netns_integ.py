@@ -69,7 +69,10 @@ def test_a_slower_link_mid_run_is_re_measured_and_re_planned_without_losing_a_re
     assert a["version"] >= 1, f"no re-plan after the link slowed: links measured {a['links']}"
     first_link, last_link = a["links"][PAUSE_AFTER_STEP], a["links"][-1]
     assert first_link > 10 * RATE_BYTES_PER_S, f"the unshaped link measured {first_link:.3g} B/s"
-    assert 0.4 * RATE_BYTES_PER_S < last_link < 1.5 * RATE_BYTES_PER_S, \
+    # within 0.4-2.5x: the probes are capped at the 256 KB partition (two sizes, 64 KB and 256 KB),
+    # and tbf's 5 ms burst lets most of the 64 KB one through at line rate; measured 0.9-2x under
+    # the two-process suite, against more than 10x before the link was shaped
+    assert 0.4 * RATE_BYTES_PER_S < last_link < 2.5 * RATE_BYTES_PER_S, \
         f"re-measured at {last_link:.3g} B/s, not near {RATE} ({RATE_BYTES_PER_S:.3g} B/s)"
     assert (a["step_groups"], a["links"]) == (b["step_groups"], b["links"]), "workers planned differently"
     for name in a["state"]:
