@@ -10,6 +10,7 @@ import torch
 from cluster import LocalCluster
 
 STEPS, PLAN_STEPS = 8, 3
+TRIAL_STEPS = PLAN_STEPS + 2 * 6 + 2  # the plan, its alternative (6 planned steps each), 2 more
 ACPSGD = {"compressor": "acpsgd", "rank": 1}
 WORKER = f"""
 import json, os, torch, gradpress.torch as bps
@@ -29,21 +30,23 @@ for label, params in json.loads(os.environ["GP_RUNS"]).items():
     opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=named,
                                    compression_params=params)
     g = torch.Generator().manual_seed(10 + r)
-    pushed = []
-    for step in range({STEPS}):
+    pushed, factored = [], []
+    for step in range(int(os.environ.get("GP_STEPS", {STEPS}))):
         x = torch.randn(16, 32, generator=g)
         opt.zero_grad()
         before = client.bytes_pushed  # pushes start during backward
         torch.nn.functional.mse_loss(model(x), torch.sin(x[:, :40].repeat(1, 2)[:, :40])).backward()
         opt.step()
         pushed.append(client.bytes_pushed - before)
-    out = {{"state": {{n: p.detach().clone() for n, p in named}}, "pushed": pushed}}
+        factored.append(len(opt._gp_auto.factored) if opt._gp_auto is not None else None)
+    out = {{"state": {{n: p.detach().clone() for n, p in named}}, "pushed": pushed, "factored": factored}}
     planner = opt._gp_auto
     if planner is not None:
         names = {{id(p): n for n, p in named}}
         out["plan"] = (planner.plan.groups, planner.plan.options, planner.plan.low_rank,
                        planner.plan.low_rank_option, planner.plan.predicted_s)
-        out["factored"] = sorted(names[id(p)] for p in planner.factored)
+        out["matrices"] = sorted(names[id(p)] for p in planner.factored)
+        out["refined"], out["version"] = planner.refined, planner.version
         out["residuals"] = {{names[i]: t for i, t in planner.residuals().items()}}
     results[label] = out
 torch.save(results, os.path.join(os.environ["GP_TEST_DIR"], f"{{label}}{{r}}.pt"))
@@ -68,7 +71,7 @@ def test_a_factoring_plan_trains_like_acpsgd_itself(tmp_path):
             for r in range(2))
     auto = a["auto"]
     assert auto["plan"] == b["auto"]["plan"], "workers made different plans"
-    assert auto["plan"][3] == "acpsgd" and auto["factored"] == ["0.weight", "2.weight"], auto["plan"]
+    assert auto["plan"][3] == "acpsgd" and auto["matrices"] == ["0.weight", "2.weight"], auto["plan"]
     assert set(auto["plan"][1]) == {"none"}, "the biases travel raw"
     for label in runs:
         for name, value in a[label]["state"].items():
@@ -83,3 +86,26 @@ def test_a_factoring_plan_trains_like_acpsgd_itself(tmp_path):
     assert sorted(auto["residuals"]) == ["0.weight", "2.weight"]
     for name, residual in auto["residuals"].items():
         assert residual.numel() == auto["state"][name].numel() and float(residual.abs().sum()) > 0, name
+
+
+@pytest.mark.integ
+def test_the_job_tries_the_other_kind_of_plan_and_keeps_the_faster(tmp_path):
+    """The decision's alternative (here: everything raw, against the factoring plan) runs for
+    as many steps; the job keeps the one rank 0 measured faster, every worker alike."""
+    params = {"compressor": "auto", "allowed": ["none", ACPSGD]}
+    c = LocalCluster(tmp_path, workers=2, servers=2,
+                     env={"BYTEPS_MIN_COMPRESS_BYTES": "0", "GRADPRESS_PLAN_STEPS": str(PLAN_STEPS),
+                          "GP_RUNS": json.dumps({"auto": params}), "GP_STEPS": str(TRIAL_STEPS)})
+    try:
+        c.start(WORKER).assert_success(180)
+    finally:
+        c.kill()
+    a, b = (torch.load(tmp_path / f"auto{r}.pt", weights_only=False)["auto"] for r in range(2))
+    assert a["refined"] and a["version"] >= 1, (a["refined"], a["version"])
+    assert (a["plan"], a["factored"]) == (b["plan"], b["factored"]), "workers settled differently"
+    planned = a["factored"][PLAN_STEPS - 1:]  # recorded after each step: the plan of the next one
+    # first the factoring plan (a 1 MB/s link, as the decision saw it), then the raw one
+    assert planned[:6] == [2] * 6 and planned[6:12] == [0] * 6, planned
+    assert planned[-1] in (0, 2) and planned[-1] == len(a["matrices"])
+    for name, value in a["state"].items():
+        assert torch.equal(value, b["state"][name]), f"{name}: workers differ"

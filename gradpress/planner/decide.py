@@ -18,7 +18,8 @@ MergeComp's fusion (arXiv 2103.15195):
 
 3. A low-rank option (``planner/low_rank.py``) is one more candidate: every matrix it can
    factor travels as factors, and the rest is planned as above on the derived profile; the
-   faster of the two plans is kept.
+   faster of the two plans is chosen, the other kept as its ``alternative`` (the job tries
+   both and keeps the one it measures faster: ``torch/auto_plan.py``).
 
 The result is a pure function of the profile and the options, so every worker, given
 rank 0's profile, computes the same plan.
@@ -45,7 +46,10 @@ class Plan:
     decision_ms: float
     low_rank: tuple[int, ...] = ()    # tensors that travel as factors, in no group
     low_rank_option: str | None = None
-    refined: bool = False             # predicted_s re-based on the backward measured under this plan
+    refined: bool = False             # settled: predicted_s re-based on the backward measured under it
+    # the best plan of the other kind (factoring or not), for the job to try and measure: the
+    # simulator does not see the CPU that element-wise codecs take from backward on a shared host
+    alternative: "Plan | None" = None
 
     def table(self, profile: Profile) -> str:
         """The plan as a table: tensor, size, decision, group, predicted landing (a matrix
@@ -116,9 +120,11 @@ def decide(profile: Profile, options: list[str], min_compress_bytes: int = 65536
     if matrices:
         sim, kept = low_rank.derived(profile, factored[0], matrices)
         groups, chosen, t = _decide_elementwise(sim, elementwise, min_compress_bytes, factors=True)
-        if t < plan.predicted_s:  # the factor group is the last: it is no group of the plan
-            plan = Plan(tuple(tuple(kept[i] for i in g) for g in groups[:-1]), chosen[:-1], t, 0.0, matrices,
-                        factored[0])
+        # the factor group is the last: it is no group of the plan
+        factoring = Plan(tuple(tuple(kept[i] for i in g) for g in groups[:-1]), chosen[:-1], t, 0.0, matrices,
+                         factored[0])
+        plan, other = (factoring, plan) if t < plan.predicted_s else (plan, factoring)
+        plan = replace(plan, alternative=other)
     return replace(plan, decision_ms=1e3 * (time.perf_counter() - start))
 
 

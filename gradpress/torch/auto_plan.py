@@ -82,6 +82,7 @@ class AutoPlanner:
         self._planned_ready: dict[int, list[float]] = {id(p): [] for p in params}
         self._planned_timeline: list[tuple[float, float]] = []
         self.refined = False       # the plan has been re-based on the timeline measured under it
+        self._tried: tuple[Plan, Profile, float] | None = None  # a plan measured, its alternative running
         self._measured: list[float] = []
 
     # ---- called by the optimizer ------------------------------------------------
@@ -176,11 +177,13 @@ class AutoPlanner:
 
     def _refine(self) -> None:
         """Re-base the plan's prediction on rank 0's backward timeline measured under it (its
-        first planned step left out: it declared the groups' keys). The plan itself stays:
-        decided again on that timeline, a plan whose codecs cost more CPU would slow the
-        backward it was decided on (this model does not see CPU shared between the training
-        thread, the communication thread and the servers), and the plans would alternate."""
-        self.refined = True
+        first planned step left out: it declared the groups' keys), with rank 0's measured
+        iteration time. The plan is not decided again on that timeline: a plan whose codecs
+        cost more CPU would slow the backward it was decided on (this model does not see CPU
+        shared between the training thread, the communication thread and the servers), and
+        the plans would alternate. Instead, where the decision had an alternative of the other
+        kind (factoring or not), the job runs it for as many steps, measures it the same way,
+        and keeps whichever of the two measured faster."""
         text = None
         if ops.rank() == 0:
             ready = {pid: times[1:] for pid, times in self._planned_ready.items()}
@@ -188,19 +191,42 @@ class AutoPlanner:
             profile = dataclasses.replace(self.profile, tensors=self._tensors(ready),
                                           backward_end_s=statistics.median(b for b, _ in timeline),
                                           step_s=statistics.median(t for _, t in timeline),
-                                          notes=dict(self.profile.notes, refined_steps=len(timeline)))
+                                          notes=dict(self.profile.notes, refined_steps=len(timeline),
+                                                     measured_s=statistics.median(self._measured[1:])))
             text = profile.to_json()
         from .broadcast import broadcast_object
         text = broadcast_object(text, root_rank=0, name=f"PlanRefined.{self.label}.{self.version}")
         profile = Profile.from_json(text, "rank 0's refined profile")
         predicted = predict(*self.plan.simulated(profile))
+        measured = float(profile.notes["measured_s"])
         log.info("gradpress: plan %d re-based on the backward measured under it (%.1f ms, profiled %.1f ms): "
-                 "predicted %.1f ms (was %.1f ms)", self.version, 1e3 * profile.backward_end_s,
-                 1e3 * self.profile.backward_end_s, 1e3 * predicted, 1e3 * self.plan.predicted_s)
+                 "predicted %.1f ms (was %.1f ms), measured %.1f ms", self.version, 1e3 * profile.backward_end_s,
+                 1e3 * self.profile.backward_end_s, 1e3 * predicted, 1e3 * self.plan.predicted_s, 1e3 * measured)
         self.profile = profile
-        self.plan = dataclasses.replace(self.plan, predicted_s=predicted, refined=True)
+        plan = dataclasses.replace(self.plan, predicted_s=predicted, alternative=None)
+        if self.plan.alternative is not None:  # measure the other kind of plan next
+            self._tried = (plan, profile, measured)
+            self._switch(self.plan.alternative)
+            return
+        if self._tried is not None:
+            first, first_profile, first_measured = self._tried
+            self._tried = None
+            if first_measured < measured:
+                log.info("gradpress: plan %d measured %.1f ms against %.1f ms: going back to it", self.version - 1,
+                         1e3 * first_measured, 1e3 * measured)
+                self.profile = first_profile
+                self._switch(first)
+                plan = self.plan
+        self.refined = True
+        self.plan = dataclasses.replace(plan, refined=True)
         # the measured times stay: a link that changed meanwhile is still seen as drift
-        self._reference_s = predicted
+        self._reference_s = self.plan.predicted_s
+
+    def _switch(self, plan: Plan) -> None:
+        """Apply another plan at this step boundary; the residuals go to its first pushes."""
+        self.version += 1
+        self._hand_over_residuals()
+        self._apply(plan)
 
     def _probe(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
         """Median times of uncompressed push_pulls, every worker at once: one partition of a
@@ -286,6 +312,7 @@ class AutoPlanner:
         self._hand_over_residuals()
         self.profile = Profile.from_json(text, "rank 0's profile")
         self._apply(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
+        self.refined, self._tried = False, None  # re-based (and its alternative tried) again
 
     def _hand_over_residuals(self) -> None:
         """Each compressed group's error feedback goes into its members' next push."""
