@@ -1,7 +1,7 @@
 """Re-planning when the link really changes: a job of ``compressor: auto`` in network
-namespaces plans on the unshaped veth link; the test then limits every link to 100 Mbit/s
+namespaces plans on the unshaped veth link; the test then limits every link to 10 Mbit/s
 with ``tc`` while the workers wait at a step boundary. The planner must see its
-iterations drift, re-measure the network (a rate near 100 Mbit/s), re-plan on every
+iterations drift, re-measure the network (a rate near 10 Mbit/s), re-plan on every
 worker alike, and hand every residual over: the parameters stay bit-identical to a numpy
 replay of each step's plan.
 """
@@ -23,10 +23,12 @@ from gradpress.testing import netns
 
 pytestmark = [pytest.mark.integ, pytest.mark.netns]
 REPO = Path(__file__).resolve().parents[1]
-# 6 x 64 KB of gradients: about 1 ms per step on the bare veth, tens of ms at 100 Mbit/s
+# 6 x 64 KB of gradients: about 1 ms per step on the bare veth. 10 Mbit/s, not 100: even a plan
+# that compresses everything (onebit, 12 KB a step) then drifts clearly off a prediction re-based
+# on the fast link (at 100 Mbit/s it could stay within 20% under the two-process suite)
 SHAPE = Shape(steps=14, plan_steps=3, layers=6, width=128, lr=0.01)
 PAUSE_AFTER_STEP = 4          # after two planned steps; the drift check at step 10 sees 5 slow ones
-RATE, RATE_BYTES_PER_S = "100mbit", 100e6 / 8
+RATE, RATE_BYTES_PER_S = "10mbit", 10e6 / 8
 
 
 def _start(cluster: netns.NetnsCluster, tmp: Path) -> dict:
@@ -66,7 +68,8 @@ def test_a_slower_link_mid_run_is_re_measured_and_re_planned_without_losing_a_re
 
     results = [torch.load(tmp_path / f"w{r}.pt", weights_only=False) for r in range(2)]
     a, b = results
-    assert a["version"] >= 1, f"no re-plan after the link slowed: links measured {a['links']}"
+    assert a["version"] >= 1, (f"no re-plan after the link slowed: links measured {a['links']}, plan "
+                               f"{a['options']} predicted {a['predicted']:.4f} s")
     first_link, last_link = a["links"][PAUSE_AFTER_STEP], a["links"][-1]
     assert first_link > 10 * RATE_BYTES_PER_S, f"the unshaped link measured {first_link:.3g} B/s"
     # within 0.4-2.5x: the probes are capped at the 256 KB partition (two sizes, 64 KB and 256 KB),
