@@ -44,7 +44,7 @@ model = torch.nn.Sequential(*[torch.nn.Linear({width}, {width}) for _ in range({
 opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr={lr}), named_parameters=model.named_parameters(),
                                compression_params=json.loads(os.environ["GP_AUTO"]))
 g = torch.Generator().manual_seed(100 + r)
-planned, step_groups, links = [], [], []
+planned, step_groups, links, refined = [], [], [], []
 names = {{id(p): n for n, p in model.named_parameters()}}
 def groups_now():
     return [([names[id(p)] for p in grp.members], grp.name, grp.spec.compression_params if grp.spec else None)
@@ -56,6 +56,7 @@ for step in range({steps}):
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.step()
+    refined.append(opt._gp_auto.refined)
     profile = opt._gp_auto.profile
     links.append(profile.link.bytes_per_s if profile is not None else None)
     if step == pause_at:
@@ -67,7 +68,7 @@ for step in range({steps}):
 plan = opt.gradpress_plan
 keys = {{n: [t.tensor_id, t.parts] for n, t in ops.client().tensors.items()}}
 torch.save({{"state": model.state_dict(), "planned": planned, "groups": groups_now(), "step_groups": step_groups,
-             "keys": keys, "version": opt._gp_auto.version, "links": links, "refined": opt._gp_auto.refined,
+             "keys": keys, "version": opt._gp_auto.version, "links": links, "refined": refined,
              "options": plan.options, "predicted": plan.predicted_s}},
            os.path.join(test_dir, f"w{{r}}.pt"))
 bps.shutdown()
