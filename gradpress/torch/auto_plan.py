@@ -95,7 +95,8 @@ class AutoPlanner:
         if self.plan is None:
             self._ready[id(p)].append(time.perf_counter() - self._iter_start)
             return False
-        self._planned_ready[id(p)].append(time.perf_counter() - self._iter_start)
+        if not self.refined:  # the timeline the re-basing reads; once settled, nothing reads it
+            self._planned_ready[id(p)].append(time.perf_counter() - self._iter_start)
         group = self.group_of.get(id(p))
         if group is None:  # factored: reduced with the plan's other matrices in synchronize()
             return True
@@ -132,8 +133,11 @@ class AutoPlanner:
             if self._steps >= max(2, self.settings.plan_steps):
                 self._make_plan()
         else:
-            self._measured.append(elapsed)
-            self._planned_timeline.append((self._backward_end, step_s))
+            # kept only as far back as the re-basing and the drift check read (a long job
+            # would otherwise grow them by a step's entries every step)
+            self._measured = self._measured[-max(REFINE_STEPS, DRIFT_STEPS):] + [elapsed]
+            if not self.refined:
+                self._planned_timeline.append((self._backward_end, step_s))
             if not self.refined and len(self._planned_timeline) > REFINE_STEPS:
                 self._refine()
             elif self._steps % DRIFT_CHECK_STEPS == 0 and self._drift_agreed():
