@@ -41,7 +41,7 @@ NUM_WORKERS = 2
 POWERSGD_START_ITER = 2  # the smallest PyTorch allows with error feedback / warm start
 # gp_auto profiles for some steps before it plans; its timed iterations start once every
 # worker has the plan, or after this many extra warm-up iterations (then it is a miss)
-AUTO_MAX_EXTRA_WARMUP = 40
+AUTO_MAX_EXTRA_WARMUP = 60
 IFACE = "eth0"
 
 
@@ -67,6 +67,12 @@ def predicted_s(opt) -> float | None:
     """The planner's predicted iteration time, None before it has planned (or without one)."""
     plan = getattr(opt, "gradpress_plan", None)
     return getattr(plan, "predicted_s", None)
+
+
+def measured_plans(opt) -> list[tuple[str, float]]:
+    """The plans the planner ran and measured before it settled (its last trial)."""
+    planner = getattr(opt, "_gp_auto", None)
+    return [(plan.summary(), round(s, 4)) for plan, s in getattr(planner, "measured_plans", [])]
 
 
 def everyone_planned(bps, opt) -> bool:
@@ -157,7 +163,8 @@ def train(system: str, model_name: str, warmup: int, iters: int, out: str, ddp_r
         json.dump({"rank": rank, "times": times[first:], "warmup_times": times[:first], "tx_bytes": sent,
                    "cpu_s_per_iter": cpu_s, "page_faults_per_iter": faults,
                    "thread_cpu_s_per_iter": per_thread, "losses": losses,
-                   "predicted_s": predictions[first:], "planned_at": planned_at, "phases_s": phases[first:]}, fh)
+                   "predicted_s": predictions[first:], "planned_at": planned_at, "phases_s": phases[first:],
+                   "measured_plans": measured_plans(opt)}, fh)
     finish()
 
 

@@ -29,12 +29,28 @@ class Shape:
 WORKER = """
 import json, os, time, torch, gradpress.torch as bps
 from gradpress.torch import auto_plan, ops
+# (drift is checked once a plan has settled: re-based after 2 planned steps here)
+if os.environ.get("GP_REFINE_STEPS"):
+    auto_plan.REFINE_STEPS = int(os.environ["GP_REFINE_STEPS"])
+if os.environ.get("GP_TRIALS"):  # how many of the decision's uniform alternatives to measure
+    import gradpress.planner.decide
+    gradpress.planner.decide.TRIALS = int(os.environ["GP_TRIALS"])
 if os.environ.get("GP_FORCE_REPLAN"):  # every other step counts as drifted and the link as changed
     auto_plan.DRIFT, auto_plan.DRIFT_STEPS, auto_plan.DRIFT_CHECK_STEPS = -1.0, 1, 2
-    auto_plan.LINK_CHANGE = -1.0
+    auto_plan.LINK_CHANGE, auto_plan.REFINE_STEPS = -1.0, 1
 if os.environ.get("GP_FORCE_DRIFT"):  # drifted, but the link is as profiled: the plan must stay
     auto_plan.DRIFT, auto_plan.DRIFT_STEPS, auto_plan.DRIFT_CHECK_STEPS = -1.0, 1, 2
-    auto_plan.LINK_CHANGE = 1e9
+    auto_plan.LINK_CHANGE, auto_plan.REFINE_STEPS = 1e9, 1
+if os.environ.get("GP_FORCE_TRIAL"):  # the decision's alternatives: its groups raw, then every tensor apart
+    import dataclasses
+    real_decide = auto_plan.decide
+    def forced(profile, options, min_bytes):
+        plan = real_decide(profile, options, min_bytes)
+        apart = tuple((i,) for i in range(len(profile.tensors)))
+        return dataclasses.replace(plan, alternatives=(
+            dataclasses.replace(plan, options=("none",) * len(plan.groups)),
+            dataclasses.replace(plan, groups=apart, options=plan.options[:1] * len(apart))))
+    auto_plan.decide = forced
 pause_at = int(os.environ.get("GP_PAUSE_AFTER_STEP", "-1"))  # the test changes the link meanwhile
 test_dir = os.environ["GP_TEST_DIR"]
 bps.init()
@@ -69,7 +85,8 @@ plan = opt.gradpress_plan
 keys = {{n: [t.tensor_id, t.parts] for n, t in ops.client().tensors.items()}}
 torch.save({{"state": model.state_dict(), "planned": planned, "groups": groups_now(), "step_groups": step_groups,
              "keys": keys, "version": opt._gp_auto.version, "links": links, "refined": refined,
-             "options": plan.options, "predicted": plan.predicted_s}},
+             "options": plan.options, "predicted": plan.predicted_s,
+             "measured_plans": [(p.groups, p.options, m) for p, m in opt._gp_auto.measured_plans]}},
            os.path.join(test_dir, f"w{{r}}.pt"))
 bps.shutdown()
 """

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gradpress.planner.decide import decide, group_by_threshold
+from gradpress.planner.decide import TRIAL_MARGIN, TRIALS, decide, group_by_threshold
 from gradpress.planner.profile import (CodecCost, LinearCost, Link, Profile, ProfileError, TensorProfile,
                                        fit_linear, fit_link, fit_message)
 from gradpress.planner.simulate import predict
@@ -88,6 +88,26 @@ def test_a_codec_where_the_link_is_slow():
     plan = decide(prof, ["none", "onebit"])
     assert set(plan.options) == {"onebit"}, plan.options
     assert plan.predicted_s < predict(prof, [(i,) for i in range(4)], ["none"] * 4) / 5
+
+
+def test_plans_predicted_close_are_left_to_the_job_to_measure():
+    # 10 MB/s: two codecs of near cost and payload are close, raw is 16x slower
+    near = CodecCost(LinearCost(0, 1 / 0.6e9), LinearCost(0, 1 / 2e9), LinearCost(0, 1 / 2e9), 1 / 30)
+    prof = profile([(16 * MB, 0.02 * (i + 1)) for i in range(4)], rate=10e6, backward=0.1,
+                   codecs={"none": RAW, "onebit": SLOW_CODEC, "near": near})
+    plan = decide(prof, ["none", "onebit", "near"])
+    assert 1 <= len(plan.alternatives) <= TRIALS
+    seen = [plan]
+    for alt in plan.alternatives:
+        assert len(set(alt.options)) == 1 and alt.options[0] != "none", alt.options  # uniform, compressed
+        assert alt.predicted_s <= TRIAL_MARGIN * plan.predicted_s
+        assert alt.predicted_s == pytest.approx(predict(prof, list(alt.groups), list(alt.options)), rel=1e-12)
+        assert not any(alt.same_as(p) for p in seen), "a plan measured twice"
+        seen.append(alt)
+    assert [a.predicted_s for a in plan.alternatives] == sorted(a.predicted_s for a in plan.alternatives)
+    # a single option: nothing else to measure
+    assert decide(prof, ["onebit"]).alternatives == ()
+    assert "to measure too: near x" in plan.table(prof) or "to measure too: onebit x" in plan.table(prof)
 
 
 def test_a_message_costs_the_communication_thread():

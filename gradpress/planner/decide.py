@@ -18,8 +18,13 @@ MergeComp's fusion (arXiv 2103.15195):
 
 3. A low-rank option (``planner/low_rank.py``) is one more candidate: every matrix it can
    factor travels as factors, and the rest is planned as above on the derived profile; the
-   faster of the two plans is chosen, the other kept as its ``alternative`` (the job tries
-   both and keeps the one it measures faster: ``torch/auto_plan.py``).
+   faster of the two plans is chosen.
+4. The plan's ``alternatives``, for the job to run and measure (``torch/auto_plan.py``
+   keeps whichever rank 0 measured fastest): the best plan of the other kind (factoring or
+   not), and each option's best uniform plan predicted within ``TRIAL_MARGIN`` of the chosen
+   one, at most ``TRIALS`` in all. The simulator does not see the CPU that codecs take from
+   backward where workers and servers share a host's cores, so plans it ranks close
+   together are ranked by measurement instead.
 
 The result is a pure function of the profile and the options, so every worker, given
 rank 0's profile, computes the same plan.
@@ -36,6 +41,8 @@ from .profile import Profile
 from .simulate import Group, Layout
 
 THRESHOLDS = (0, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
+TRIAL_MARGIN = 1.5   # a uniform plan predicted this close to the chosen one is worth measuring
+TRIALS = 3           # at most this many alternatives measured (each costs a few steps)
 
 
 @dataclass(frozen=True)
@@ -47,9 +54,13 @@ class Plan:
     low_rank: tuple[int, ...] = ()    # tensors that travel as factors, in no group
     low_rank_option: str | None = None
     refined: bool = False             # settled: predicted_s re-based on the backward measured under it
-    # the best plan of the other kind (factoring or not), for the job to try and measure: the
-    # simulator does not see the CPU that element-wise codecs take from backward on a shared host
-    alternative: "Plan | None" = None
+    # plans for the job to try and measure, best predicted first (step 4 of the module's doc)
+    alternatives: tuple["Plan", ...] = ()
+
+    def same_as(self, other: "Plan") -> bool:
+        """Sends every tensor the same way (predictions aside)."""
+        return (self.groups, self.options, self.low_rank, self.low_rank_option) == \
+            (other.groups, other.options, other.low_rank, other.low_rank_option)
 
     def table(self, profile: Profile) -> str:
         """The plan as a table: tensor, size, decision, group, predicted landing (a matrix
@@ -69,7 +80,17 @@ class Plan:
         rows.append(f"predicted iteration: {1e3 * self.predicted_s:.1f} ms ({len(self.groups)} groups, "
                     f"{len(self.low_rank)} matrices as factors, {len(profile.tensors)} tensors; "
                     f"decided in {self.decision_ms:.2f} ms)")
+        for alt in self.alternatives:
+            rows.append(f"to measure too: {alt.summary()}, predicted {1e3 * alt.predicted_s:.1f} ms")
         return "\n".join(rows)
+
+    def summary(self) -> str:
+        """How many groups travel each way, e.g. ``onebit x 12, none x 30``."""
+        counts = {o: self.options.count(o) for o in sorted(set(self.options))}
+        parts = [f"{o} x {n}" for o, n in counts.items()]
+        if self.low_rank:
+            parts.append(f"{len(self.low_rank)} matrices as {self.low_rank_option} factors")
+        return ", ".join(parts) or "nothing"
 
     def simulated(self, profile: Profile) -> tuple[Profile, list[Group], list[str]]:
         """The profile, groups and options the simulator runs for this plan (the derived
@@ -114,35 +135,55 @@ def decide(profile: Profile, options: list[str], min_compress_bytes: int = 65536
     if len(factored) > 1:
         raise ValueError(f"options {factored}: at most one low-rank option (its matrices are reduced together)")
     elementwise = sorted(set(options) - set(factored)) or ["none"]
-    groups, chosen, t = _decide_elementwise(profile, elementwise, min_compress_bytes, factors=False)
+    groups, chosen, t, uniform = _decide_elementwise(profile, elementwise, min_compress_bytes, factors=False)
     plan = Plan(groups, chosen, t, 0.0)
+    other = None
     matrices = low_rank.eligible(profile, factored[0], min_compress_bytes) if factored else ()
     if matrices:
         sim, kept = low_rank.derived(profile, factored[0], matrices)
-        groups, chosen, t = _decide_elementwise(sim, elementwise, min_compress_bytes, factors=True)
+        groups, chosen, t, _ = _decide_elementwise(sim, elementwise, min_compress_bytes, factors=True)
         # the factor group is the last: it is no group of the plan
         factoring = Plan(tuple(tuple(kept[i] for i in g) for g in groups[:-1]), chosen[:-1], t, 0.0, matrices,
                          factored[0])
         plan, other = (factoring, plan) if t < plan.predicted_s else (plan, factoring)
-        plan = replace(plan, alternative=other)
-    return replace(plan, decision_ms=1e3 * (time.perf_counter() - start))
+    alternatives = _alternatives(plan, other, [Plan(g, o, t, 0.0) for t, g, o in uniform])
+    return replace(plan, decision_ms=1e3 * (time.perf_counter() - start), alternatives=alternatives)
 
 
-def _decide_elementwise(profile: Profile, options: list[str], min_compress_bytes: int,
-                        factors: bool) -> tuple[tuple[Group, ...], tuple[str, ...], float]:
-    """Steps 1 and 2: groups, each group's option, the simulated time. With ``factors``
-    the profile's last tensor is the low-rank factors: alone in its group, sent raw."""
+def _alternatives(plan: Plan, other: Plan | None, uniform: list[Plan]) -> tuple[Plan, ...]:
+    """Step 4: the other kind of plan always (the simulator's blind spot is largest
+    between them), then uniform plans near the chosen one, best predicted first."""
+    out = [other] if other is not None else []
+    near = sorted((u for u in uniform if u.predicted_s <= TRIAL_MARGIN * plan.predicted_s),
+                  key=lambda u: u.predicted_s)
+    for u in near:
+        if len(out) < TRIALS and not any(u.same_as(p) for p in [plan] + out):
+            out.append(u)
+    return tuple(out)
+
+
+def _decide_elementwise(profile: Profile, options: list[str], min_compress_bytes: int, factors: bool
+                        ) -> tuple[tuple[Group, ...], tuple[str, ...], float, list[tuple[float, tuple[Group, ...],
+                                                                                    tuple[str, ...]]]]:
+    """Steps 1 and 2: groups, each group's option, the simulated time; and each option's
+    best uniform plan (time, groups, options). With ``factors`` the profile's last tensor
+    is the low-rank factors: alone in its group, sent raw."""
     names = sorted(set(options) | {"none"})
     # the option that sends the most first: ties go to it, as it loses the least
     allowed = [names.index(o) for o in sorted(set(options), key=lambda o: (-profile.codecs[o].payload_ratio, o))]
     layouts = [Layout(profile, _grouping(profile, th, factors), names) for th in THRESHOLDS]
     pinned = len(layouts[0].groups) - 1 if factors else -1
-    uniform = [_uniform_best(layout, allowed, min_compress_bytes, pinned) for layout in layouts]
-    i = min(range(len(layouts)), key=lambda i: (uniform[i][0], i))
-    assignment, t = uniform[i][1], uniform[i][0]
+    per_option = [_uniform(layout, allowed, min_compress_bytes, pinned) for layout in layouts]
+    # each layout's best (ties to the option tried first), then the best layout (ties to the finer)
+    best = [_first_best(options_t) for options_t in per_option]
+    i = min(range(len(layouts)), key=lambda i: (best[i][0], i))
+    t, assignment = best[i]
+    uniform = [min(((per_option[j][k][0], j, per_option[j][k][1]) for j in range(len(layouts))),
+                   key=lambda x: (x[0], x[1])) for k in range(len(allowed))]
     if t > layouts[i].floor_s() + 1e-9:  # at the floor, no plan can be faster
         assignment, t = _greedy(layouts[i], allowed, assignment, min_compress_bytes, pinned)
-    return tuple(layouts[i].groups), tuple(names[a] for a in assignment), t
+    return (tuple(layouts[i].groups), tuple(names[a] for a in assignment), t,
+            [(ut, tuple(layouts[ui].groups), tuple(names[a] for a in ua)) for ut, ui, ua in uniform])
 
 
 def _grouping(profile: Profile, threshold: int, factors: bool) -> list[Group]:
@@ -158,20 +199,26 @@ def _sizes(layout: Layout) -> list[int]:
     return layout.group_bytes
 
 
-def _uniform_best(layout: Layout, allowed: list[int], min_compress_bytes: int,
-                  pinned: int = -1) -> tuple[float, np.ndarray]:
-    """The best plan that sends every group above ``min_compress_bytes`` the same way
-    (ties to the option tried first: the one that sends the most, so loses the least);
-    group ``pinned`` is always sent raw."""
+def _uniform(layout: Layout, allowed: list[int], min_compress_bytes: int,
+             pinned: int = -1) -> list[tuple[float, np.ndarray]]:
+    """For each option of ``allowed``, the plan that sends every group above
+    ``min_compress_bytes`` that way, and its simulated time; group ``pinned`` is always raw."""
     sizes = _sizes(layout)
     none = layout.options.index("none")
-    best = (np.inf, None)
+    out = []
     for o in allowed:
         assignment = np.array([o if b >= min_compress_bytes and g != pinned else none
                                for g, b in enumerate(sizes)], np.int64)
-        t = layout.predict(assignment)
-        if t < best[0] - 1e-12:
-            best = (t, assignment)
+        out.append((layout.predict(assignment), assignment))
+    return out
+
+
+def _first_best(candidates: list[tuple[float, np.ndarray]]) -> tuple[float, np.ndarray]:
+    """The fastest; a later one only where it is faster by more than rounding."""
+    best = candidates[0]
+    for c in candidates[1:]:
+        if c[0] < best[0] - 1e-12:
+            best = c
     return best
 
 

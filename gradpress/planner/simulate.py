@@ -47,12 +47,13 @@ class Layout:
         self.copy_out = np.zeros(len(self.groups))
         self.group_bytes = []
         for g, members in enumerate(self.groups):
-            # members are consecutive in ready order: the last is ready last
+            # a group is ready with its last member (a re-based timeline keeps the decision's
+            # order, so "last" is the latest, not the final index)
             nbytes = sum(prof.tensors[i].nbytes for i in members)
             self.group_bytes.append(nbytes)
             fused = len(members) > 1
             self.copy_out[g] = copy(nbytes) if fused else 0.0
-            at = prof.tensors[members[-1]].ready_s + (copy(nbytes) if fused else 0.0)
+            at = max(prof.tensors[i].ready_s for i in members) + (copy(nbytes) if fused else 0.0)
             pr = max(prof.tensors[i].priority for i in members)
             parts = _partitions(nbytes, prof.partition_bytes)
             sizes += parts

@@ -82,7 +82,9 @@ class AutoPlanner:
         self._planned_ready: dict[int, list[float]] = {id(p): [] for p in params}
         self._planned_timeline: list[tuple[float, float]] = []
         self.refined = False       # the plan has been re-based on the timeline measured under it
-        self._tried: tuple[Plan, Profile, float] | None = None  # a plan measured, its alternative running
+        self._trials: list[tuple[Plan, Profile, float]] = []  # plans measured so far (re-based, median s)
+        self._pending: list[Plan] = []                          # the decision's alternatives not yet run
+        self.measured_plans: list[tuple[Plan, float]] = []      # the last trial: each plan, its median s
         self._measured: list[float] = []
 
     # ---- called by the optimizer ------------------------------------------------
@@ -138,8 +140,10 @@ class AutoPlanner:
             self._measured = self._measured[-max(REFINE_STEPS, DRIFT_STEPS):] + [elapsed]
             if not self.refined:
                 self._planned_timeline.append((self._backward_end, step_s))
-            if not self.refined and len(self._planned_timeline) > REFINE_STEPS:
-                self._refine()
+            if not self.refined:
+                if len(self._planned_timeline) > REFINE_STEPS:
+                    self._refine()
+            # (not while plans are being measured: their own times are not yet the reference)
             elif self._steps % DRIFT_CHECK_STEPS == 0 and self._drift_agreed():
                 self._replan()
         self._iter_start = time.perf_counter()
@@ -169,7 +173,12 @@ class AutoPlanner:
         from .broadcast import broadcast_object
         text = broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.label}.{self.version}")
         self.profile = Profile.from_json(text, "rank 0's profile")
-        self._apply(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
+        self._start(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
+
+    def _start(self, plan: Plan) -> None:
+        """Apply a decision; its alternatives run after it, one by one, to be measured."""
+        self._trials, self._pending = [], list(plan.alternatives)
+        self._apply(dataclasses.replace(plan, alternatives=()))
 
     def _tensors(self, ready: dict[int, list[float]]) -> tuple[TensorProfile, ...]:
         """The managed tensors in the order their gradients became ready (median times in
@@ -185,14 +194,18 @@ class AutoPlanner:
         iteration time. The plan is not decided again on that timeline: a plan whose codecs
         cost more CPU would slow the backward it was decided on (this model does not see CPU
         shared between the training thread, the communication thread and the servers), and
-        the plans would alternate. Instead, where the decision had an alternative of the other
-        kind (factoring or not), the job runs it for as many steps, measures it the same way,
-        and keeps whichever of the two measured faster."""
+        the plans would alternate. Instead the decision's alternatives (``Plan.alternatives``)
+        run next, each for as many steps and measured the same way, and the job keeps
+        whichever rank 0 measured fastest (every worker reads the same broadcast medians)."""
         text = None
         if ops.rank() == 0:
             ready = {pid: times[1:] for pid, times in self._planned_ready.items()}
             timeline = self._planned_timeline[1:]
-            profile = dataclasses.replace(self.profile, tensors=self._tensors(ready),
+            # the decision's order kept: the plans' groups index it
+            by_name = {self.names[id(p)]: id(p) for p in self.params}
+            tensors = tuple(dataclasses.replace(t, ready_s=statistics.median(ready[by_name[t.name]] or [0.0]))
+                            for t in self.profile.tensors)
+            profile = dataclasses.replace(self.profile, tensors=tensors,
                                           backward_end_s=statistics.median(b for b, _ in timeline),
                                           step_s=statistics.median(t for _, t in timeline),
                                           notes=dict(self.profile.notes, refined_steps=len(timeline),
@@ -207,20 +220,19 @@ class AutoPlanner:
                  "predicted %.1f ms (was %.1f ms), measured %.1f ms", self.version, 1e3 * profile.backward_end_s,
                  1e3 * self.profile.backward_end_s, 1e3 * predicted, 1e3 * self.plan.predicted_s, 1e3 * measured)
         self.profile = profile
-        plan = dataclasses.replace(self.plan, predicted_s=predicted, alternative=None)
-        if self.plan.alternative is not None:  # measure the other kind of plan next
-            self._tried = (plan, profile, measured)
-            self._switch(self.plan.alternative)
+        self._trials.append((dataclasses.replace(self.plan, predicted_s=predicted), profile, measured))
+        if self._pending:  # measure the next alternative
+            self._switch(self._pending.pop(0))
             return
-        if self._tried is not None:
-            first, first_profile, first_measured = self._tried
-            self._tried = None
-            if first_measured < measured:
-                log.info("gradpress: plan %d measured %.1f ms against %.1f ms: going back to it", self.version - 1,
-                         1e3 * first_measured, 1e3 * measured)
-                self.profile = first_profile
-                self._switch(first)
-                plan = self.plan
+        best = min(range(len(self._trials)), key=lambda i: (self._trials[i][2], i))
+        plan, self.profile, _ = self._trials[best]
+        if len(self._trials) > 1:
+            log.info("gradpress: plans measured (ms): %s; keeping %s",
+                     "; ".join(f"{p.summary()}: {1e3 * m:.1f}" for p, _, m in self._trials), plan.summary())
+        if best != len(self._trials) - 1:
+            self._switch(plan)
+        self.measured_plans = [(p, m) for p, _, m in self._trials]
+        self._trials = []
         self.refined = True
         self.plan = dataclasses.replace(plan, refined=True)
         # the measured times stay: a link that changed meanwhile is still seen as drift
@@ -315,8 +327,8 @@ class AutoPlanner:
                  1e3 * self.plan.predicted_s)
         self._hand_over_residuals()
         self.profile = Profile.from_json(text, "rank 0's profile")
-        self._apply(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
-        self.refined, self._tried = False, None  # re-based (and its alternative tried) again
+        self._start(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
+        self.refined = False  # re-based (and its alternatives tried) again
 
     def _hand_over_residuals(self) -> None:
         """Each compressed group's error feedback goes into its members' next push."""
