@@ -47,6 +47,7 @@ for label, params in json.loads(os.environ["GP_RUNS"]).items():
                        planner.plan.low_rank_option, planner.plan.predicted_s)
         out["matrices"] = sorted(names[id(p)] for p in planner.factored)
         out["refined"], out["version"] = planner.refined, planner.version
+        out["notes"] = planner.profile.notes
         out["residuals"] = {{names[i]: t for i, t in planner.residuals().items()}}
     results[label] = out
 torch.save(results, os.path.join(os.environ["GP_TEST_DIR"], f"{{label}}{{r}}.pt"))
@@ -107,5 +108,8 @@ def test_the_job_tries_the_other_kind_of_plan_and_keeps_the_faster(tmp_path):
     # first the factoring plan (a 1 MB/s link, as the decision saw it), then the raw one
     assert planned[:6] == [2] * 6 and planned[6:12] == [0] * 6, planned
     assert planned[-1] in (0, 2) and planned[-1] == len(a["matrices"])
+    # the factoring plan's re-basing took the factor work it measured (the raw plan's trial
+    # started from that profile, so either way the settled profile carries it)
+    assert a["notes"]["factor_work_measured_s"] > 0 and a["notes"]["rebuild_measured_s"] > 0, a["notes"]
     for name, value in a["state"].items():
         assert torch.equal(value, b["state"][name]), f"{name}: workers differ"

@@ -262,6 +262,23 @@ def test_the_factor_prediction_by_hand():
     assert plan.predicted_s == pytest.approx(want, rel=1e-9)
 
 
+def test_factor_costs_re_based_on_what_the_job_measured():
+    from gradpress.planner import low_rank
+    prof = Profile(2, 1, (TensorProfile("w", 4 * MB, 0.1, 0, 1024),), 0.1, 0.01, {"none": RAW, "acpsgd": ACP},
+                   Link(1e-4, 12.5e6), 0.0, partition_bytes=4 * MB)
+    plan = decide(prof, ["acpsgd"])
+    # calibrated: 0.25 ms of factor work and 0.08 ms of reconstruction; the job measured 3x and 2x that
+    work, rebuild = 6e-11 * 4 * MB, 2e-11 * 4 * MB
+    rebased = low_rank.measured(prof, "acpsgd", plan.low_rank, 3 * work, 2 * rebuild)
+    cost = rebased.codecs["acpsgd"]
+    assert cost.compress(4 * MB) == pytest.approx(3 * work) and cost.decompress(4 * MB) == pytest.approx(2 * rebuild)
+    assert predict(*plan.simulated(rebased)) == pytest.approx(plan.predicted_s + 2 * work + rebuild, rel=1e-9)
+    assert rebased.notes["factor_work_measured_s"] == 3 * work
+    assert Profile.from_json(rebased.to_json()).codecs["acpsgd"] == cost  # it travels in the broadcast profile
+    # nothing measured (no compressed step yet): the calibration stands
+    assert low_rank.measured(prof, "acpsgd", plan.low_rank, 0.0, 0.0) is prof
+
+
 def test_low_rank_options_of_auto_are_checked():
     from gradpress.compressors import auto
     from gradpress.torch.momentum_path import momentum_codec_problem

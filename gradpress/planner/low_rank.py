@@ -39,3 +39,20 @@ def derived(profile: Profile, option: str, chosen: tuple[int, ...]) -> tuple[Pro
     lowest = min(t.priority for t in profile.tensors) - 1
     tensors = tuple(profile.tensors[i] for i in kept) + (TensorProfile(FACTORS, factor_bytes, end, lowest),)
     return replace(profile, tensors=tensors, backward_end_s=end, step_s=profile.step_s + rebuild), kept
+
+
+def measured(profile: Profile, option: str, chosen: tuple[int, ...], work_s: float, rebuild_s: float) -> Profile:
+    """The profile with ``option``'s costs scaled so that the ``chosen`` matrices' factor
+    work and reconstruction take what a job measured (``work_s``, ``rebuild_s`` per step):
+    the calibration ran them alone, the job runs them beside the other workers and servers."""
+    cost = profile.codecs[option]
+    matrices = [profile.tensors[i] for i in chosen]
+    work = sum(cost.compress(t.nbytes) for t in matrices)
+    rebuild = sum(cost.decompress(t.nbytes) for t in matrices)
+    if work <= 0 or rebuild <= 0 or work_s <= 0 or rebuild_s <= 0:
+        return profile
+    cost = replace(cost, compress=cost.compress.scaled(work_s / work),
+                   decompress=cost.decompress.scaled(rebuild_s / rebuild))
+    notes = dict(profile.notes, factor_work_measured_s=work_s, factor_work_calibrated_s=work,
+                 rebuild_measured_s=rebuild_s, rebuild_calibrated_s=rebuild)
+    return replace(profile, codecs={**profile.codecs, option: cost}, notes=notes)

@@ -37,6 +37,9 @@ class LinearCost:
     def __call__(self, nbytes: float) -> float:
         return self.fixed_s + self.per_byte_s * nbytes
 
+    def scaled(self, factor: float) -> "LinearCost":
+        return LinearCost(self.fixed_s * factor, self.per_byte_s * factor)
+
 
 @dataclass(frozen=True)
 class CodecCost:

@@ -34,7 +34,7 @@ import torch
 from ..compressors import auto
 from ..compressors.lowrank import LowRankParams
 from ..compressors.spec import CodecSpec
-from ..planner import calibrate
+from ..planner import calibrate, low_rank
 from ..planner.decide import Plan, decide
 from ..planner.simulate import predict
 from ..planner.profile import Profile, TensorProfile, fit_link, fit_message
@@ -81,6 +81,7 @@ class AutoPlanner:
         self._timeline: list[tuple[float, float]] = []   # (backward end, step) per profiled step
         self._planned_ready: dict[int, list[float]] = {id(p): [] for p in params}
         self._planned_timeline: list[tuple[float, float]] = []
+        self._planned_factors: list[tuple[float, float]] = []  # (factor work, reconstruction) s per step
         self.refined = False       # the plan has been re-based on the timeline measured under it
         self._trials: list[tuple[Plan, Profile, float]] = []  # plans measured so far (re-based, median s)
         self._pending: list[Plan] = []                          # the decision's alternatives not yet run
@@ -140,6 +141,8 @@ class AutoPlanner:
             self._measured = self._measured[-max(REFINE_STEPS, DRIFT_STEPS):] + [elapsed]
             if not self.refined:
                 self._planned_timeline.append((self._backward_end, step_s))
+                if self.reducer is not None:
+                    self._planned_factors.append((self.reducer.work_s, self.reducer.rebuild_s))
             if not self.refined:
                 if len(self._planned_timeline) > REFINE_STEPS:
                     self._refine()
@@ -210,6 +213,11 @@ class AutoPlanner:
                                           step_s=statistics.median(t for _, t in timeline),
                                           notes=dict(self.profile.notes, refined_steps=len(timeline),
                                                      measured_s=statistics.median(self._measured[1:])))
+            if self.plan.low_rank and len(self._planned_factors) > 1:  # (the first also seeds Q)
+                factors = self._planned_factors[1:]
+                profile = low_rank.measured(profile, self.plan.low_rank_option, self.plan.low_rank,
+                                            statistics.median(w for w, _ in factors),
+                                            statistics.median(r for _, r in factors))
             text = profile.to_json()
         from .broadcast import broadcast_object
         text = broadcast_object(text, root_rank=0, name=f"PlanRefined.{self.label}.{self.version}")
@@ -290,6 +298,7 @@ class AutoPlanner:
         self._measured = []
         self._planned_ready = {pid: [] for pid in self._planned_ready}
         self._planned_timeline = []
+        self._planned_factors = []
         self._reference_s = plan.predicted_s  # what drift is measured against
         log.info("gradpress plan %d (rank %d):\n%s", self.version, ops.rank(), plan.table(self.profile))
         tracer = ops.client().tracer

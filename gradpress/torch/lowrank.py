@@ -25,6 +25,7 @@ per product (``kernels/cpu/lowrank.py``); on other devices the same steps run as
 """
 from __future__ import annotations
 
+import time
 import zlib
 from dataclasses import dataclass
 
@@ -90,6 +91,10 @@ class LowRankReducer:
         self.q = torch.zeros(q_len, dtype=torch.float32, device=self.device)
         self.raw_buffer = torch.zeros(sum(n for _, _, n in self.raw), dtype=torch.float32, device=self.device)
         self.factors_ready = False  # Q (and, for ACP-SGD after a P step, P) hold a step's factors
+        # the last compressed step's seconds of factor work (rounds left out) and of
+        # reconstruction: what the planner re-bases its low-rank costs on
+        self.work_s = self.rebuild_s = 0.0
+        self._in_sums = 0.0
         self.math = NumbaMath if self.device.type == "cpu" else TorchMath
 
     # ---- one step ----------------------------------------------------------------------
@@ -147,6 +152,7 @@ class LowRankReducer:
 
     def _compressed_step(self, grads: dict[int, torch.Tensor], tracer) -> None:
         math, workers = self.math, ops.size()
+        start, self._in_sums = time.perf_counter(), 0.0
         if not self.factors_ready:
             self._seed_q()
         k = self.step - self.params.start_step
@@ -173,14 +179,19 @@ class LowRankReducer:
                 math.factor_cols(grads[m.tensor_id], m.error, self._p(m), self._qt(m), True)
                 math.subtract_product(grads[m.tensor_id], m.error, self._p(m), self._qt(m), True)
             self._sum(self.q, "Q", tracer)
+        rebuild = time.perf_counter()
         with tracer.span(f"{self.params.method} reconstruct", step=self.step):
             for m in self.matrices:
                 math.reconstruct(self._p(m), self._qt(m), 1.0 / workers, grads[m.tensor_id])
+        self.work_s = rebuild - start - self._in_sums
+        self.rebuild_s = time.perf_counter() - rebuild
 
     def _sum(self, flat: torch.Tensor, which: str, tracer) -> None:
         """Every worker's factor summed, exactly, in place (uncompressed float32 push_pull)."""
+        start = time.perf_counter()
         with tracer.span(f"{self.params.method} round {which}", step=self.step):
             ops.push_pull_inplace(flat, average=False, priority=self.priority, name=f"{self.prefix}LowRank.{which}")
+        self._in_sums += time.perf_counter() - start
 
     def _seed_q(self) -> None:
         """Q's first value: N(0, 1) from a generator seeded by (seed, name), then orthonormalised."""
