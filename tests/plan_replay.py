@@ -60,7 +60,7 @@ model = torch.nn.Sequential(*[torch.nn.Linear({width}, {width}) for _ in range({
 opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr={lr}), named_parameters=model.named_parameters(),
                                compression_params=json.loads(os.environ["GP_AUTO"]))
 g = torch.Generator().manual_seed(100 + r)
-planned, step_groups, links, refined = [], [], [], []
+planned, step_groups, links, refined, keys = [], [], [], [], {{}}
 names = {{id(p): n for n, p in model.named_parameters()}}
 def groups_now():
     return [([names[id(p)] for p in grp.members], grp.name, grp.spec.compression_params if grp.spec else None)
@@ -73,6 +73,8 @@ for step in range({steps}):
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.step()
     refined.append(opt._gp_auto.refined)
+    # every key a step used (a plan left behind is released, so read them while they exist)
+    keys.update({{n: [t.tensor_id, t.parts] for n, t in ops.client().tensors.items()}})
     profile = opt._gp_auto.profile
     links.append(profile.link.bytes_per_s if profile is not None else None)
     if step == pause_at:
@@ -82,11 +84,11 @@ for step in range({steps}):
             assert time.monotonic() < deadline, "the test never changed the link"
             time.sleep(0.05)
 plan = opt.gradpress_plan
-keys = {{n: [t.tensor_id, t.parts] for n, t in ops.client().tensors.items()}}
 torch.save({{"state": model.state_dict(), "planned": planned, "groups": groups_now(), "step_groups": step_groups,
              "keys": keys, "version": opt._gp_auto.version, "links": links, "refined": refined,
              "options": plan.options, "predicted": plan.predicted_s,
-             "measured_plans": [(p.groups, p.options, m) for p, m in opt._gp_auto.measured_plans]}},
+             "measured_plans": [(p.groups, p.options, m) for p, m in opt._gp_auto.measured_plans],
+             "declared": sorted(n for n in ops.client().tensors if n.startswith("Plan"))}},
            os.path.join(test_dir, f"w{{r}}.pt"))
 bps.shutdown()
 """

@@ -103,3 +103,22 @@ def test_the_server_stops_with_an_error_naming_the_engine_failure(monkeypatch, c
         worker.close()
         if dealer is not None:
             dealer.close(linger=0)
+
+
+def test_a_released_key_is_forgotten_after_the_work_queued_before_it(inproc):
+    engine, replies, _ = inproc
+    engine.start()
+    values = np.arange(4, dtype=np.float32)
+    engine.inbox.put((b"w0", _header(Op.INIT_KEY, key=9, name="t", count=4, dtype="float32"), []))
+    engine.inbox.put((b"w0", _header(Op.PUSH, key=9, round=0, dtype="float32", count=4), [values.tobytes()]))
+    engine.inbox.put((b"w0", _header(Op.PULL, key=9, round=0), []))
+    engine.inbox.put((b"w0", _header(Op.RELEASE, key=9), []))
+    engine.inbox.put((b"w0", _header(Op.RELEASE, key=9), []))  # twice: no error
+    engine.inbox.put((b"w0", _header(Op.PULL, key=9, round=1), []))
+    got = []
+    for _ in range(3):
+        assert replies.poll(5000), f"the engine sent {len(got)} replies, expected 3"
+        got.append(transport.recv(replies, routed=True)[1])
+    assert [h["op"] for h in got] == [Op.PUSH_ACK, Op.PULL_REPLY, Op.ERROR]
+    assert got[2]["key"] == 9 and "not held here" in got[2]["message"] and "released" in got[2]["message"]
+    assert 9 not in engine.keys and not replies.poll(200)

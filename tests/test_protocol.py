@@ -27,6 +27,7 @@ VALID = {
     Op.STATE: dict(key=7, lr=0.01),
     Op.ABORT: dict(reason="ValueError: boom", pid=4242, worker_id=1, local_rank=0),
     Op.SHUTDOWN_ACK: {},
+    Op.RELEASE: dict(key=7),
 }
 
 

@@ -97,3 +97,37 @@ def test_credit_never_deadlocks_workers_that_start_tensors_in_different_orders(c
     c = cluster(workers=2, servers=1, env={"BYTEPS_SCHEDULING_CREDIT": "1", "GRADPRESS_OP_TIMEOUT_S": "10"})
     c.start(CROSSED_ORDER).assert_success(60)
     assert "OK crossed" in c.log("worker 0")
+
+
+RELEASE = """
+import numpy as np, torch, gradpress.torch as bps
+from gradpress.torch import ops
+bps.init()
+r, client = bps.rank(), ops.client()
+params = {"compressor": "onebit", "ef": "vanilla"}
+x = torch.linspace(-1, 1, 3000) * (r + 1)
+for _ in range(2):
+    bps.push_pull(x.clone(), average=True, name="t", compression_params=params)
+if r == 0:
+    residual, _ = client.server_state("t")[0]
+    assert residual is not None and np.abs(residual).sum() > 0, "the server kept no residual"
+client.barrier()
+client.release(["t"], servers=r == 0)  # every worker its own side; rank 0 the servers'
+client.barrier()
+assert client.tensor("t") is None
+# the same name again: the same keys, and the servers start them afresh (no residual yet)
+got = bps.push_pull(x.clone(), average=True, name="t", compression_params=params)
+if r == 0:
+    fresh = bps.push_pull(x.clone(), average=True, name="u", compression_params=params)
+    assert torch.equal(got, fresh), "the released key's old state leaked into its new round"
+else:
+    bps.push_pull(x.clone(), average=True, name="u", compression_params=params)
+print("OK rank", r, flush=True)
+"""
+
+
+def test_a_released_tensor_starts_afresh_on_its_servers(cluster):
+    """release(): a tensor every worker has left is forgotten by the workers and (told by one
+    of them) by its servers: declared again, its keys start with no error-feedback residual."""
+    c = cluster(workers=2, servers=1)
+    c.start(RELEASE).assert_success(120)

@@ -301,3 +301,36 @@ def test_the_deadline_table_forgets_cancelled_callbacks_at_once():
     for e in entries[:2500]:
         table.cancel(e)
     assert len(table) == 500 and len(table._heap) < 3000
+
+
+def test_release_forgets_tensors_here_and_tells_their_servers_once_landed(peers, calls):
+    client = peers.start_client(partition_bytes=16)
+    src, out = np.ones(8, np.float32), np.zeros(8, np.float32)
+    fut = calls.submit(lambda: client.push_pull_async("g", src, out, 1, 0))
+    peers.declare("g", tensor_id=4, servers=[1, 0])
+    job = fut.result(10)
+    # a round in flight: nothing is released, and the caller hears why
+    with pytest.raises(ValueError, match=r"cannot release tensors \['g'\]: a push_pull of them is still under way"):
+        client.release(["g"], servers=True)
+    assert client.tensor("g") is not None
+    for server in (1, 0):
+        peers.serve_round(server, np.ones(4, np.float32))
+    job.result(10)
+    # a compressed tensor's residuals go with it
+    codec = CodecSpec.from_params({"compressor": "onebit", "ef": "vanilla"})
+    client.load_compressor_state("c", {"residuals": {0: np.full(2, 0.5, np.float32)}, "lrs": {}})
+    fut = calls.submit(lambda: client.declare("c", 2, "float32", codec))
+    peers.declare("c", tensor_id=5, servers=[0])
+    fut.result(10)
+    assert client.compressor_state("c") is not None
+    client.release(["g", "c", "never-declared"], servers=True)
+    assert client.tensor("g") is None and client.tensor("c") is None and client.compressor_state("c") is None
+    got = {server: [peers.from_worker_at(server)[1] for _ in range(count)] for server, count in ((0, 2), (1, 1))}
+    assert {(server, h["op"], h["key"]) for server, hs in got.items() for h in hs} == \
+        {(0, Op.RELEASE, make_key(4, 1)), (1, Op.RELEASE, make_key(4, 0)), (0, Op.RELEASE, make_key(5, 0))}
+    # a worker that only forgets its own side sends nothing
+    fut = calls.submit(lambda: client.declare("h", 2, "float32"))
+    peers.declare("h", tensor_id=6, servers=[1])
+    fut.result(10)
+    client.release(["h"], servers=False)
+    assert client.tensor("h") is None and peers.nothing_at(1)

@@ -43,6 +43,7 @@ class Op(IntEnum):
     STATE = 18         # both ways: a key's error-feedback state (reply, or install before a push)
     ABORT = 19         # worker or launcher -> scheduler: a worker failed; `reason` is its first error line
     SHUTDOWN_ACK = 20  # node -> scheduler: SHUTDOWN received; the scheduler exits once every member sent it
+    RELEASE = 21       # worker -> server: forget a key (every worker has left its tensor: an old plan's group)
 
 
 # Schema: op -> (required fields, optional fields), each field name -> accepted types.
@@ -86,6 +87,7 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     # or when it failed before registering
     Op.ABORT: ({"reason": _STR}, {"pid": _INT, "worker_id": _INT, "local_rank": _INT}),
     Op.SHUTDOWN_ACK: ({}, {}),
+    Op.RELEASE: ({"key": _INT}, {}),
 }
 
 # Common fields every header carries.

@@ -92,9 +92,13 @@ class Engine(threading.Thread):
         try:
             if op == Op.INIT_KEY:
                 return self._init_key(identity, header)
+            if op == Op.RELEASE:
+                self._release(header["key"])
+                return []
             state = self.keys.get(header["key"])
             if state is None:
-                raise PushError(f"key {header['key']}: its INIT_KEY was refused, so it takes no pushes or pulls")
+                raise PushError(f"key {header['key']}: not held here (its INIT_KEY was refused, or it was "
+                                f"released), so it takes no pushes or pulls")
             if op == Op.STATE_GET:
                 residual, lr = state.server_state()
                 fields = {"key": header["key"]} if lr is None else {"key": header["key"], "lr": lr}
@@ -135,6 +139,13 @@ class Engine(threading.Thread):
         if "shm" in h:
             self._attach(identity, h, state)
         return []
+
+    def _release(self, key: int) -> None:
+        """Forget ``key``: its sums, residual and co-located workers' push views (the shared
+        result slots stay in this engine's arena, which frees only as a whole)."""
+        self.keys.pop(key, None)
+        for view in [v for v in self.push_views if v[1] == key]:
+            del self.push_views[view]
 
     def _attach(self, identity: bytes, h: dict, state: KeyState) -> None:
         """Map a co-located worker's push segment, and share results through a segment of ours."""

@@ -52,6 +52,7 @@ class Server:
         self.engines: list[Engine] = []
         self.tracer = Tracer(settings.trace)
         self.key_engine: dict[int, Engine] = {}
+        self.key_bytes: dict[int, int] = {}     # each key's share of its engine's load_bytes
 
     def run(self) -> int:
         """Register, serve until the scheduler says the job is over. Returns the exit code."""
@@ -112,7 +113,7 @@ class Server:
             if header is None:
                 continue
             op = header["op"]
-            if op not in (Op.INIT_KEY, Op.PUSH, Op.PULL, Op.STATE_GET, Op.STATE):
+            if op not in (Op.INIT_KEY, Op.PUSH, Op.PULL, Op.STATE_GET, Op.STATE, Op.RELEASE):
                 self.guard.dropped(identity, f"dropped unexpected {op.name}", logs.peer(header["from"]))
                 self.guard.charge(identity)
                 continue
@@ -122,15 +123,27 @@ class Server:
                 except ValueError as e:
                     self._error(identity, header, str(e))
                     continue
+            if op == Op.RELEASE:
+                self._release(identity, header)
+                continue
             engine = self.key_engine.get(header["key"])
             if engine is None:
                 if op != Op.INIT_KEY:
                     self._error(identity, header, f"unknown key {header['key']}: no INIT_KEY was received for it")
                     continue
                 engine = min(self.engines, key=lambda e: (e.load_bytes, e.index))
-                engine.load_bytes += header["count"] * np.dtype(header["dtype"]).itemsize
+                self.key_bytes[header["key"]] = header["count"] * np.dtype(header["dtype"]).itemsize
+                engine.load_bytes += self.key_bytes[header["key"]]
                 self.key_engine[header["key"]] = engine
             engine.inbox.put((identity, header, frames))
+
+    def _release(self, identity: bytes, header: dict) -> None:
+        """A key no worker uses any more: its engine drops it after the work queued before
+        (a key released twice, or never given to this server, is no error)."""
+        engine = self.key_engine.pop(header["key"], None)
+        if engine is not None:
+            engine.load_bytes -= self.key_bytes.pop(header["key"])  # (only this thread writes it)
+            engine.inbox.put((identity, header, []))
 
     def _engine_report(self) -> None:
         """An engine's ERROR: it failed and its keys can make no progress, so the server stops."""

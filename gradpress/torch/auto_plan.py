@@ -250,7 +250,25 @@ class AutoPlanner:
         """Apply another plan at this step boundary; the residuals go to its first pushes."""
         self.version += 1
         self._hand_over_residuals()
+        self._release_plan()
         self._apply(plan)
+
+    def _release_plan(self) -> None:
+        """Forget the plan being left: its groups' and factors' keys, here and (rank 0 tells
+        them) on the servers, which would otherwise keep every plan's sums and residuals.
+        Called after a collective at this step boundary (a broadcast), so every worker has
+        pulled its last round of them."""
+        client = ops.client()
+        names = [group.name for group in self.groups]
+        if self.reducer is not None:
+            names += [n for n in client.tensors if n.startswith(self.reducer.prefix)]
+        self._release_probes(names)
+
+    def _release_probes(self, also: list[str] = ()) -> None:
+        """Forget the link probes' keys (and ``also``), after a collective as above."""
+        client = ops.client()
+        names = list(also) + [n for n in client.tensors if n.startswith(f"PlanProbe.{self.label}.")]
+        client.release(names, servers=ops.rank() == 0)
 
     def _probe(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
         """Median times of uncompressed push_pulls, every worker at once: one partition of a
@@ -331,10 +349,12 @@ class AutoPlanner:
                      "keeping plan %d", recent, self.version - 1)
             self._reference_s = statistics.median(self._measured[-DRIFT_STEPS:])
             self._measured = []
+            self._release_probes()
             return
         log.info("gradpress: the link changed (iterations %s ms, %.1f ms predicted); re-planning", recent,
                  1e3 * self.plan.predicted_s)
         self._hand_over_residuals()
+        self._release_plan()
         self.profile = Profile.from_json(text, "rank 0's profile")
         self._start(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
         self.refined = False  # re-based (and its alternatives tried) again

@@ -144,6 +144,19 @@ class WorkerClient:
         self.comm.submit(cmd.LoadServerState(name, dict(states), fut))
         fut.result(self.s.op_timeout_s)
 
+    def release(self, names: list[str], servers: bool) -> None:
+        """Forget tensors ``names``, which no worker will use again (an old plan's groups):
+        their keys and this worker's compressor states; with ``servers`` (one worker, once
+        every worker has left them), the servers drop their keys' sums and residuals too.
+        Names never declared here are skipped. Call it between steps.
+
+        Raises:
+            ValueError: a push_pull of one of them is still in flight (nothing is released).
+        """
+        fut = Future(f"release of tensors {names[:3]}")
+        self.comm.submit(cmd.Release(list(names), servers, fut))
+        fut.result(self.s.op_timeout_s)
+
     def push_pull_async(self, name: str, src, out, divisor: int, priority: int,
                         spec: CodecSpec | None = None, lr: float | None = None) -> Future:
         """Start summing ``src`` over all workers into ``out`` (divided by ``divisor``).

@@ -59,7 +59,7 @@ class CommunicationThread(threading.Thread):
                           cmd.Barrier: self._barrier, cmd.GetServerState: self._get_server_state,
                           cmd.LoadServerState: self._load_server_state,
                           cmd.LoadCompressorState: self._load_compressor_state, cmd.Finish: self._finish_job,
-                          cmd.Abort: self._abort_job}
+                          cmd.Abort: self._abort_job, cmd.Release: self._release}
 
     def submit(self, command: Any) -> None:
         """Hand ``command`` to the thread (from any thread)."""
@@ -182,6 +182,18 @@ class CommunicationThread(threading.Thread):
             c.future.set()
         except ValueError as e:
             c.future.fail(e)
+
+    def _release(self, c: cmd.Release) -> None:
+        busy = self.flight.busy(c.names)
+        if busy:
+            c.future.fail(ValueError(f"cannot release tensors {busy}: a push_pull of them is still under way"))
+            return
+        tensors = self.table.release(c.names)
+        if c.servers:  # (a server that never had the key ignores it)
+            for t in tensors:
+                for wk in t.keys:
+                    transport.send(self.stages.servers[wk.server], Op.RELEASE, self.link.name, key=wk.key)
+        c.future.set()
 
     def _finish_job(self, c: cmd.Finish) -> None:
         self._finish = c.future

@@ -61,6 +61,15 @@ class LoadCompressorState:
 
 
 @dataclass(frozen=True)
+class Release:
+    """Forget tensors ``names`` (keys, compressor states); with ``servers``, their servers
+    forget their keys too."""
+    names: list[str]
+    servers: bool
+    future: Future
+
+
+@dataclass(frozen=True)
 class Finish:
     future: Future
 

@@ -48,6 +48,13 @@ class PartitionFlight:
             futures.append(op.job.future)
         return futures
 
+    def busy(self, names: list[str]) -> list[str]:
+        """Those of tensors ``names`` with a partition queued, waiting for its key or in flight."""
+        queued = {op.job.tensor.name for op in self._queue.waiting()}
+        tensors = [self.table.tensors[n] for n in names if n in self.table.tensors]
+        return [t.name for t in tensors
+                if t.name in queued or any(wk.in_flight is not None or wk.held for wk in t.keys)]
+
     def dispatch(self) -> None:
         while (op := self._queue.take()) is not None:
             if op.wkey.in_flight is not None:  # its previous round is still out: wait for it

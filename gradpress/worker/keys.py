@@ -121,6 +121,16 @@ class KeyTable:
         self.tensors[t.name] = t
         self._keys.update((wk.key, wk) for wk in t.keys)
 
+    def release(self, names: list[str]) -> list["Tensor"]:
+        """Forget the declared tensors among ``names`` (with their compressor states; none may
+        have a push_pull under way: ``PartitionFlight.busy``); the others are skipped."""
+        tensors = [self.tensors[n] for n in names if n in self.tensors]
+        for t in tensors:
+            del self.tensors[t.name]
+            for wk in t.keys:
+                self._keys.pop(wk.key, None)
+        return tensors
+
     def compressor_state(self, name: str) -> Any:
         t = self.tensors.get(name)
         if t is None or t.compressor is None or not hasattr(t.compressor, "state_dict"):

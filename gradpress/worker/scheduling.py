@@ -34,3 +34,7 @@ class CreditQueue:
 
     def release(self) -> None:
         self.in_flight -= 1
+
+    def waiting(self) -> list[Any]:
+        """The items not taken yet."""
+        return [item for _, _, item in self._heap]
