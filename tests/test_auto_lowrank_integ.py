@@ -9,8 +9,11 @@ import torch
 
 from cluster import LocalCluster
 
+from gradpress.torch.auto_plan import REFINE_STEPS
+
 STEPS, PLAN_STEPS = 8, 3
-TRIAL_STEPS = PLAN_STEPS + 2 * 6 + 2  # the plan, its alternative (6 planned steps each), 2 more
+PER_PLAN = REFINE_STEPS + 1  # planned steps each plan runs before the next is tried
+TRIAL_STEPS = PLAN_STEPS + 2 * PER_PLAN + 2  # the plan, its alternative, 2 more
 ACPSGD = {"compressor": "acpsgd", "rank": 1}
 WORKER = f"""
 import json, os, torch, gradpress.torch as bps
@@ -106,7 +109,7 @@ def test_the_job_tries_the_other_kind_of_plan_and_keeps_the_faster(tmp_path):
     assert (a["plan"], a["factored"]) == (b["plan"], b["factored"]), "workers settled differently"
     planned = a["factored"][PLAN_STEPS - 1:]  # recorded after each step: the plan of the next one
     # first the factoring plan (a 1 MB/s link, as the decision saw it), then the raw one
-    assert planned[:6] == [2] * 6 and planned[6:12] == [0] * 6, planned
+    assert planned[:PER_PLAN] == [2] * PER_PLAN and planned[PER_PLAN:2 * PER_PLAN] == [0] * PER_PLAN, planned
     assert planned[-1] in (0, 2) and planned[-1] == len(a["matrices"])
     # the factoring plan's re-basing took the factor work it measured (the raw plan's trial
     # started from that profile, so either way the settled profile carries it)

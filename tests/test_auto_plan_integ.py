@@ -7,6 +7,8 @@ import pytest
 import torch
 from plan_replay import Shape, replay, worker_script
 
+from gradpress.torch.auto_plan import REFINE_STEPS
+
 SHAPE = Shape()
 
 
@@ -31,29 +33,31 @@ def test_the_plan_is_re_based_on_the_backward_measured_under_it(cluster):
     """After REFINE_STEPS planned steps the workers re-base the prediction on rank 0's planned
     timeline: alike everywhere, every sum as the replay's."""
     import json
-    shape = Shape(steps=SHAPE.plan_steps + 8)
+    shape = Shape(steps=SHAPE.plan_steps + REFINE_STEPS + 3)
     auto = {"compressor": "auto", "allowed": ["onebit"]}
     c = cluster(workers=2, servers=1, env={"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(shape.plan_steps),
                                            "BYTEPS_MIN_COMPRESS_BYTES": "0"})
     c.start(worker_script(shape)).assert_success(180)
     # (on loopback the drift check at step 10 may also re-probe and re-plan: any count)
     a = check_against_replay(c, auto, None, shape)
-    # re-based after its 6th planned step (a later drift re-plan, possible on a loaded
-    # loopback, starts the next plan un-based again)
-    assert a["refined"][shape.plan_steps + 5], f"the plan was not re-based: {a['refined']}"
+    # re-based after its (REFINE_STEPS + 1)th planned step (a later drift re-plan, possible
+    # on a loaded loopback, starts the next plan un-based again)
+    assert a["refined"][shape.plan_steps + REFINE_STEPS], f"the plan was not re-based: {a['refined']}"
 
 
 @pytest.mark.integ
 def test_the_job_measures_the_alternatives_and_keeps_the_fastest(cluster):
     """The decision's alternatives (forced here: its groups raw, then every tensor apart)
-    run one after another for 6 planned steps each; the job keeps whichever rank 0 measured
-    fastest, every worker alike, and every sum across the switches (residuals handed over
-    at each) is the replay's."""
+    run one after another for as many planned steps each (3 here: re-based after 2, the
+    first left out); the job keeps whichever rank 0 measured fastest, every worker alike,
+    and every sum across the switches (residuals handed over at each) is the replay's."""
     import json
-    shape = Shape(steps=SHAPE.plan_steps + 3 * 6 + 3)
+    per = 3
+    shape = Shape(steps=SHAPE.plan_steps + 3 * per + 2)
     auto = {"compressor": "auto", "allowed": ["onebit"]}
     c = cluster(workers=2, servers=1, env={"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(shape.plan_steps),
-                                           "BYTEPS_MIN_COMPRESS_BYTES": "0", "GP_FORCE_TRIAL": "1"})
+                                           "BYTEPS_MIN_COMPRESS_BYTES": "0", "GP_FORCE_TRIAL": "1",
+                                           "GP_REFINE_STEPS": str(per - 1)})
     c.start(worker_script(shape)).assert_success(180)
     a = check_against_replay(c, auto, None, shape, options={"onebit", "none"})
     b = torch.load(c.tmp / "w1.pt", weights_only=False)
@@ -66,14 +70,16 @@ def test_the_job_measures_the_alternatives_and_keeps_the_fastest(cluster):
         return [(members, compression and compression["compressor"]) for members, _, compression in
                 a["step_groups"][step]]
     first = shape.plan_steps
-    runs = [how(first + 6 * k) for k in range(3)]
+    runs = [how(first + per * k) for k in range(3)]
     for k in range(3):
-        assert all(how(s) == runs[k] for s in range(first + 6 * k, first + 6 * k + 6)), f"plan {k} ran out of turn"
+        steps = range(first + per * k, first + per * (k + 1))
+        assert all(how(s) == runs[k] for s in steps), f"plan {k} ran out of turn"
         assert len(runs[k]) == len(measured[k][0])
         assert {codec or "none" for _, codec in runs[k]} == set(measured[k][1])
     fastest = min(range(3), key=lambda k: (measured[k][2], k))
-    assert all(how(s) == runs[fastest] for s in range(first + 18, shape.steps)), (fastest, measured)
-    assert a["refined"][first + 17] and not any(a["refined"][:first + 17])
+    settled = first + 3 * per
+    assert all(how(s) == runs[fastest] for s in range(settled, shape.steps)), (fastest, measured)
+    assert a["refined"][settled - 1] and not any(a["refined"][:settled - 1])
     # the plans left behind are forgotten (their keys on the servers too: test_pushpull_integ.py)
     assert a["declared"] == sorted(name for _, name, _ in a["groups"]), a["declared"]
 

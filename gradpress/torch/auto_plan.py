@@ -51,7 +51,9 @@ DRIFT = 0.2                 # relative distance from the prediction that counts 
 DRIFT_STEPS = 5             # ... for this many consecutive steps
 DRIFT_CHECK_STEPS = 10      # how often the workers agree on whether to re-plan
 LINK_CHANGE = 0.2           # a re-measured link this far from the profile's is a changed link
-REFINE_STEPS = 5            # planned steps measured before the plan is re-based on them (the first is not)
+# planned steps measured before the plan is re-based on them (the first is not): a median of
+# 8, as the first 2-3 steps after a switch run slow (new keys, fresh memory) on a noisy host
+REFINE_STEPS = 8
 
 
 class AutoPlanner:
