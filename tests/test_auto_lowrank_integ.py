@@ -51,6 +51,7 @@ for label, params in json.loads(os.environ["GP_RUNS"]).items():
         out["matrices"] = sorted(names[id(p)] for p in planner.factored)
         out["refined"], out["version"] = planner.refined, planner.version
         out["notes"] = planner.profile.notes
+        out["declared"] = sorted(n for n in client.tensors if n.startswith(("Plan", "PlanProbe")))
         out["residuals"] = {{names[i]: t for i, t in planner.residuals().items()}}
     results[label] = out
 torch.save(results, os.path.join(os.environ["GP_TEST_DIR"], f"{{label}}{{r}}.pt"))
@@ -114,5 +115,8 @@ def test_the_job_tries_the_other_kind_of_plan_and_keeps_the_faster(tmp_path):
     # the factoring plan's re-basing took the factor work it measured (the raw plan's trial
     # started from that profile, so either way the settled profile carries it)
     assert a["notes"]["factor_work_measured_s"] > 0 and a["notes"]["rebuild_measured_s"] > 0, a["notes"]
+    # only the kept plan's groups and factors are still declared: the others (and the link
+    # probes) were released
+    assert a["declared"] and all(n.startswith(f"Plan{a['version']}.") for n in a["declared"]), a["declared"]
     for name, value in a["state"].items():
         assert torch.equal(value, b["state"][name]), f"{name}: workers differ"

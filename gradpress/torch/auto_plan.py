@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import statistics
 import time
 from typing import Any
@@ -263,13 +264,16 @@ class AutoPlanner:
         client = ops.client()
         names = [group.name for group in self.groups]
         if self.reducer is not None:
-            names += [n for n in client.tensors if n.startswith(self.reducer.prefix)]
+            factors = re.compile(re.escape(self.reducer.prefix) + r"LowRank\.(P|Q|raw|full\..+)")
+            names += [n for n in client.tensors if factors.fullmatch(n)]
         self._release_probes(names)
 
     def _release_probes(self, also: list[str] = ()) -> None:
         """Forget the link probes' keys (and ``also``), after a collective as above."""
         client = ops.client()
-        names = list(also) + [n for n in client.tensors if n.startswith(f"PlanProbe.{self.label}.")]
+        # exactly this planner's probes (another planner's label may start with this one's)
+        probe = re.compile(re.escape(f"PlanProbe.{self.label}.") + r"\d+\.(batch)?\d+\.\d+")
+        names = list(also) + [n for n in client.tensors if probe.fullmatch(n)]
         client.release(names, servers=ops.rank() == 0)
 
     def _probe(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
