@@ -3,7 +3,8 @@
     flock /tmp/gp-cpu.lock .venv/bin/python benchmarks/bandwidth.py [--rates 100mbit,1gbit,max]
         [--models mlp,tfm] [--systems gp_none,gp_onebit,gp_topk,gp_randomk,gp_auto,gp_powersgd,gp_acpsgd,
                                gp_acpsgd_r4,ddp,ddp_powersgd]
-        [--iters N] [--warmup N] [--quick] [--chart docs/bandwidth-models.png] [--trace DIR] [--json FILE]
+        [--iters N] [--warmup N] [--quick] [--rounds N] [--chart docs/bandwidth-models.png] [--trace DIR]
+        [--json FILE]
 
 Needs root. Every node gets a network namespace of its own (gradpress/testing/netns.py): a
 scheduler, 2 servers and 2 workers for gradpress, the 2 workers' namespaces for DDP. Each
@@ -243,6 +244,10 @@ def main() -> int:
     p.add_argument("--trace", metavar="DIR", help="gradpress nodes write Chrome traces (GRADPRESS_TRACE) here, "
                                                   "one folder per rate, model and system")
     p.add_argument("--json", help="also write every record (times, bytes, losses) to this file")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the systems of each rate and model this many times in turn (A B C A B C) and "
+                        "report the median of the rounds: this host's speed drifts by 10-30%% over minutes, "
+                        "so systems measured minutes apart are compared fairly only so")
     args = p.parse_args()
     rates = split(args.rates or (QUICK_RATES if args.quick else DEFAULT_RATES))
     models = split(args.models or (QUICK_MODELS if args.quick else DEFAULT_MODELS))
@@ -304,15 +309,32 @@ def measure(rates: list[str], models: list[str], systems: list[str], args) -> li
             for rate in rates:
                 cluster.shape(rate)
                 for model in models:
-                    for system in systems:
-                        port += 1
-                        rows.append(measure_one(cluster, rate, model, system, port, Path(tmpdir), args))
+                    rounds = []
+                    for _ in range(max(1, args.rounds)):
+                        for system in systems:
+                            port += 1
+                            rounds.append(measure_one(cluster, rate, model, system, port, Path(tmpdir), args))
+                    rows += [merged([r for r in rounds if r["system"] == system]) for system in systems]
     finally:
         cluster.remove()  # again: __exit__ does not run when __enter__ failed half-way
         left = cluster.leftovers()
         if left:
             print(f"bandwidth.py: could not remove {left}", file=sys.stderr)
     return rows
+
+
+def merged(rounds: list[dict]) -> dict:
+    """One system's rounds as one row: the median of each figure over the rounds that ran
+    (``rounds_s``: every round's seconds per iteration), the first round's losses."""
+    ok = [r for r in rounds if r["s_per_iter"] is not None]
+    if len(rounds) == 1 or not ok:
+        return rounds[0]
+    row = dict(ok[0], rounds_s=[r["s_per_iter"] for r in rounds],
+               records=[rec for r in ok for rec in r.get("records", [])])
+    for key in ("s_per_iter", "MB_per_iter", "predicted_s"):
+        values = [r[key] for r in ok if r.get(key) is not None]
+        row[key] = statistics.median(values) if values else None
+    return row
 
 
 def measure_one(cluster: netns.NetnsCluster, rate: str, model: str, system: str, port: int, tmp: Path,
@@ -365,8 +387,9 @@ def report(rows: list[dict], args, floors: dict[str, float], decision_ms: float 
         s, mb, b = r["s_per_iter"], r["MB_per_iter"], base.get((r["rate"], r["model"]))
         speed = f"{b / s:10.2f}x" if s and b else f"{'':>11s}"
         loss = f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}" if "loss_first" in r else r.get("error", "")[:40]
+        rounds = f"  rounds {[round(x, 3) if x else None for x in r['rounds_s']]}" if "rounds_s" in r else ""
         print(f"{r['rate']:8s} {r['model']:5s} {r['system']:18s} {s if s is not None else float('nan'):9.3f} "
-              f"{mb if mb is not None else float('nan'):20.2f} {speed} {loss:>20s}")
+              f"{mb if mb is not None else float('nan'):20.2f} {speed} {loss:>20s}{rounds}")
     goals(rows, floors, rates)
     encryption_cost(rows)
     if args.chart:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from plan_replay import Shape, replay, worker_script
 
-from gradpress.torch.auto_plan import REFINE_STEPS
+REFINE_STEPS = 3  # re-based after 4 planned steps here (the job's default is longer)
 
 SHAPE = Shape()
 
@@ -36,7 +36,7 @@ def test_the_plan_is_re_based_on_the_backward_measured_under_it(cluster):
     shape = Shape(steps=SHAPE.plan_steps + REFINE_STEPS + 3)
     auto = {"compressor": "auto", "allowed": ["onebit"]}
     c = cluster(workers=2, servers=1, env={"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(shape.plan_steps),
-                                           "BYTEPS_MIN_COMPRESS_BYTES": "0"})
+                                           "BYTEPS_MIN_COMPRESS_BYTES": "0", "GP_REFINE_STEPS": str(REFINE_STEPS)})
     c.start(worker_script(shape)).assert_success(180)
     # (on loopback the drift check at step 10 may also re-probe and re-plan: any count)
     a = check_against_replay(c, auto, None, shape)
