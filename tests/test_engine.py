@@ -24,6 +24,15 @@ def _header(op, **fields):
     return protocol.decode(protocol.encode(op, "worker 0", **fields))
 
 
+def _one_round(engine) -> np.ndarray:
+    """Queue key 9's INIT_KEY, a push of 4 floats and its pull, from worker b"w0"; the values."""
+    values = np.arange(4, dtype=np.float32)
+    engine.inbox.put((b"w0", _header(Op.INIT_KEY, key=9, name="t", count=4, dtype="float32"), []))
+    engine.inbox.put((b"w0", _header(Op.PUSH, key=9, round=0, dtype="float32", count=4), [values.tobytes()]))
+    engine.inbox.put((b"w0", _header(Op.PULL, key=9, round=0), []))
+    return values
+
+
 def _raise(*_):
     raise RuntimeError(FAULT)
 
@@ -48,10 +57,7 @@ def inproc():
 def test_replies_are_protocol_messages_addressed_to_the_worker(inproc):
     engine, replies, _ = inproc
     engine.start()
-    values = np.arange(4, dtype=np.float32)
-    engine.inbox.put((b"w0", _header(Op.INIT_KEY, key=9, name="t", count=4, dtype="float32"), []))
-    engine.inbox.put((b"w0", _header(Op.PUSH, key=9, round=0, dtype="float32", count=4), [values.tobytes()]))
-    engine.inbox.put((b"w0", _header(Op.PULL, key=9, round=0), []))
+    values = _one_round(engine)
     got = []
     for _ in range(2):
         assert replies.poll(5000), f"the engine sent {len(got)} replies, expected 2"
@@ -108,10 +114,7 @@ def test_the_server_stops_with_an_error_naming_the_engine_failure(monkeypatch, c
 def test_a_released_key_is_forgotten_after_the_work_queued_before_it(inproc):
     engine, replies, _ = inproc
     engine.start()
-    values = np.arange(4, dtype=np.float32)
-    engine.inbox.put((b"w0", _header(Op.INIT_KEY, key=9, name="t", count=4, dtype="float32"), []))
-    engine.inbox.put((b"w0", _header(Op.PUSH, key=9, round=0, dtype="float32", count=4), [values.tobytes()]))
-    engine.inbox.put((b"w0", _header(Op.PULL, key=9, round=0), []))
+    _one_round(engine)
     engine.inbox.put((b"w0", _header(Op.RELEASE, key=9), []))
     engine.inbox.put((b"w0", _header(Op.RELEASE, key=9), []))  # twice: no error
     engine.inbox.put((b"w0", _header(Op.PULL, key=9, round=1), []))

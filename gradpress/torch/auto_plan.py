@@ -146,10 +146,9 @@ class AutoPlanner:
                 self._planned_timeline.append((self._backward_end, step_s))
                 if self.reducer is not None:
                     self._planned_factors.append((self.reducer.work_s, self.reducer.rebuild_s))
-            if not self.refined:
                 if len(self._planned_timeline) > REFINE_STEPS:
                     self._refine()
-            # (not while plans are being measured: their own times are not yet the reference)
+            # drift: not while plans are being measured (their own times are not yet the reference)
             elif self._steps % DRIFT_CHECK_STEPS == 0 and self._drift_agreed():
                 self._replan()
         self._iter_start = time.perf_counter()
