@@ -87,6 +87,7 @@ import copy, hashlib, json, os, numpy as np, torch, gradpress.torch as bps
 from torch import nn
 bps.init()
 r, n = bps.rank(), bps.size()
+AUTO = json.loads(os.environ.get("GP_AUTO", "null"))  # the planner's options, or none
 
 class Model(nn.Module):
     def __init__(self, sparse):
@@ -115,7 +116,7 @@ opts = {}
 for label, model in (("sparse", sparse_model), ("dense-rows", dense_rows_model)):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     named = [(label + "." + k, v) for k, v in model.named_parameters()]
-    opts[label] = bps.DistributedOptimizer(opt, named_parameters=named)
+    opts[label] = bps.DistributedOptimizer(opt, named_parameters=named, compression_params=AUTO)
 ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
 torch.manual_seed(1)
 for step in range(6):
@@ -136,6 +137,12 @@ for step in range(6):
     ref_opt.step()
 routed = opts["dense-rows"]._gp_rows.decided
 assert sorted(routed.values()) == [True, True], routed  # both tables go row-sparse (the 1-row head is not a candidate)
+if AUTO:  # the planner left the tables to the rows path and planned the head alone
+    for label, opt in opts.items():
+        assert opt.gradpress_plan is not None, label
+        planned = sorted(opt._gp_auto.names[id(p)] for p in opt._gp_auto.params)
+        assert planned == [label + ".head.bias", label + ".head.weight"], planned
+        assert all(".head." in g.name for g in opt._gp_auto.groups), [g.name for g in opt._gp_auto.groups]
 digest = {}
 for label, model in (("sparse", sparse_model), ("dense-rows", dense_rows_model)):
     for (k, v), (_, want) in zip(model.state_dict().items(), reference.state_dict().items()):
@@ -147,8 +154,12 @@ bps.shutdown()
 """
 
 
-def test_sparse_embeddings_train_bit_identically_and_as_dense_training(cluster):
-    c = cluster(workers=2, servers=2)
+@pytest.mark.parametrize("auto", [None, {"compressor": "auto", "allowed": ["none"]}], ids=["fixed", "auto"])
+def test_sparse_embeddings_train_bit_identically_and_as_dense_training(cluster, auto):
+    """With ``compressor: auto`` too: the planner leaves row-sparse gradients (sparse COO, and
+    dense ones found mostly zero rows) to the rows path, and plans the rest."""
+    env = {"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": "2"} if auto else {}
+    c = cluster(workers=2, servers=2, env=env)
     c.start(TRAIN).assert_success()
     digests = [json.loads((c.tmp / f"train{i}.json").read_text()) for i in range(2)]
     assert digests[0] == digests[1], "workers' parameters differ"

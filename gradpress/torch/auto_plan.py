@@ -1,7 +1,11 @@
 """``compression_params={"compressor": "auto"}`` in DistributedOptimizer: profile, plan, apply.
 
 1. Profiling (the first ``GRADPRESS_PLAN_STEPS`` steps): gradients travel uncompressed, one
-   push_pull each, while the hooks record when each becomes ready.
+   push_pull each, while the hooks record when each becomes ready. A gradient the optimizer
+   sends row-sparse (``leave_out``: an embedding's, whose few touched rows travel exactly
+   and small, ``sparse.py``) is left out of the plan: fused into a group it would travel
+   dense, every row through a codec, on every worker and server. Rank 0's profile names
+   the tensors planned, so every worker leaves out the same ones.
 2. Planning (at a step boundary, every worker at once): a network probe (uncompressed
    push_pulls of a few sizes, timed), the codecs' costs on this host (``planner/calibrate``),
    rank 0's profile broadcast to every worker, and the same decision everywhere
@@ -27,7 +31,7 @@ import logging
 import re
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -59,8 +63,10 @@ REFINE_STEPS = 8
 
 class AutoPlanner:
     def __init__(self, params: list[torch.Tensor], names: dict[int, str], priority: dict[int, int],
-                 lr_of: dict[int, float], compression_params: dict[str, Any]):
+                 lr_of: dict[int, float], compression_params: dict[str, Any],
+                 leave_out: Callable[[torch.Tensor], bool] | None = None):
         self.params = params
+        self.leave_out = leave_out
         self.names = names
         self.priority = priority
         self.lr_of = lr_of
@@ -133,6 +139,8 @@ class AutoPlanner:
         """At the end of every step: profile, plan, or watch for drift."""
         self._steps += 1
         elapsed = time.perf_counter() - self._iter_start
+        if not self.params:  # every gradient travels row-sparse: nothing to plan or watch
+            return
         if self.plan is None:
             if self._steps > 1:  # the first step compiles, allocates and declares
                 self._timeline.append((self._backward_end, step_s))
@@ -157,39 +165,58 @@ class AutoPlanner:
 
     def _make_plan(self) -> None:
         round_trips, batches = self._probe()
-        if ops.rank() == 0:
-            costs = calibrate.codec_costs(self.options)
-            message_s = fit_message(batches)
-            link = fit_link(round_trips, ops.size(), costs["none"].add, message_s)
-            tensors = self._tensors(self._ready)
-            s = self.settings
-            profile = Profile(ops.size(), len(ops.client().book.servers), tensors,
-                              statistics.median(b for b, _ in self._timeline),
-                              statistics.median(t for _, t in self._timeline), costs, link, message_s,
-                              s.partition_bytes, s.scheduling_credit, s.server_engine_threads,
-                              notes={"profiled_steps": len(self._timeline), "round_trips": round_trips,
-                                     "batches": batches})
-            text = profile.to_json()
-            if s.plan_file:
-                with open(s.plan_file, "w") as fh:
-                    fh.write(text)
-        else:
-            text = None
+        planned = [p for p in self.params if self.leave_out is None or not self.leave_out(p)]
+        text = None
+        if ops.rank() == 0:  # "": nothing left to plan
+            text = self._profile_json(round_trips, batches, planned) if planned else ""
         from .broadcast import broadcast_object
         text = broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.label}.{self.version}")
+        if not text:
+            self._keep_planned(set())
+            log.info("gradpress: every gradient the planner was given travels row-sparse; nothing to plan")
+            return
         self.profile = Profile.from_json(text, "rank 0's profile")
+        self._keep_planned({t.name for t in self.profile.tensors})
         self._start(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
+
+    def _profile_json(self, round_trips, batches, planned: list[torch.Tensor]) -> str:
+        """Rank 0's profile of ``planned`` (saved to ``GRADPRESS_PLAN_FILE`` too), as JSON."""
+        costs = calibrate.codec_costs(self.options)
+        message_s = fit_message(batches)
+        link = fit_link(round_trips, ops.size(), costs["none"].add, message_s)
+        s = self.settings
+        profile = Profile(ops.size(), len(ops.client().book.servers), self._tensors(self._ready, planned),
+                          statistics.median(b for b, _ in self._timeline),
+                          statistics.median(t for _, t in self._timeline), costs, link, message_s,
+                          s.partition_bytes, s.scheduling_credit, s.server_engine_threads,
+                          notes={"profiled_steps": len(self._timeline), "round_trips": round_trips,
+                                 "batches": batches})
+        text = profile.to_json()
+        if s.plan_file:
+            with open(s.plan_file, "w") as fh:
+                fh.write(text)
+        return text
+
+    def _keep_planned(self, planned: set[str]) -> None:
+        """Manage only the tensors rank 0's profile names; the rest go back to the optimizer."""
+        left = [p for p in self.params if self.names[id(p)] not in planned]
+        if left:
+            log.info("gradpress: left out of the plan (they travel row-sparse): %s",
+                     ", ".join(self.names[id(p)] for p in left))
+        self.params = [p for p in self.params if self.names[id(p)] in planned]
+        for p in left:
+            del self._ready[id(p)], self._planned_ready[id(p)]
 
     def _start(self, plan: Plan) -> None:
         """Apply a decision; its alternatives run after it, one by one, to be measured."""
         self._trials, self._pending = [], list(plan.alternatives)
         self._apply(dataclasses.replace(plan, alternatives=()))
 
-    def _tensors(self, ready: dict[int, list[float]]) -> tuple[TensorProfile, ...]:
-        """The managed tensors in the order their gradients became ready (median times in
-        ``ready``: a pause between two steps, an evaluation say, is one step's outlier)."""
-        typical = {id(p): statistics.median(ready[id(p)] or [0.0]) for p in self.params}
-        order = sorted(self.params, key=lambda p: (typical[id(p)], -self.priority[id(p)]))
+    def _tensors(self, ready: dict[int, list[float]], params: list[torch.Tensor]) -> tuple[TensorProfile, ...]:
+        """``params`` in the order their gradients became ready (median times in ``ready``: a
+        pause between two steps, an evaluation say, is one step's outlier)."""
+        typical = {id(p): statistics.median(ready[id(p)] or [0.0]) for p in params}
+        order = sorted(params, key=lambda p: (typical[id(p)], -self.priority[id(p)]))
         return tuple(TensorProfile(self.names[id(p)], 4 * p.numel(), typical[id(p)], self.priority[id(p)],
                                    p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1) for p in order)
 

@@ -128,6 +128,10 @@ class RowRouting:
             self._probes[id(p)] = (name, self._push_pull_async(local, average=True, name="SparseDensity." + name))
         return None, grad
 
+    def sends_rows(self, p: torch.Tensor) -> bool:
+        """Whether ``p``'s gradient travels row-sparse (known from the second step on)."""
+        return id(p) in self._coo or self.decided.get(id(p), False)
+
     def settle(self) -> None:
         """Decide from the densities pushed this step (every worker got the same mean)."""
         probes, self._probes = self._probes, {}
