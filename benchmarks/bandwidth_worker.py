@@ -41,7 +41,7 @@ NUM_WORKERS = 2
 POWERSGD_START_ITER = 2  # the smallest PyTorch allows with error feedback / warm start
 # gp_auto profiles for some steps before it plans; its timed iterations start once every
 # worker has the plan, or after this many extra warm-up iterations (then it is a miss)
-AUTO_MAX_EXTRA_WARMUP = 60
+AUTO_MAX_EXTRA_WARMUP = 70
 IFACE = "eth0"
 
 

@@ -106,15 +106,22 @@ bps.init()
 r, client = bps.rank(), ops.client()
 params = {"compressor": "onebit", "ef": "vanilla"}
 x = torch.linspace(-1, 1, 3000) * (r + 1)
+raw = torch.arange(5000.0)  # uncompressed, co-located: pushed and pulled through shared memory
 for _ in range(2):
     bps.push_pull(x.clone(), average=True, name="t", compression_params=params)
+    assert torch.equal(bps.push_pull(raw * (r + 1), average=False, name="raw"), raw * 3)
+regions = [(wk.push_region.chunk.inode, wk.push_region.offset) for wk in client.tensor("raw").keys]
 if r == 0:
     residual, _ = client.server_state("t")[0]
     assert residual is not None and np.abs(residual).sum() > 0, "the server kept no residual"
 client.barrier()
-client.release(["t"], servers=r == 0)  # every worker its own side; rank 0 the servers'
+client.release(["t", "raw"], servers=r == 0)  # every worker its own side; rank 0 the servers'
 client.barrier()
 assert client.tensor("t") is None
+# a tensor of the same size takes the released shared memory, here and on the server, and sums right
+for k in range(2):
+    assert torch.equal(bps.push_pull(raw * (r + 2 + k), average=False, name="raw2"), raw * (5 + 2 * k))
+assert [(wk.push_region.chunk.inode, wk.push_region.offset) for wk in client.tensor("raw2").keys] == regions
 # the same name again: the same keys, and the servers start them afresh (no residual yet)
 got = bps.push_pull(x.clone(), average=True, name="t", compression_params=params)
 if r == 0:

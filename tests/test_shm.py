@@ -130,3 +130,61 @@ def test_a_server_refuses_a_file_it_could_be_killed_by_and_keeps_summing():
         os.unlink(path)
         arena.close()
         engine.results.close()
+
+
+def _resident_bytes(chunk: Chunk) -> int:
+    return os.fstat(chunk.fd).st_blocks * 512
+
+
+def test_a_freed_region_returns_its_whole_pages_and_is_reused_for_the_same_size():
+    page = 4096
+    arena = Arena("w", chunk_bytes=1 << 20)
+    try:
+        before, key, after = arena.alloc(100), arena.alloc(5 * page + 100), arena.alloc(100)
+        for r, value in ((before, 1), (key, 2), (after, 3)):
+            r.array("uint8", r.nbytes)[:] = value
+        peer = PeerChunks().region(key.ref, key.nbytes).array("uint8", key.nbytes)  # a reader's mapping
+        resident = _resident_bytes(key.chunk)
+        arena.free(key)
+        # the 4 pages wholly inside it went back (its first and last are shared with neighbours)
+        assert resident - _resident_bytes(key.chunk) == 4 * page
+        assert np.all(before.array("uint8", 100) == 1) and np.all(after.array("uint8", 100) == 3)
+        first_whole = -(-key.offset // page) * page - key.offset
+        assert np.all(peer[first_whole:first_whole + 4 * page] == 0), "a peer's mapping reads zeros, no fault"
+        again = arena.alloc(5 * page + 90)  # the same aligned size: the same place
+        assert (again.chunk, again.offset) == (key.chunk, key.offset)
+        other = arena.alloc(5 * page + 100)  # nothing of that size is free now: a new region
+        assert other.offset > after.offset
+        arena.free(before)
+        arena.free(after)  # two of one size: each handed out once
+        assert {arena.alloc(100).offset, arena.alloc(100).offset} == {before.offset, after.offset}
+        assert arena.alloc(100).offset > other.offset
+    finally:
+        arena.close()
+
+
+def test_a_released_keys_result_slots_are_freed_and_reused_by_the_next_key():
+    engine = Engine(0, None, "", "", "server 0", num_workers=1, async_mode=False, tracer=Tracer(""))
+    arena = Arena("w")
+    try:
+        count = 3000  # 12,000 bytes: two slots span whole pages
+        def declare(key):
+            push = arena.alloc(4 * count)
+            assert engine._handle(b"A", _header(Op.INIT_KEY, "worker 0", key=key, name=f"t{key}", count=count,
+                                                dtype="float32", shm=push.ref), []) == []
+            return push
+        push = declare(1)
+        push.array("float32", count)[:] = 4
+        engine._handle(b"A", _header(Op.PUSH, "worker 0", key=1, round=0, dtype="float32", count=count, shm=True), [])
+        [reply] = engine._handle(b"A", _header(Op.PULL, "worker 0", key=1, round=0), [])
+        slots = engine.keys[1].sink.region
+        resident = sum(_resident_bytes(c) for c in engine.results.chunks)
+        engine._handle(b"A", _header(Op.RELEASE, "worker 0", key=1), [])
+        assert 1 not in engine.keys
+        assert sum(_resident_bytes(c) for c in engine.results.chunks) < resident, "the slots' pages stayed"
+        declare(2)
+        assert (engine.keys[2].sink.region.chunk, engine.keys[2].sink.region.offset) == (slots.chunk, slots.offset)
+        assert len(engine.results.chunks) == 1
+    finally:
+        arena.close()
+        engine.results.close()

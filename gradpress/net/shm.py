@@ -120,23 +120,41 @@ class Region(NamedTuple):
 class Arena:
     """Regions of our own chunks, a new chunk when the last is full.
 
-    Regions are never freed: a key keeps its region for the job's lifetime, and the
-    chunks go when the process does.
+    A key keeps its region until it is released (``free``): the region's whole pages go
+    back to the system at once (a hole punched in the memfd; peers that still map it read
+    zeros, never a fault, as the file keeps its size), and the region is handed out again
+    to the next request of the same size (a re-plan declares groups of the sizes it
+    released). The chunks themselves go when the process does.
     """
 
     def __init__(self, tag: str, chunk_bytes: int = CHUNK_BYTES):
         self.tag, self.chunk_bytes = tag, chunk_bytes
         self.chunks: list[Chunk] = []
         self._used = 0
+        self._free: dict[int, list[Region]] = {}  # aligned size -> released regions of that size
 
     def alloc(self, nbytes: int) -> Region:
         size = -(-max(nbytes, 1) // ALIGN) * ALIGN
+        if self._free.get(size):
+            chunk, offset, _ = self._free[size].pop()
+            return Region(chunk, offset, nbytes)
         if not self.chunks or self._used + size > self.chunks[-1].nbytes:
             self.chunks.append(Chunk.create(self.tag, max(self.chunk_bytes, size)))
             self._used = 0
         region = Region(self.chunks[-1], self._used, nbytes)
         self._used += size
         return region
+
+    def free(self, region: Region) -> None:
+        """Release ``region`` (one of ours, no longer read or written by anyone): its pages
+        are returned now, and it is kept for reuse."""
+        size = -(-max(region.nbytes, 1) // ALIGN) * ALIGN
+        # only the pages wholly inside it: its neighbours may share the first and last
+        first = -(-region.offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (region.offset + size) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > first:
+            region.chunk.map.madvise(mmap.MADV_REMOVE, first, end - first)
+        self._free.setdefault(size, []).append(region)
 
     def close(self) -> None:
         for chunk in self.chunks:

@@ -42,7 +42,7 @@ from .simulate import Group, Layout
 
 THRESHOLDS = (0, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 TRIAL_MARGIN = 1.5   # a uniform plan predicted this close to the chosen one is worth measuring
-TRIALS = 3           # at most this many alternatives measured (each costs a few steps)
+TRIALS = 4           # at most this many alternatives measured (each costs a few steps): all five default options
 
 
 @dataclass(frozen=True)

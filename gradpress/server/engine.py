@@ -141,9 +141,11 @@ class Engine(threading.Thread):
         return []
 
     def _release(self, key: int) -> None:
-        """Forget ``key``: its sums, residual and co-located workers' push views (the shared
-        result slots stay in this engine's arena, which frees only as a whole)."""
-        self.keys.pop(key, None)
+        """Forget ``key``: its sums, residual, co-located workers' push views, and its shared
+        result slots (every worker has pulled its last round: they go back to the arena)."""
+        state = self.keys.pop(key, None)
+        if isinstance(getattr(state, "sink", None), SharedSlots):
+            self.results.free(state.sink.region)
         for view in [v for v in self.push_views if v[1] == key]:
             del self.push_views[view]
 

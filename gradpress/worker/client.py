@@ -147,7 +147,8 @@ class WorkerClient:
     def release(self, names: list[str], servers: bool) -> None:
         """Forget tensors ``names``, which no worker will use again (an old plan's groups):
         their keys and this worker's compressor states; with ``servers`` (one worker, once
-        every worker has left them), the servers drop their keys' sums and residuals too.
+        every worker has left them), the servers drop their keys' sums, residuals and shared
+        result memory too.
         Names never declared here are skipped. Call it between steps.
 
         Raises:

@@ -189,6 +189,7 @@ class CommunicationThread(threading.Thread):
             c.future.fail(ValueError(f"cannot release tensors {busy}: a push_pull of them is still under way"))
             return
         tensors = self.table.release(c.names)
+        self.stages.forget(tensors)
         if c.servers:  # (a server that never had the key ignores it)
             for t in tensors:
                 for wk in t.keys:

@@ -48,6 +48,7 @@ class WorkerKey:
     next_round: int = 0
     inited: bool = False
     push_view: np.ndarray | None = None       # our shared push segment (co-located, uncompressed)
+    push_region: Any = None                   # ... and its shm.Region, freed when the tensor is released
     state_to_load: tuple[np.ndarray, float | None] | None = None  # sent just before the next push
     state_request: StateRequest | None = None
     in_flight: "PartitionOp | None" = None

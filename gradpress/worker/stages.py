@@ -49,7 +49,7 @@ class PartitionStages:
             if t.layout is not None:
                 extra["sparse"] = t.layout.wire()
             if self._shared(wk):
-                region = self.push_arena.alloc(wk.count * np.dtype(t.dtype).itemsize)
+                wk.push_region = region = self.push_arena.alloc(wk.count * np.dtype(t.dtype).itemsize)
                 wk.push_view = region.array(t.dtype, wk.count)
                 extra["shm"] = region.ref
             transport.send(sock, Op.INIT_KEY, self.sender, key=wk.key, name=t.name, count=wk.count,
@@ -60,6 +60,15 @@ class PartitionStages:
             wk.state_to_load = None
             transport.send(sock, Op.STATE, self.sender, [np.ascontiguousarray(residual, np.float32)],
                            key=wk.key, **({} if lr is None else {"lr": float(lr)}))
+
+    def forget(self, tensors: list) -> None:
+        """Released tensors: their shared push segments go back to the arena (every round of
+        them has been pulled, so the servers have read them)."""
+        for t in tensors:
+            for wk in t.keys:
+                if wk.push_region is not None:
+                    self.push_arena.free(wk.push_region)
+                    wk.push_region = wk.push_view = None
 
     # ---- the stages ---------------------------------------------------------------
 
