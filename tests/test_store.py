@@ -139,10 +139,10 @@ def test_compressed_key_sums_decoded_pushes_and_refuses_malformed_payloads_intac
     from gradpress.server.store import Payload
     params = {"compressor": "onebit", "ef": "vanilla", "scaling": True}
     k = KeyState(key=5, name="w", count=64, dtype="float32", num_workers=2, compression_params=params)
-    worker = build_compressor(params, "worker")
+    worker = build_compressor(params, "worker")  # worker A's (a payload is valid until its key's next compress)
     xa, xb = np.linspace(-1, 1, 64, dtype=np.float32), np.linspace(2, -2, 64, dtype=np.float32)
     ma, ba = worker.compress(xa, key=5, round=0)
-    mb, bb = worker.compress(xb, key=5, round=0)
+    mb, bb = build_compressor(params, "worker").compress(xb, key=5, round=0)
     k.push(A, 0, Payload(ma, [np.asarray(b).tobytes() for b in ba]))
     before = k.acc.copy()
     for meta, bufs in [(mb, [np.asarray(bb[0]).tobytes()]),           # a buffer missing

@@ -25,6 +25,18 @@ Buffers = list
 MAX_ELEMENTS = (1 << 32) - 1  # indices travel as uint32
 
 
+def reusable(reuse: Buffers | None, index: int, count: int, dtype: Any) -> np.ndarray:
+    """``reuse[index]`` where it is a host array of ``count`` ``dtype``, else a new one.
+
+    Why: a large payload allocated afresh each call can be a fresh mapping (glibc maps
+    blocks of 32 MB and more on their own), whose pages the kernel zeroes on first touch:
+    for fp16 at 16M elements, 3.6 ms on top of its 7.8 ms kernel (docs/performance.md)."""
+    old = reuse[index] if reuse is not None and len(reuse) > index else None
+    if isinstance(old, np.ndarray) and old.dtype == dtype and old.shape == (count,) and old.flags.writeable:
+        return old
+    return np.empty(count, dtype)
+
+
 class FeedbackRefused(ValueError):
     """Fused error feedback met a NaN/inf (in g or e, or the codec overflowed); the
     residual ``e`` is unchanged."""
@@ -96,7 +108,7 @@ class Compressor(ABC):
     FEEDBACK_IN_PLACE: ClassVar[bool] = False
 
     def compress_with_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
-                               round: int) -> tuple[Header, Buffers] | None:
+                               round: int, reuse: Buffers | None = None) -> tuple[Header, Buffers] | None:
         """Error feedback fused into this codec's kernels: the payload of C(p) for
         p = g + lam * e, and e_out = p - D(C(p)), exactly as the generic steps give them.
 
@@ -104,6 +116,8 @@ class Compressor(ABC):
             g, e: float32 arrays of one length (host, or device on a GPU worker); ``e = g``
                 with ``lam = 0`` is the first step (p = g bit for bit).
             e_out: receives the residual; may be ``e`` only when ``FEEDBACK_IN_PLACE``.
+            reuse: the buffers of an earlier payload that nobody reads any more (the key's
+                previous one): a codec writes its payload over them where they fit.
         Returns:
             (header, buffers), or None where this codec has no fused kernel for this input
             (float64 input, or a raw payload): the caller runs the generic steps.
@@ -120,17 +134,20 @@ class Compressor(ABC):
                 return None
         if n > MAX_ELEMENTS or self.encoded_nbytes(n, 4) >= 4 * n:
             return None
-        encode = self._encode_device_feedback if device else self._encode_feedback
-        encoded = encode(g, e, lam, e_out, key, round)
+        if device:
+            encoded = self._encode_device_feedback(g, e, lam, e_out, key, round)
+        else:
+            encoded = self._encode_feedback(g, e, lam, e_out, key, round, reuse)
         if encoded is None:
             return None
         fields, buffers = encoded
         return {"codec": self.name, "n": n, **fields}, buffers
 
     def _encode_feedback(self, g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
-                         key: int, round: int) -> tuple[dict, list] | None:
+                         key: int, round: int, reuse: Buffers | None) -> tuple[dict, list] | None:
         """Fields and buffers of the fused path for host float32 arrays (None: no fused
-        kernel). Raises FeedbackRefused for a non-finite p or residual."""
+        kernel); ``reuse`` as in ``compress_with_feedback``. Raises FeedbackRefused for a
+        non-finite p or residual (``reuse`` may then hold anything)."""
         return None
 
     def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,

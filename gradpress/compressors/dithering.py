@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gradpress.compressors.arrays import as_float32
-from gradpress.compressors.base import Compressor, FeedbackRefused
+from gradpress.compressors.base import Buffers, Compressor, FeedbackRefused, reusable
 from gradpress.kernels.bitlayout import packed_nbytes
 from gradpress.kernels.cpu import dithering, norms
 from gradpress.kernels.quantize import code_table
@@ -71,8 +71,8 @@ class Dithering(Compressor):
     FEEDBACK_IN_PLACE = True  # pass 1 (the norm) checks p before pass 2 writes
 
     def _encode_feedback(self, g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
-                         key: int, round: int) -> tuple[dict, list]:
-        codes = np.empty(packed_nbytes(g.shape[0], self.width), np.uint8)
+                         key: int, round: int, reuse: Buffers | None) -> tuple[dict, list]:
+        codes = reusable(reuse, 1, packed_nbytes(g.shape[0], self.width), np.uint8)
         norm = dithering.encode_feedback(g, e, lam, self.s, self.partition == "natural",
                                          self.normalize, self.width,
                                          stream_id(self.seed, key, round), codes, e_out)

@@ -11,7 +11,8 @@ with ``fused=False``, the generic steps below.
 Non-finite values: if p or the new residual is not finite (NaN/inf input, or a codec
 overflow such as fp16 beyond 65504), compress raises ValueError and no state changes.
 Returned buffers may alias this wrapper's scratch memory: they stay valid until the next
-``compress`` of the same key.
+``compress`` of the same key, which writes its payload over them where the codec can (a
+key's payload is sent, or served to every worker, before the key's next round starts).
 """
 from typing import Any
 
@@ -34,6 +35,7 @@ class ErrorFeedback(Wrapper):
         self._residuals: dict = {}  # key -> e
         self._spares: dict = {}  # key -> (p scratch or None, spare residual or None)
         self._lrs: dict = {}  # key -> learning rate of the key's previous step
+        self._payloads: dict = {}  # key -> buffers of its last fused payload (reused by the next)
 
     def _lambda(self, key: int, lr: float | None) -> float:
         if not self.corrected:
@@ -71,10 +73,12 @@ class ErrorFeedback(Wrapper):
         e_out = residual if in_place else (spare if spare is not None else ops.empty_like(g))
         e, lam = (residual, scale) if residual is not None else (g, 0.0)  # p = g exactly
         try:
-            compressed = self.inner.compress_with_feedback(g, e, lam, e_out, key, round)
+            compressed = self.inner.compress_with_feedback(g, e, lam, e_out, key, round,
+                                                           self._payloads.get(key))
         except FeedbackRefused:
             raise self._refused(key) from None
         if compressed is not None:
+            self._payloads[key] = compressed[1]
             self._residuals[key] = e_out
             self._spares[key] = (p_scratch, spare if in_place else residual)
         elif not in_place:

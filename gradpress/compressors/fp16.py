@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gradpress.compressors.base import Compressor, FeedbackRefused
+from gradpress.compressors.base import Buffers, Compressor, FeedbackRefused, reusable
 from gradpress.kernels.cpu import fp16
 from gradpress.compressors.payload import buffer_array, expect_buffer_count
 from gradpress.compressors.registry import register
@@ -30,8 +30,8 @@ class Fp16(Compressor):
         return {}, [bits]
 
     def _encode_feedback(self, g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
-                         key: int, round: int) -> tuple[dict, list]:
-        bits = np.empty(g.shape[0], np.uint16)
+                         key: int, round: int, reuse: Buffers | None) -> tuple[dict, list]:
+        bits = reusable(reuse, 0, g.shape[0], np.uint16)
         if not fp16.encode_feedback(g, e, lam, bits, e_out):
             raise FeedbackRefused(self.name)
         return {}, [bits]

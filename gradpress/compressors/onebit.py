@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gradpress.compressors.arrays import as_float32
-from gradpress.compressors.base import Compressor, FeedbackRefused
+from gradpress.compressors.base import Buffers, Compressor, FeedbackRefused, reusable
 from gradpress.kernels.bitlayout import packed_nbytes
 from gradpress.kernels.cpu import norms, onebit
 from gradpress.kernels.scaling import reject_non_finite, scale_from_norms
@@ -52,8 +52,8 @@ class OneBit(Compressor):
     FEEDBACK_IN_PLACE = True  # pass 1 (the norm) checks p before pass 2 writes
 
     def _encode_feedback(self, g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
-                         key: int, round: int) -> tuple[dict, list]:
-        bits = np.empty(packed_nbytes(g.shape[0], 1), np.uint8)
+                         key: int, round: int, reuse: Buffers | None) -> tuple[dict, list]:
+        bits = reusable(reuse, 1, packed_nbytes(g.shape[0], 1), np.uint8)
         scale = onebit.encode_feedback(g, e, lam, self.scaling, bits, e_out)
         if scale is None:
             raise FeedbackRefused(self.name)

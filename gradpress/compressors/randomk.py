@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gradpress.compressors.arrays import as_float32
-from gradpress.compressors.base import Compressor, FeedbackRefused
+from gradpress.compressors.base import Buffers, Compressor, FeedbackRefused
 from gradpress.kernels.cpu import randomk
 from gradpress.kernels.rng import stream_id
 from gradpress.compressors.params import flag, keep_count, number
@@ -52,7 +52,7 @@ class RandomK(Compressor):
         return self._fields(k), [values]
 
     def _encode_feedback(self, g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
-                         key: int, round: int) -> tuple[dict, list]:
+                         key: int, round: int, reuse: Buffers | None) -> tuple[dict, list]:
         n, k = g.shape[0], keep_count(self.k, g.shape[0])
         values = np.empty(k, np.float32)
         bitmap = randomk.random_bitmap(n, k, stream_id(self.seed, key, round))

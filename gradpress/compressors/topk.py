@@ -5,7 +5,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gradpress.compressors.arrays import as_float32
-from gradpress.compressors.base import Compressor, FeedbackRefused
+from gradpress.compressors.base import Buffers, Compressor, FeedbackRefused
 from gradpress.kernels.cpu import topk
 from gradpress.compressors.payload import buffer_array, expect_buffer_count, header_int
 from gradpress.compressors.params import keep_count
@@ -39,7 +39,7 @@ class TopK(Compressor):
         return {"k": k}, [indices, values]
 
     def _encode_feedback(self, g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,
-                         key: int, round: int) -> tuple[dict, list]:
+                         key: int, round: int, reuse: Buffers | None) -> tuple[dict, list]:
         k = keep_count(self.k, g.shape[0])
         indices = np.empty(k, np.uint32)
         values = np.empty(k, np.float32)

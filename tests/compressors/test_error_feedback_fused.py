@@ -129,3 +129,15 @@ def test_in_place_codecs_update_the_residual_they_were_given(name):
         assert_same_step(fused, generic, g, 3, t, lr, f"step {t}")
         if before is not None:
             assert fused.residual(3) is before
+
+
+@pytest.mark.parametrize("name,index", [("fp16", 0), ("onebit-l1", 1), ("dither-natural-max", 1)])
+def test_a_keys_payload_is_written_over_its_last_one(name, index):
+    # the large payloads: a fresh one per call is a fresh mapping the kernel must zero
+    fused, generic = pair(name, "vanilla")
+    first = fused.compress(gaussian(9000, seed=1), key=3, round=0)[1][index]
+    other = fused.compress(gaussian(9000, seed=2), key=4, round=0)[1][index]
+    assert not np.shares_memory(first, other), "two keys share a payload"
+    generic.compress(gaussian(9000, seed=1), key=3, round=0)
+    assert_same_step(fused, generic, gaussian(9000, seed=5), 3, 1, None, "reused")
+    assert fused.compress(gaussian(9000, seed=6), key=3, round=2)[1][index] is first
