@@ -153,7 +153,10 @@ class Arena:
         first = -(-region.offset // mmap.PAGESIZE) * mmap.PAGESIZE
         end = (region.offset + size) // mmap.PAGESIZE * mmap.PAGESIZE
         if end > first:
-            region.chunk.map.madvise(mmap.MADV_REMOVE, first, end - first)
+            try:
+                region.chunk.map.madvise(mmap.MADV_REMOVE, first, end - first)
+            except OSError:  # a kernel that cannot punch it: the pages stay, the region is still reused
+                pass
         self._free.setdefault(size, []).append(region)
 
     def close(self) -> None:

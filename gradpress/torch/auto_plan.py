@@ -96,6 +96,7 @@ class AutoPlanner:
         self._pending: list[Plan] = []                          # the decision's alternatives not yet run
         self.measured_plans: list[tuple[Plan, float]] = []      # the last trial: each plan, its median s
         self._measured: list[float] = []
+        self._last_broadcast = ""  # the name of this planner's latest broadcast
 
     # ---- called by the optimizer ------------------------------------------------
 
@@ -169,8 +170,7 @@ class AutoPlanner:
         text = None
         if ops.rank() == 0:  # "": nothing left to plan
             text = self._profile_json(round_trips, batches, planned) if planned else ""
-        from .broadcast import broadcast_object
-        text = broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.label}.{self.version}")
+        text = self._broadcast(text, "PlanProfile")
         if not text:
             self._keep_planned(set())
             log.info("gradpress: every gradient the planner was given travels row-sparse; nothing to plan")
@@ -248,8 +248,7 @@ class AutoPlanner:
                                             statistics.median(w for w, _ in factors),
                                             statistics.median(r for _, r in factors))
             text = profile.to_json()
-        from .broadcast import broadcast_object
-        text = broadcast_object(text, root_rank=0, name=f"PlanRefined.{self.label}.{self.version}")
+        text = self._broadcast(text, "PlanRefined")
         profile = Profile.from_json(text, "rank 0's refined profile")
         predicted = predict(*self.plan.simulated(profile))
         measured = float(profile.notes["measured_s"])
@@ -268,6 +267,8 @@ class AutoPlanner:
                      "; ".join(f"{p.summary()}: {1e3 * m:.1f}" for p, _, m in self._trials), plan.summary())
         if best != len(self._trials) - 1:
             self._switch(plan)
+        else:  # (a switch releases them too)
+            self._release_probes()
         self.measured_plans = [(p, m) for p, _, m in self._trials]
         self._trials = []
         self.refined = True
@@ -295,12 +296,23 @@ class AutoPlanner:
         self._release_probes(names)
 
     def _release_probes(self, also: list[str] = ()) -> None:
-        """Forget the link probes' keys (and ``also``), after a collective as above."""
+        """Forget the link probes' keys, the broadcasts' before the last one (and ``also``),
+        after a collective as above: every worker is through those broadcasts, since it
+        pushed into the last one after them."""
         client = ops.client()
-        # exactly this planner's probes (another planner's label may start with this one's)
+        # exactly this planner's (another planner's label may start with this one's)
         probe = re.compile(re.escape(f"PlanProbe.{self.label}.") + r"\d+\.(batch)?\d+\.\d+")
-        names = list(also) + [n for n in client.tensors if probe.fullmatch(n)]
+        sent = re.compile(r"Object\.Plan(Profile|Refined)\." + re.escape(f"{self.label}.") + r"\d+\.\d+\.(length|data)")
+        last = f"Object.{self._last_broadcast}."
+        names = list(also) + [n for n in client.tensors if probe.fullmatch(n)
+                              or (sent.fullmatch(n) and not n.startswith(last))]
         client.release(names, servers=ops.rank() == 0)
+
+    def _broadcast(self, text: str | None, kind: str) -> str:
+        """Rank 0's ``text`` on every worker (this planner's keys: ``_release_probes`` frees them)."""
+        from .broadcast import broadcast_object
+        self._last_broadcast = f"{kind}.{self.label}.{self.version}"
+        return broadcast_object(text, root_rank=0, name=self._last_broadcast)
 
     def _probe(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
         """Median times of uncompressed push_pulls, every worker at once: one partition of a
@@ -374,8 +386,7 @@ class AutoPlanner:
             old = self.profile.link.bytes_per_s
             changed = abs(link.bytes_per_s / old - 1) > LINK_CHANGE
             text = self.profile.scaled(bytes_per_s=link.bytes_per_s).to_json() if changed else ""
-        from .broadcast import broadcast_object
-        text = broadcast_object(text, root_rank=0, name=f"PlanProfile.{self.label}.{self.version}")
+        text = self._broadcast(text, "PlanProfile")
         if not text:  # the link is as profiled: the model, not the network, is off
             log.info("gradpress: iterations (%s ms) are off the prediction, but the link is as profiled; "
                      "keeping plan %d", recent, self.version - 1)
