@@ -128,6 +128,17 @@ def test_group_boundaries_keep_backward_order():
     for threshold in (0, 64 << 10, 1 << 20):
         groups = group_by_threshold(prof, threshold)
         assert [i for g in groups for i in g] == list(range(50))
+        # a tensor that fills a group alone is never copied into one
+        assert all(len(g) == 1 for g in groups if any(prof.tensors[i].nbytes >= threshold for i in g))
+
+
+def test_only_small_tensors_are_fused_around_a_large_one():
+    kb = 1024
+    prof = profile([(16 * kb, 0.01), (67 * MB, 0.02), (16 * kb, 0.03), (40 * kb, 0.04), (30 * kb, 0.05),
+                    (2 * MB, 0.06), (8 * kb, 0.07)])
+    assert group_by_threshold(prof, 64 * kb) == [(0,), (1,), (2, 3, 4), (5,), (6,)]
+    assert group_by_threshold(prof, 0) == [(i,) for i in range(7)]
+    assert group_by_threshold(prof, 16 * MB) == [(0,), (1,), (2, 3, 4, 5, 6)]
 
 
 def test_the_decision_is_a_pure_function_of_the_profile():
