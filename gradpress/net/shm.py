@@ -117,6 +117,11 @@ class Region(NamedTuple):
         return [os.getpid(), self.chunk.fd, self.chunk.inode, self.offset]
 
 
+def _aligned(nbytes: int) -> int:
+    """What a region of ``nbytes`` takes of its chunk: whole cache lines, at least one."""
+    return -(-max(nbytes, 1) // ALIGN) * ALIGN
+
+
 class Arena:
     """Regions of our own chunks, a new chunk when the last is full.
 
@@ -134,7 +139,7 @@ class Arena:
         self._free: dict[int, list[Region]] = {}  # aligned size -> released regions of that size
 
     def alloc(self, nbytes: int) -> Region:
-        size = -(-max(nbytes, 1) // ALIGN) * ALIGN
+        size = _aligned(nbytes)
         if self._free.get(size):
             chunk, offset, _ = self._free[size].pop()
             return Region(chunk, offset, nbytes)
@@ -148,7 +153,7 @@ class Arena:
     def free(self, region: Region) -> None:
         """Release ``region`` (one of ours, no longer read or written by anyone): its pages
         are returned now, and it is kept for reuse."""
-        size = -(-max(region.nbytes, 1) // ALIGN) * ALIGN
+        size = _aligned(region.nbytes)
         # only the pages wholly inside it: its neighbours may share the first and last
         first = -(-region.offset // mmap.PAGESIZE) * mmap.PAGESIZE
         end = (region.offset + size) // mmap.PAGESIZE * mmap.PAGESIZE

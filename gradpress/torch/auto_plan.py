@@ -268,7 +268,7 @@ class AutoPlanner:
         if best != len(self._trials) - 1:
             self._switch(plan)
         else:  # (a switch releases them too)
-            self._release_probes()
+            self._release_leftovers()
         self.measured_plans = [(p, m) for p, _, m in self._trials]
         self._trials = []
         self.refined = True
@@ -293,9 +293,9 @@ class AutoPlanner:
         if self.reducer is not None:
             factors = re.compile(re.escape(self.reducer.prefix) + r"LowRank\.(P|Q|raw|full\..+)")
             names += [n for n in client.tensors if factors.fullmatch(n)]
-        self._release_probes(names)
+        self._release_leftovers(names)
 
-    def _release_probes(self, also: list[str] = ()) -> None:
+    def _release_leftovers(self, also: list[str] = ()) -> None:
         """Forget the link probes' keys, the broadcasts' before the last one (and ``also``),
         after a collective as above: every worker is through those broadcasts, since it
         pushed into the last one after them."""
@@ -309,7 +309,7 @@ class AutoPlanner:
         client.release(names, servers=ops.rank() == 0)
 
     def _broadcast(self, text: str | None, kind: str) -> str:
-        """Rank 0's ``text`` on every worker (this planner's keys: ``_release_probes`` frees them)."""
+        """Rank 0's ``text`` on every worker (this planner's keys: ``_release_leftovers`` frees them)."""
         from .broadcast import broadcast_object
         self._last_broadcast = f"{kind}.{self.label}.{self.version}"
         return broadcast_object(text, root_rank=0, name=self._last_broadcast)
@@ -392,7 +392,7 @@ class AutoPlanner:
                      "keeping plan %d", recent, self.version - 1)
             self._reference_s = statistics.median(self._measured[-DRIFT_STEPS:])
             self._measured = []
-            self._release_probes()
+            self._release_leftovers()
             return
         log.info("gradpress: the link changed (iterations %s ms, %.1f ms predicted); re-planning", recent,
                  1e3 * self.plan.predicted_s)
