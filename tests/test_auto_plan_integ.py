@@ -43,6 +43,13 @@ def test_the_plan_is_re_based_on_the_backward_measured_under_it(cluster):
     # re-based after its (REFINE_STEPS + 1)th planned step (a later drift re-plan, possible
     # on a loaded loopback, starts the next plan un-based again)
     assert a["refined"][shape.plan_steps + REFINE_STEPS], f"the plan was not re-based: {a['refined']}"
+    # who shares rank 0's CPUs, from the address book's machine ids: here every node; the
+    # training's CPU measured under the plan (re-based), the same on both workers
+    import os
+    host = a["host"]
+    assert host is not None and host == torch.load(c.tmp / "w1.pt", weights_only=False)["host"]
+    assert (host["workers"], host["servers"], host["cores"]) == (2, 1, float(len(os.sched_getaffinity(0)))), host
+    assert 0 < host["train_cpu_s"] < 5, host
 
 
 @pytest.mark.integ

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 from gradpress.planner.decide import TRIAL_MARGIN, TRIALS, decide, group_by_threshold
-from gradpress.planner.profile import (CodecCost, LinearCost, Link, Profile, ProfileError, TensorProfile,
-                                       fit_linear, fit_link, fit_message)
+from gradpress.planner.profile import (CodecCost, HostShare, LinearCost, Link, Profile, ProfileError,
+                                       TensorProfile, fit_linear, fit_link, fit_message)
 from gradpress.planner.simulate import predict
 from gradpress.planner.synthetic import synthetic_profile
 
@@ -314,3 +315,55 @@ def test_a_profile_with_matrices_and_low_rank_costs_round_trips():
     assert back == prof and back.tensors[0].rows == 1024 and back.codecs["acpsgd"].rank == 1
     with pytest.raises(ProfileError, match="rows do not divide"):
         Profile(1, 1, (TensorProfile("w", 40, 0.1, 0, 3),), 0.1, 0.0, {"none": RAW}, Link(0.0, 1e8))
+
+
+# ---- a host whose CPUs workers and servers share ----------------------------------------
+
+def test_a_shared_host_bounds_the_iteration_by_its_cpu_work():
+    # 2 workers and 2 servers on 2 cores; each worker trains for 0.15 CPU s per iteration
+    c, d, add = 1e-9, 0.5e-9, 0.25e-9   # compress, decompress, server add: s per byte
+    codec = CodecCost(LinearCost(0, c), LinearCost(0, d), LinearCost(0, add), 1 / 32)
+    b, m = 4 * MB, 1e-4
+    free = profile([(b, 0.1)], workers=2, servers=2, rate=10e9, alpha=0.0, message=m,
+                   codecs={"none": RAW, "onebit": codec})
+    timeline = predict(free, [(0,)], ["onebit"])
+    shared = replace(free, host=HostShare(cores=2.0, workers=2, servers=2, train_cpu_s=0.15))
+    comm = c * b + d * b + m                    # one worker's communication thread
+    served = 2 * add * b + c * b                # the one server that sums it: both pushes, recompress
+    want = (2 * (0.15 + comm) + 2 * served / 2) / 2.0
+    assert want > timeline
+    assert predict(shared, [(0,)], ["onebit"]) == pytest.approx(want, rel=1e-12)
+    # on a host of its own (no server, 8 cores) the worker's CPU bounds nothing here
+    alone = replace(free, host=HostShare(cores=8.0, workers=1, servers=0, train_cpu_s=0.15))
+    assert predict(alone, [(0,)], ["onebit"]) == pytest.approx(timeline, rel=1e-12)
+
+
+def test_on_a_shared_host_the_planner_prefers_the_codec_that_costs_less_cpu():
+    # "heavy" sends half of "light"'s bytes for 4x its compression CPU: on a slow link of
+    # its own, the iteration is the wire's and heavy wins; where two workers and two servers
+    # share 2 cores and training takes most of them, CPU sets the iteration and light wins
+    light = CodecCost(LinearCost(0, 1 / 4e9), LinearCost(0, 1 / 8e9), LinearCost(0, 1 / 8e9), 1 / 32)
+    heavy = replace(light, compress=LinearCost(0, 1 / 1e9), payload_ratio=1 / 64)
+    tensors = [(16 * MB, 0.02 * (i + 1)) for i in range(4)]
+    base = profile(tensors, workers=2, servers=2, rate=12.5e6, backward=0.1,
+                   codecs={"none": RAW, "light": light, "heavy": heavy})
+    assert set(decide(base, ["heavy", "light"]).options) == {"heavy"}
+    shared = replace(base, host=HostShare(cores=2.0, workers=2, servers=2, train_cpu_s=0.5))
+    plan = decide(shared, ["heavy", "light"])
+    assert set(plan.options) == {"light"}, plan.options
+    assert plan.predicted_s < predict(shared, list(plan.groups), ["heavy"] * len(plan.groups))
+
+
+def test_a_host_share_round_trips_scales_and_is_checked():
+    prof = replace(synthetic_profile(5), host=HostShare(2.0, 2, 2, 0.3))
+    assert Profile.from_json(prof.to_json()) == prof
+    # a projection shares each host as rank 0's was, never with more nodes than the job has
+    assert prof.scaled(workers=64, servers=8).host == HostShare(2.0, 2, 2, 0.3)
+    assert prof.scaled(workers=1, servers=1).host == HostShare(2.0, 1, 1, 0.3)
+    assert Profile.from_json(synthetic_profile(5).to_json()).host is None  # older profiles: no bound
+    for field, value, why in (("cores", 0, "cores > 0"), ("workers", 3, "1 to 2 workers"),
+                              ("train_cpu_s", -1, "non-negative training CPU")):
+        bad = json.loads(prof.to_json())
+        bad["host"][field] = value
+        with pytest.raises(ProfileError, match=why):
+            Profile.from_json(json.dumps(bad))

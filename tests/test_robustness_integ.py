@@ -220,7 +220,7 @@ def test_a_register_with_impossible_numbers_is_refused_naming_them(cluster):
     try:
         peer = _member(ctx, c, "127.0.0.1", c.port)
         for fields, why in (({"local_size": 0}, "BYTEPS_LOCAL_SIZE=0"), ({"local_rank": 3}, "BYTEPS_LOCAL_RANK=3"),
-                            ({"port": 70000}, "port 70000")):
+                            ({"port": 70000}, "port 70000"), ({"machine": "m" * 4096}, "machine id of 4096")):
             peer.send(_header(Op.REGISTER, **{**dict(role="worker", host="h", port=1, worker_id=0, local_rank=0,
                                                      local_size=1, pid=1), **fields}))
             h = _reply(peer)

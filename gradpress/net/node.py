@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import zmq
 
 from . import transport
+from .. import host
 from ..config import Settings
 from ..errors import JobError, NodeLostError, OpTimeoutError
 from ..health import HealthFile
@@ -31,6 +32,7 @@ class NodeInfo:
     rank: int
     host: str
     port: int
+    machine: str = ""   # nodes with the same one share CPUs (host.machine_id)
 
     @property
     def name(self) -> str:
@@ -71,7 +73,8 @@ class SchedulerLink:
         s = self.settings
         self._send(Op.REGISTER, role=self.role, host=self.host, port=self.port,
                    worker_id=s.worker_id if self.role == "worker" else -1,
-                   local_rank=s.local_rank, local_size=s.local_size, pid=os.getpid())
+                   local_rank=s.local_rank, local_size=s.local_size, pid=os.getpid(),
+                   machine=host.machine_id())
         deadline = time.monotonic() + s.connect_timeout_s
         while self.book is None:
             left = deadline - time.monotonic()
@@ -101,7 +104,8 @@ class SchedulerLink:
         if op == Op.HEARTBEAT:
             return None
         if op == Op.ADDRESS_BOOK:
-            nodes = tuple(NodeInfo(n["role"], n["rank"], n["host"], n["port"]) for n in header["nodes"])
+            nodes = tuple(NodeInfo(n["role"], n["rank"], n["host"], n["port"], n.get("machine", ""))
+                          for n in header["nodes"])
             self.book = AddressBook(header["rank"], nodes, header["num_workers"], header["num_servers"])
             self.name = transport.node_name(self.role, header["rank"])
             return None

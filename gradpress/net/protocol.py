@@ -51,8 +51,9 @@ _INT = (int,)
 _STR = (str,)
 _NUM = (int, float)
 _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
+    # machine: which nodes share CPUs (host.machine_id); the address book repeats it per node
     Op.REGISTER: ({"role": _STR, "host": _STR, "port": _INT, "worker_id": _INT,
-                   "local_rank": _INT, "local_size": _INT, "pid": _INT}, {}),
+                   "local_rank": _INT, "local_size": _INT, "pid": _INT}, {"machine": _STR}),
     Op.ADDRESS_BOOK: ({"rank": _INT, "nodes": (list,), "num_workers": _INT, "num_servers": _INT}, {}),
     Op.BARRIER: ({"group": _STR, "seq": _INT}, {}),
     Op.BARRIER_DONE: ({"group": _STR, "seq": _INT}, {}),

@@ -23,8 +23,8 @@ MergeComp's fusion (arXiv 2103.15195):
 4. The plan's ``alternatives``, for the job to run and measure (``torch/auto_plan.py``
    keeps whichever rank 0 measured fastest): the best plan of the other kind (factoring or
    not), and each option's best uniform plan predicted within ``TRIAL_MARGIN`` of the chosen
-   one, at most ``TRIALS`` in all. The simulator does not see the CPU that codecs take from
-   backward where workers and servers share a host's cores, so plans it ranks close
+   one, at most ``TRIALS`` in all. The simulator bounds an iteration by a shared host's
+   CPU but does not see how the codecs' CPU slows backward down, so plans it ranks close
    together are ranked by measurement instead.
 
 The result is a pure function of the profile and the options, so every worker, given

@@ -3,7 +3,7 @@
 Matrices that travel as factors leave the backward timeline: ``torch/lowrank.py`` reduces
 them all together once backward has ended, on the training thread. So the plan is
 simulated on a derived profile: the other tensors as profiled; the factor work of every
-chosen matrix added to the end of backward; one raw tensor of all their factors, ready
+chosen matrix added to the end of backward (and to the host's training CPU); one raw tensor of all their factors, ready
 then, with the lowest priority (it travels alone and uncompressed: servers sum factors
 exactly); and the reconstruction of the averages added to the optimizer's step.
 PowerSGD's two rounds per step are counted as one tensor of both factors (its second
@@ -38,7 +38,9 @@ def derived(profile: Profile, option: str, chosen: tuple[int, ...]) -> tuple[Pro
     end = profile.backward_end_s + work
     lowest = min(t.priority for t in profile.tensors) - 1
     tensors = tuple(profile.tensors[i] for i in kept) + (TensorProfile(FACTORS, factor_bytes, end, lowest),)
-    return replace(profile, tensors=tensors, backward_end_s=end, step_s=profile.step_s + rebuild), kept
+    # the factor work and the reconstruction are the training thread's CPU too
+    host = profile.host and replace(profile.host, train_cpu_s=profile.host.train_cpu_s + work + rebuild)
+    return replace(profile, tensors=tensors, backward_end_s=end, step_s=profile.step_s + rebuild, host=host), kept
 
 
 def measured(profile: Profile, option: str, chosen: tuple[int, ...], work_s: float, rebuild_s: float) -> Profile:

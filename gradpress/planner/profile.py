@@ -10,6 +10,10 @@
   worker's communication thread and the server (``message_s``), from many tiny
   push/pulls at once (``fit_message``): the cost that makes fusing small tensors pay.
 
+- the host's CPUs, where workers and servers share them (``HostShare``): how many cores,
+  how many of the job's workers and servers run on rank 0's host, and the CPU one worker's
+  training takes per iteration (measured in the job, communication threads left out).
+
 A ``Profile`` is plain data: rank 0 measures it and broadcasts it as JSON, so every
 worker plans from the same numbers and computes the same plan. ``GRADPRESS_PLAN_FILE``
 saves it for ``gradpress-plan``.
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 PROFILE_VERSION = 1
@@ -93,6 +97,18 @@ class Link:
 
 
 @dataclass(frozen=True)
+class HostShare:
+    """Rank 0's host and who shares its CPUs: ``cores`` CPUs for ``workers`` of the job's
+    workers (rank 0 among them) and ``servers`` of its servers. ``train_cpu_s``: CPU seconds
+    per iteration of one worker outside its communication (forward, backward, the step;
+    torch's pools included), without a plan's own work (factors)."""
+    cores: float
+    workers: int
+    servers: int
+    train_cpu_s: float
+
+
+@dataclass(frozen=True)
 class Profile:
     workers: int
     servers: int
@@ -107,6 +123,7 @@ class Profile:
     engine_threads: int = 2
     version: int = PROFILE_VERSION
     notes: dict = field(default_factory=dict)
+    host: HostShare | None = None        # None: no CPU is shared (or it was not measured)
 
     def __post_init__(self) -> None:
         check(self.workers >= 1 and self.servers >= 1, "workers and servers must be at least 1")
@@ -121,17 +138,28 @@ class Profile:
                   f"tensor {t.name!r}: size {t.nbytes} and ready time {t.ready_s} must be non-negative")
             check(t.rows >= 1 and (t.nbytes // 4) % t.rows == 0,
                   f"tensor {t.name!r}: {t.rows} rows do not divide its {t.nbytes // 4} elements")
+        h = self.host
+        if h is not None:
+            check(h.cores > 0 and 1 <= h.workers <= self.workers and 0 <= h.servers <= self.servers
+                  and math.isfinite(h.train_cpu_s) and h.train_cpu_s >= 0,
+                  f"host {h}: needs cores > 0, 1 to {self.workers} workers, 0 to {self.servers} servers "
+                  f"and a non-negative training CPU time")
         for name, c in self.codecs.items():
             check(c.rank >= 0 and (c.rank == 0 or c.rounds in (1, 2)),
                   f"codec {name!r}: rank {c.rank} and rounds {c.rounds} (1 or 2 for a low-rank option)")
 
     def scaled(self, workers: int | None = None, servers: int | None = None,
                bytes_per_s: float | None = None) -> "Profile":
-        """The same model and machine in a job of another shape or link rate (for projections)."""
+        """The same model and machine in a job of another shape or link rate (for projections):
+        each host is shared as rank 0's was (as many of the job's workers and servers on it, at
+        most all of them)."""
         link = self.link if bytes_per_s is None else Link(self.link.alpha_s, bytes_per_s)
-        return Profile(workers or self.workers, servers or self.servers, self.tensors, self.backward_end_s,
+        workers, servers = workers or self.workers, servers or self.servers
+        host = self.host and replace(self.host, workers=min(self.host.workers, workers),
+                                     servers=min(self.host.servers, servers))
+        return Profile(workers, servers, self.tensors, self.backward_end_s,
                        self.step_s, self.codecs, link, self.message_s, self.partition_bytes, self.credit,
-                       self.engine_threads, self.version, dict(self.notes))
+                       self.engine_threads, self.version, dict(self.notes), host)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -153,9 +181,12 @@ class Profile:
             tensors = tuple(TensorProfile(str(t["name"]), int(t["nbytes"]), float(t["ready_s"]), int(t["priority"]),
                                           int(t.get("rows", 1)))
                             for t in d["tensors"])
+            h = d.get("host")
+            host = None if h is None else HostShare(float(h["cores"]), int(h["workers"]), int(h["servers"]),
+                                                    float(h["train_cpu_s"]))
             return cls(int(d["workers"]), int(d["servers"]), tensors, float(d["backward_end_s"]),
                        float(d["step_s"]), codecs, Link(**d["link"]), float(d["message_s"]), int(d["partition_bytes"]),
-                       int(d["credit"]), int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})))
+                       int(d["credit"]), int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})), host)
         except ProfileError:
             raise
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:

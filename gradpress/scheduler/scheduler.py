@@ -36,6 +36,8 @@ MAX_BATCH = 256
 MAX_OPEN_BARRIERS = 10_000
 # Worker processes on one machine, at most (a machine has a few GPUs).
 MAX_LOCAL_SIZE = 1024
+# A machine id (host.machine_id: a boot id and a cgroup path), at most this long.
+MAX_MACHINE_ID = 512
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Member:
     local_rank: int
     local_size: int
     pid: int
+    machine: str = ""
     rank: int = -1
     last_seen: float = field(default_factory=time.monotonic)
     finished: bool = False
@@ -210,7 +213,7 @@ class Scheduler:
                 self._refuse(identity, h, f"DMLC_WORKER_ID={slot[0]} BYTEPS_LOCAL_RANK={slot[1]} is already taken")
                 return
         self.members[identity] = Member(identity, role, h["host"], h["port"], h["worker_id"],
-                                        h["local_rank"], h["local_size"], h["pid"])
+                                        h["local_rank"], h["local_size"], h["pid"], h.get("machine", ""))
         log.info("registered %s at %s:%d (pid %d)", role, logs.peer(h["host"]), h["port"], h["pid"])
         if self._all_registered():
             self._assign_ranks()
@@ -243,7 +246,7 @@ class Scheduler:
         now = time.monotonic()
         for m in self.members.values():
             m.last_seen = now  # liveness counts from the job's start, not from each registration
-        nodes = [{"role": m.role, "rank": m.rank, "host": m.host, "port": m.port}
+        nodes = [{"role": m.role, "rank": m.rank, "host": m.host, "port": m.port, "machine": m.machine}
                  for m in self.members.values()]
         workers = sum(m.role == "worker" for m in self.members.values())
         for m in self.members.values():
@@ -381,6 +384,9 @@ def _registration_problem(h: dict) -> str:
         return f"DMLC_WORKER_ID={h['worker_id']} is negative"
     if h["pid"] < 0:
         return f"pid {h['pid']} is negative"
+    if len(h.get("machine", "")) > MAX_MACHINE_ID:
+        return (f"machine id of {len(h['machine'])} characters (at most {MAX_MACHINE_ID}): the address book "
+                f"repeats every node's to every node")
     return ""
 
 

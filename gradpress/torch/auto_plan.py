@@ -8,6 +8,7 @@
    the tensors planned, so every worker leaves out the same ones.
 2. Planning (at a step boundary, every worker at once): a network probe (uncompressed
    push_pulls of a few sizes, timed), the codecs' costs on this host (``planner/calibrate``),
+   the CPU the profiled steps' training took and who shares rank 0's host (``host.py``),
    rank 0's profile broadcast to every worker, and the same decision everywhere
    (``planner/decide``). ``GRADPRESS_PLAN_FILE`` keeps rank 0's profile for ``gradpress-plan``.
 3. Planned: gradients travel in fused groups (``fusion.py``), each the way the plan says;
@@ -36,13 +37,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .. import host
 from ..compressors import auto
 from ..compressors.lowrank import LowRankParams
 from ..compressors.spec import CodecSpec
 from ..planner import calibrate, low_rank
 from ..planner.decide import Plan, decide
 from ..planner.simulate import predict
-from ..planner.profile import Profile, TensorProfile, fit_link, fit_message
+from ..planner.profile import HostShare, Profile, TensorProfile, fit_link, fit_message
 from ..trace import now_us
 from . import ops
 from .fusion import FusedGroup
@@ -97,6 +99,8 @@ class AutoPlanner:
         self.measured_plans: list[tuple[Plan, float]] = []      # the last trial: each plan, its median s
         self._measured: list[float] = []
         self._last_broadcast = ""  # the name of this planner's latest broadcast
+        self._training_cpu: host.TrainingCpu | None = None
+        self._cpu_marks: list[float] = []  # training CPU read at the end of each step measured
 
     # ---- called by the optimizer ------------------------------------------------
 
@@ -143,6 +147,7 @@ class AutoPlanner:
         if not self.params:  # every gradient travels row-sparse: nothing to plan or watch
             return
         if self.plan is None:
+            self._mark_cpu()
             if self._steps > 1:  # the first step compiles, allocates and declares
                 self._timeline.append((self._backward_end, step_s))
             if self._steps >= max(2, self.settings.plan_steps):
@@ -152,6 +157,7 @@ class AutoPlanner:
             # would otherwise grow them by a step's entries every step)
             self._measured = self._measured[-max(REFINE_STEPS, DRIFT_STEPS):] + [elapsed]
             if not self.refined:
+                self._mark_cpu()
                 self._planned_timeline.append((self._backward_end, step_s))
                 if self.reducer is not None:
                     self._planned_factors.append((self.reducer.work_s, self.reducer.rebuild_s))
@@ -161,6 +167,26 @@ class AutoPlanner:
             elif self._steps % DRIFT_CHECK_STEPS == 0 and self._drift_agreed():
                 self._replan()
         self._iter_start = time.perf_counter()
+
+    def _mark_cpu(self) -> None:
+        if self._training_cpu is None:
+            self._training_cpu = host.TrainingCpu(ops.client().comm)
+        self._cpu_marks.append(self._training_cpu.read())
+
+    def _train_cpu_s(self) -> float:
+        """Training CPU per step over the steps marked, the first left out (as the timelines)."""
+        marks = self._cpu_marks
+        return (marks[-1] - marks[0]) / (len(marks) - 1) if len(marks) > 1 else 0.0
+
+    def _host_share(self) -> HostShare | None:
+        """Who shares rank 0's CPUs (the address book's machine ids), and its training's CPU."""
+        mine = host.machine_id()
+        if not mine:
+            return None
+        nodes = [n for n in ops.client().book.nodes if n.machine == mine]
+        workers = sum(n.role == "worker" for n in nodes)
+        servers = sum(n.role == "server" for n in nodes)
+        return HostShare(host.cores(), max(workers, 1), servers, max(self._train_cpu_s(), 0.0))
 
     # ---- planning ---------------------------------------------------------------------
 
@@ -190,7 +216,7 @@ class AutoPlanner:
                           statistics.median(t for _, t in self._timeline), costs, link, message_s,
                           s.partition_bytes, s.scheduling_credit, s.server_engine_threads,
                           notes={"profiled_steps": len(self._timeline), "round_trips": round_trips,
-                                 "batches": batches})
+                                 "batches": batches}, host=self._host_share())
         text = profile.to_json()
         if s.plan_file:
             with open(s.plan_file, "w") as fh:
@@ -222,11 +248,12 @@ class AutoPlanner:
 
     def _refine(self) -> None:
         """Re-base the plan's prediction on rank 0's backward timeline measured under it (its
-        first planned step left out: it declared the groups' keys), with rank 0's measured
-        iteration time. The plan is not decided again on that timeline: a plan whose codecs
-        cost more CPU would slow the backward it was decided on (this model does not see CPU
-        shared between the training thread, the communication thread and the servers), and
-        the plans would alternate. Instead the decision's alternatives (``Plan.alternatives``)
+        first planned step left out: it declared the groups' keys) and its training's CPU,
+        with rank 0's measured iteration time. The plan is not decided again on that
+        timeline: a plan whose codecs cost more CPU would slow the backward it was decided on
+        (the model bounds an iteration by a shared host's CPU, but does not see how the
+        communication thread and the servers slow the training thread), and the plans would
+        alternate. Instead the decision's alternatives (``Plan.alternatives``)
         run next, each for as many steps and measured the same way, and the job keeps
         whichever rank 0 measured fastest (every worker reads the same broadcast medians)."""
         text = None
@@ -242,11 +269,15 @@ class AutoPlanner:
                                           step_s=statistics.median(t for _, t in timeline),
                                           notes=dict(self.profile.notes, refined_steps=len(timeline),
                                                      measured_s=statistics.median(self._measured[1:])))
+            plan_cpu_s = 0.0  # the plan's own work on the training thread (factors)
             if self.plan.low_rank and len(self._planned_factors) > 1:  # (the first also seeds Q)
                 factors = self._planned_factors[1:]
-                profile = low_rank.measured(profile, self.plan.low_rank_option, self.plan.low_rank,
-                                            statistics.median(w for w, _ in factors),
-                                            statistics.median(r for _, r in factors))
+                work_s, rebuild_s = (statistics.median(w for w, _ in factors), statistics.median(r for _, r in factors))
+                profile = low_rank.measured(profile, self.plan.low_rank_option, self.plan.low_rank, work_s, rebuild_s)
+                plan_cpu_s = work_s + rebuild_s
+            if profile.host is not None:
+                profile = dataclasses.replace(profile, host=dataclasses.replace(
+                    profile.host, train_cpu_s=max(self._train_cpu_s() - plan_cpu_s, 0.0)))
             text = profile.to_json()
         text = self._broadcast(text, "PlanRefined")
         profile = Profile.from_json(text, "rank 0's refined profile")
@@ -361,6 +392,7 @@ class AutoPlanner:
         self._planned_ready = {pid: [] for pid in self._planned_ready}
         self._planned_timeline = []
         self._planned_factors = []
+        self._cpu_marks = []
         self._reference_s = plan.predicted_s  # what drift is measured against
         log.info("gradpress plan %d (rank %d):\n%s", self.version, ops.rank(), plan.table(self.profile))
         tracer = ops.client().tracer

@@ -60,8 +60,10 @@ def _pop(heap, size, key, tie):
 
 
 @njit(nogil=True, cache=True)
-def simulate_iteration(opt, ints, ready, tables, job, out_land):
-    """Fills ``out_land[p]`` (when partition p has been decompressed); returns the last landing."""
+def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
+    """Fills ``out_land[p]`` (when partition p has been decompressed) and ``out_work``: the
+    communication thread's busy seconds, and every server's work summed; returns the last
+    landing."""
     group, prio, server, engine, by_ready = ints[0], ints[1], ints[2], ints[3], ints[4]
     payload, comp, decomp, serve = tables[0], tables[1], tables[2], tables[3]
     workers, n_servers, n_engines, credit = job[0], int(job[1]), int(job[2]), job[3]
@@ -84,6 +86,8 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land):
     s_out = np.zeros(n_servers)
     engines = np.zeros((n_servers, n_engines))
     cpu = 0.0
+    busy = 0.0
+    served = 0.0
     n_landed = 0
     last = 0.0
     while n_landed < n:
@@ -96,6 +100,7 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land):
             # replies first, as the communication thread drains them before dispatching
             p, n_replies = _pop(replies, n_replies, land_at, order)
             cpu += decomp[opt[group[p]], p] + half_message_s
+            busy += decomp[opt[group[p]], p] + half_message_s
             out_land[p] = cpu
             last = max(last, cpu)
             n_landed += 1
@@ -104,6 +109,8 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land):
             p, n_waiting = _pop(waiting, n_waiting, neg_prio, order)
             o = opt[group[p]]
             cpu += comp[o, p] + half_message_s
+            busy += comp[o, p] + half_message_s
+            served += serve[o, p]
             b = payload[o, p]
             up_start = max(cpu, w_out)
             w_out = up_start + b / bytes_per_s
@@ -128,6 +135,8 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land):
         if n_waiting > 0 and n_flight > 0:
             nxt = min(nxt, acks[flight[0]])
         cpu = max(cpu, nxt)
+    out_work[0] = busy
+    out_work[1] = served
     return last
 
 

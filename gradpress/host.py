@@ -1,0 +1,87 @@
+"""The CPUs a process runs on: which of a job's processes share them, how many there are,
+and how a worker's CPU time splits between training and communication.
+
+The planner needs these where workers and servers share a host's cores (a small cluster,
+a test, the benchmarks on this machine): an iteration then takes at least the host's CPU
+work divided by its cores, whatever the network does (``planner/simulate.py``).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+# ZeroMQ's I/O and reaper threads (libzmq names them): their CPU is communication
+_ZMQ_THREADS = "ZMQbg/"
+
+
+def machine_id() -> str:
+    """Processes with the same id compete for the same CPUs: the kernel's boot id (one per
+    machine, the same in every network namespace and container on it) and this process's
+    CPU cgroup (a container or pod with its own CPU allotment counts as a machine of its
+    own). '' where /proc says neither."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+    return f"{boot}:{_cpu_cgroup()}"
+
+
+def _cpu_cgroup() -> str:
+    """This process's cgroup for CPU: the v1 ``cpu`` controller's, else the v2 unified one."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return ""
+    unified = ""
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+        if controllers == "":
+            unified = path
+    return unified
+
+
+def cores() -> float:
+    """CPUs this process may use: its affinity, capped by a cgroup v2 quota (``cpu.max``)."""
+    n = float(len(os.sched_getaffinity(0)))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            n = min(n, int(quota) / int(period))
+    except (OSError, ValueError):
+        pass
+    return max(n, 0.01)
+
+
+class TrainingCpu:
+    """CPU seconds this process spent outside communication: everything but the given
+    thread (the worker's communication thread) and ZeroMQ's threads, i.e. the training
+    thread and torch's pools. The communication thread is read exactly (its CPU clock);
+    ZeroMQ's threads from /proc, in clock ticks."""
+
+    def __init__(self, comm: threading.Thread):
+        self._clock = time.pthread_getcpuclockid(comm.ident)
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def read(self) -> float:
+        total = time.process_time()
+        try:
+            comm = time.clock_gettime(self._clock)
+        except OSError:  # the thread ended (the job is shutting down): nothing more to split
+            comm = 0.0
+        return total - comm - self._zmq_s()
+
+    def _zmq_s(self) -> float:
+        ticks = 0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                if not Path(f"/proc/self/task/{tid}/comm").read_text().startswith(_ZMQ_THREADS):
+                    continue
+                stat = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            ticks += int(stat[11]) + int(stat[12])  # utime, stime
+        return ticks / self._tick

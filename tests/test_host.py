@@ -1,0 +1,54 @@
+"""gradpress/host.py: which processes share CPUs, how many there are, and a worker's
+training CPU apart from its communication thread's."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from gradpress import host
+
+CHILD = "from gradpress import host; print(host.machine_id()); print(host.cores())"
+
+
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_processes_on_this_machine_share_its_id_and_see_its_cores():
+    mine = host.machine_id()
+    assert mine and mine.split(":", 1)[0] == open("/proc/sys/kernel/random/boot_id").read().strip()
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == [mine, str(host.cores())]
+    assert host.cores() == len(os.sched_getaffinity(0))
+
+
+def test_cores_follow_the_affinity():
+    pin = "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+    pinned = subprocess.run([sys.executable, "-c", pin + CHILD], capture_output=True, text=True, timeout=60,
+                            check=True)
+    assert pinned.stdout.split()[1] == "1.0"
+
+
+def test_training_cpu_leaves_the_communication_thread_out():
+    go, done = threading.Event(), threading.Event()
+
+    def comm():
+        go.wait(30)
+        _burn(0.3)
+        done.set()
+    t = threading.Thread(target=comm, daemon=True)
+    t.start()
+    meter = host.TrainingCpu(t)
+    before = meter.read()
+    go.set()
+    assert done.wait(30)
+    assert meter.read() - before < 0.1, "the communication thread's CPU counted as training"
+    before = meter.read()
+    _burn(0.3)
+    assert 0.28 < meter.read() - before < 0.4
+    t.join(30)
