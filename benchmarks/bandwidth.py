@@ -363,6 +363,10 @@ def measure_one(cluster: netns.NetnsCluster, rate: str, model: str, system: str,
                  else f"; planned after iteration {rec0['planned_at']}, predicted {row['predicted_s']}")
         if rec0.get("measured_plans"):
             extra += "; plans measured: " + "; ".join(f"{what}: {s:.3f} s" for what, s in rec0["measured_plans"])
+        if rec0.get("host_share"):
+            h = rec0["host_share"]
+            extra += (f"; host shared by {h['workers']} workers and {h['servers']} servers on {h['cores']:g} cores, "
+                      f"training {h['train_cpu_s']:.3f} CPU s per iter")
     if "cpu_s_per_iter" in rec0:
         extra += (f"; worker 0: {rec0['cpu_s_per_iter']:.3f} CPU s, {rec0['page_faults_per_iter']:.0f} page faults "
                   f"per iter")

@@ -75,6 +75,12 @@ def measured_plans(opt) -> list[tuple[str, float]]:
     return [(plan.summary(), round(s, 4)) for plan, s in getattr(planner, "measured_plans", [])]
 
 
+def host_share(opt) -> dict | None:
+    """Who the planner found sharing rank 0's CPUs, and the training's CPU it measured."""
+    profile = getattr(getattr(opt, "_gp_auto", None), "profile", None)
+    return vars(profile.host) if profile is not None and profile.host is not None else None
+
+
 def everyone_planned(bps, opt) -> bool:
     """Whether every worker holds its settled plan (the one re-based on the backward measured
     under the first): all must leave the warm-up at the same iteration."""
@@ -164,7 +170,7 @@ def train(system: str, model_name: str, warmup: int, iters: int, out: str, ddp_r
                    "cpu_s_per_iter": cpu_s, "page_faults_per_iter": faults,
                    "thread_cpu_s_per_iter": per_thread, "losses": losses,
                    "predicted_s": predictions[first:], "planned_at": planned_at, "phases_s": phases[first:],
-                   "measured_plans": measured_plans(opt)}, fh)
+                   "measured_plans": measured_plans(opt), "host_share": host_share(opt)}, fh)
     finish()
 
 
