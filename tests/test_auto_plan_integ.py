@@ -86,6 +86,8 @@ def test_the_job_measures_the_alternatives_and_keeps_the_fastest(cluster):
     fastest = min(range(3), key=lambda k: (measured[k][2], k))
     settled = first + 3 * per
     assert all(how(s) == runs[fastest] for s in range(settled, shape.steps)), (fastest, measured)
+    # drift is then measured against the kept plan's measured time, not its prediction
+    assert a["reference"] == b["reference"] == measured[fastest][2]
     assert a["refined"][settled - 1] and not any(a["refined"][:settled - 1])
     # the plans left behind are forgotten (their keys on the servers too: test_pushpull_integ.py)
     assert a["declared"] == sorted(name for _, name, _ in a["groups"]), a["declared"]

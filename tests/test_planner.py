@@ -329,7 +329,8 @@ def test_a_shared_host_bounds_the_iteration_by_its_cpu_work():
     timeline = predict(free, [(0,)], ["onebit"])
     shared = replace(free, host=HostShare(cores=2.0, workers=2, servers=2, train_cpu_s=0.15))
     comm = c * b + d * b + m                    # one worker's communication thread
-    served = 2 * add * b + c * b                # the one server that sums it: both pushes, recompress
+    served = 2 * add * b + c * b + 2 * m        # the one server that sums it: both pushes, recompress,
+    #                                             and a message per worker
     want = (2 * (0.15 + comm) + 2 * served / 2) / 2.0
     assert want > timeline
     assert predict(shared, [(0,)], ["onebit"]) == pytest.approx(want, rel=1e-12)

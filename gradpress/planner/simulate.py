@@ -19,9 +19,11 @@ an iteration, with every resource the way gradpress uses it:
   back out of its buffer, plus the optimizer's step;
 - where workers and servers share a host's CPUs (``Profile.host``), an iteration takes at
   least the CPU work of the processes on rank 0's host divided by its cores: each of its
-  workers' training and communication thread work, each of its servers' share of the sums
-  and recompressions. On this 2-core machine (two workers, two servers) that bound, not the
-  timeline, set the MLP's iteration: the timeline alone predicted it 12-24% short.
+  workers' training and communication thread work, each of its servers' share of the sums,
+  the recompressions and the messages (``message_s`` per worker and partition: a server
+  measured 0.17-0.2 cores busy where its codec work came to 0.03). On this 2-core machine
+  (two workers, two servers) that bound, not the timeline, set the MLP's iteration: the
+  timeline alone predicted it 12-24% short.
 
 ``Layout`` turns a grouping into per-partition tables once; ``Layout.predict`` then costs
 one compiled simulation (``kernels/cpu/timeline.py``) per plan.

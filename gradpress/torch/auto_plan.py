@@ -19,7 +19,8 @@
    traffic's CPU work slowed backward down (two workers and two servers share these
    cores), so the first prediction starts from a slower backward than the plan's own.
    Every ``DRIFT_CHECK_STEPS`` steps the workers sum a drift flag; when measured iteration
-   times have left the prediction by more than 20% for several steps (the link changed),
+   times have left the reference (the plan's median measured in its trial) by more than
+   20% for several steps (the link changed),
    they re-measure the network; if the link did change, they re-plan together, and the
    residuals of groups that stop existing are handed to the next push of their members
    (the servers' through rank 0), so no gradient is lost. If it did not (the model
@@ -292,7 +293,7 @@ class AutoPlanner:
             self._switch(self._pending.pop(0))
             return
         best = min(range(len(self._trials)), key=lambda i: (self._trials[i][2], i))
-        plan, self.profile, _ = self._trials[best]
+        plan, self.profile, kept_s = self._trials[best]
         if len(self._trials) > 1:
             log.info("gradpress: plans measured (ms): %s; keeping %s",
                      "; ".join(f"{p.summary()}: {1e3 * m:.1f}" for p, _, m in self._trials), plan.summary())
@@ -304,8 +305,10 @@ class AutoPlanner:
         self._trials = []
         self.refined = True
         self.plan = dataclasses.replace(plan, refined=True)
-        # the measured times stay: a link that changed meanwhile is still seen as drift
-        self._reference_s = self.plan.predicted_s
+        # drift is measured against the time measured under the plan, not the prediction: a
+        # model that mispredicts this job by 20% would re-measure the link for nothing. (The
+        # measured times stay: a link that changed meanwhile is still seen as drift.)
+        self._reference_s = kept_s
 
     def _switch(self, plan: Plan) -> None:
         """Apply another plan at this step boundary; the residuals go to its first pushes."""

@@ -62,8 +62,8 @@ def _pop(heap, size, key, tie):
 @njit(nogil=True, cache=True)
 def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
     """Fills ``out_land[p]`` (when partition p has been decompressed) and ``out_work``: the
-    communication thread's busy seconds, and every server's work summed; returns the last
-    landing."""
+    communication thread's busy seconds, and every server's CPU summed (its work on the
+    rounds, and a message's cost per worker and partition); returns the last landing."""
     group, prio, server, engine, by_ready = ints[0], ints[1], ints[2], ints[3], ints[4]
     payload, comp, decomp, serve = tables[0], tables[1], tables[2], tables[3]
     workers, n_servers, n_engines, credit = job[0], int(job[1]), int(job[2]), job[3]
@@ -110,7 +110,8 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
             o = opt[group[p]]
             cpu += comp[o, p] + half_message_s
             busy += comp[o, p] + half_message_s
-            served += serve[o, p]
+            # a server handles each worker's push and pull of it (about a message's CPU each)
+            served += serve[o, p] + workers * 2 * half_message_s
             b = payload[o, p]
             up_start = max(cpu, w_out)
             w_out = up_start + b / bytes_per_s
