@@ -362,7 +362,8 @@ def measure_one(cluster: netns.NetnsCluster, rate: str, model: str, system: str,
         extra = (f"; no plan after {len(rec0['warmup_times'])} warm-up iterations" if rec0["planned_at"] is None
                  else f"; planned after iteration {rec0['planned_at']}, predicted {row['predicted_s']}")
         if rec0.get("measured_plans"):
-            extra += "; plans measured: " + "; ".join(f"{what}: {s:.3f} s" for what, s in rec0["measured_plans"])
+            extra += "; plans measured (modelled): " + "; ".join(f"{what}: {s:.3f} s ({t:.3f})"
+                                                               for what, s, t in rec0["measured_plans"])
         if rec0.get("host_share"):
             h = rec0["host_share"]
             extra += (f"; host shared by {h['workers']} workers and {h['servers']} servers on {h['cores']:g} cores, "

@@ -69,10 +69,11 @@ def predicted_s(opt) -> float | None:
     return getattr(plan, "predicted_s", None)
 
 
-def measured_plans(opt) -> list[tuple[str, float]]:
-    """The plans the planner ran and measured before it settled (its last trial)."""
+def measured_plans(opt) -> list[tuple[str, float, float]]:
+    """The plans the planner ran and measured before it settled (its last trial): each one's
+    measured median and modelled seconds."""
     planner = getattr(opt, "_gp_auto", None)
-    return [(plan.summary(), round(s, 4)) for plan, s in getattr(planner, "measured_plans", [])]
+    return [(plan.summary(), round(s, 4), round(t, 4)) for plan, s, t in getattr(planner, "measured_plans", [])]
 
 
 def host_share(opt) -> dict | None:

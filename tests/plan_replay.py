@@ -89,7 +89,7 @@ torch.save({{"state": model.state_dict(), "planned": planned, "groups": groups_n
              "options": plan.options, "predicted": plan.predicted_s,
              "host": vars(opt._gp_auto.profile.host) if opt._gp_auto.profile.host else None,
              "reference": opt._gp_auto._reference_s,
-             "measured_plans": [(p.groups, p.options, m) for p, m in opt._gp_auto.measured_plans],
+             "measured_plans": [(p.groups, p.options, m, t) for p, m, t in opt._gp_auto.measured_plans],
              "declared": sorted(n for n in ops.client().tensors if n.startswith("Plan")),
              "broadcasts": sorted(n for n in ops.client().tensors if n.startswith("Object.Plan"))}},
            os.path.join(test_dir, f"w{{r}}.pt"))

@@ -7,6 +7,8 @@ import pytest
 import torch
 from plan_replay import Shape, replay, worker_script
 
+from gradpress.torch.auto_plan import TRIAL_NOISE
+
 REFINE_STEPS = 3  # re-based after 4 planned steps here (the job's default is longer)
 
 SHAPE = Shape()
@@ -70,7 +72,7 @@ def test_the_job_measures_the_alternatives_and_keeps_the_fastest(cluster):
     b = torch.load(c.tmp / "w1.pt", weights_only=False)
     assert a["measured_plans"] == b["measured_plans"], "workers read different measurements"
     measured = a["measured_plans"]
-    assert [set(options) for _, options, _ in measured] == [{"onebit"}, {"none"}, {"onebit"}]
+    assert [set(options) for _, options, _, _ in measured] == [{"onebit"}, {"none"}, {"onebit"}]
     assert len(measured[2][0]) == len(a["state"]) and len(measured[0][0]) < len(a["state"])
 
     def how(step):  # each group's members and codec, whatever its key is called
@@ -83,7 +85,9 @@ def test_the_job_measures_the_alternatives_and_keeps_the_fastest(cluster):
         assert all(how(s) == runs[k] for s in steps), f"plan {k} ran out of turn"
         assert len(runs[k]) == len(measured[k][0])
         assert {codec or "none" for _, codec in runs[k]} == set(measured[k][1])
-    fastest = min(range(3), key=lambda k: (measured[k][2], k))
+    # the fastest measured; among plans measured within the noise of it, the fastest modelled
+    near = [k for k in range(3) if measured[k][2] <= (1 + TRIAL_NOISE) * min(m[2] for m in measured)]
+    fastest = min(near, key=lambda k: (measured[k][3], measured[k][2], k))
     settled = first + 3 * per
     assert all(how(s) == runs[fastest] for s in range(settled, shape.steps)), (fastest, measured)
     # drift is then measured against the kept plan's measured time, not its prediction

@@ -368,3 +368,30 @@ def test_a_host_share_round_trips_scales_and_is_checked():
         bad["host"][field] = value
         with pytest.raises(ProfileError, match=why):
             Profile.from_json(json.dumps(bad))
+
+
+def test_the_trial_keeps_the_fastest_measured_and_lets_the_model_part_plans_within_its_noise():
+    from gradpress.planner.decide import Plan
+    from gradpress.torch.auto_plan import TRIAL_NOISE, choose
+    light = CodecCost(LinearCost(0, 1 / 4e9), LinearCost(0, 1 / 8e9), LinearCost(0, 1 / 8e9), 1 / 32)
+    heavy = replace(light, compress=LinearCost(0, 1 / 1e9))
+    base = profile([(16 * MB, 0.05 * (i + 1)) for i in range(4)], workers=2, servers=2, rate=1e9, backward=0.2,
+                   codecs={"none": RAW, "light": light, "heavy": heavy})
+    groups = tuple((i,) for i in range(4))
+    plans = [Plan(groups, (o,) * 4, 0.0, 0.0) for o in ("heavy", "light")]
+
+    def trial(train_cpu_s, measured):  # each plan re-based on its own steps: its own training CPU
+        return [(p, replace(base, host=HostShare(2.0, 2, 2, t)), m) for p, t, m in zip(plans, train_cpu_s, measured)]
+    # heavy measured faster, but within the noise: the model (heavy costs the host more) decides
+    kept, modelled = choose(trial([0.5, 0.5], [0.600, 0.600 * (1 + TRIAL_NOISE / 2)]))
+    assert kept == 1 and modelled[1] < modelled[0]
+    # beyond the noise, the measurement decides whatever the model says
+    assert choose(trial([0.5, 0.5], [0.600, 0.600 * (1 + 2 * TRIAL_NOISE)]))[0] == 0
+    # the model runs both on one training CPU (their median): heavy's steps measuring less
+    # training CPU does not make it modelled faster
+    kept, modelled = choose(trial([0.3, 0.7], [0.600, 0.610]))
+    assert kept == 1 and modelled[1] < modelled[0]
+    # no host shared: the timeline alone, still within the noise
+    alone = [(p, base, m) for p, m in zip(plans, [0.600, 0.605])]
+    kept, modelled = choose(alone)
+    assert modelled[1] < modelled[0] and kept == 1
