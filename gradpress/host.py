@@ -46,7 +46,10 @@ def _cpu_cgroup() -> str:
 
 def cores() -> float:
     """CPUs this process may use: its affinity, capped by a cgroup v2 quota (``cpu.max``)."""
-    n = float(len(os.sched_getaffinity(0)))
+    try:
+        n = float(len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        n = float(os.cpu_count() or 1)
     try:
         quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
         if quota != "max":
@@ -63,8 +66,16 @@ class TrainingCpu:
     ZeroMQ's threads from /proc, in clock ticks."""
 
     def __init__(self, comm: threading.Thread):
+        """Raises OSError where the platform has no per-thread CPU clocks (then nothing is shared
+        with the planner's model: ``TrainingCpu.available`` says whether one can be made)."""
+        if not self.available():
+            raise OSError("this platform has no per-thread CPU clocks or /proc/self/task")
         self._clock = time.pthread_getcpuclockid(comm.ident)
         self._tick = os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def available() -> bool:
+        return hasattr(time, "pthread_getcpuclockid") and os.path.isdir("/proc/self/task")
 
     def read(self) -> float:
         total = time.process_time()

@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from gradpress import host
 
 CHILD = "from gradpress import host; print(host.machine_id()); print(host.cores())"
@@ -52,3 +54,11 @@ def test_training_cpu_leaves_the_communication_thread_out():
     _burn(0.3)
     assert 0.28 < meter.read() - before < 0.4
     t.join(30)
+
+
+def test_without_per_thread_cpu_clocks_no_meter_is_made(monkeypatch):
+    assert host.TrainingCpu.available()
+    monkeypatch.delattr(time, "pthread_getcpuclockid")
+    assert not host.TrainingCpu.available()
+    with pytest.raises(OSError, match="per-thread CPU clocks"):
+        host.TrainingCpu(threading.current_thread())

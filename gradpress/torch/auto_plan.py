@@ -172,6 +172,8 @@ class AutoPlanner:
         self._iter_start = time.perf_counter()
 
     def _mark_cpu(self) -> None:
+        if not host.TrainingCpu.available():  # (then no host share: the model has no CPU bound)
+            return
         if self._training_cpu is None:
             self._training_cpu = host.TrainingCpu(ops.client().comm)
         self._cpu_marks.append(self._training_cpu.read())
@@ -184,7 +186,7 @@ class AutoPlanner:
     def _host_share(self) -> HostShare | None:
         """Who shares rank 0's CPUs (the address book's machine ids), and its training's CPU."""
         mine = host.machine_id()
-        if not mine:
+        if not mine or len(self._cpu_marks) < 2:  # who shares it, or its training's CPU, unknown
             return None
         nodes = [n for n in ops.client().book.nodes if n.machine == mine]
         workers = sum(n.role == "worker" for n in nodes)
