@@ -37,12 +37,13 @@ def test_cores_follow_the_affinity():
 
 
 def test_training_cpu_leaves_the_communication_thread_out():
-    go, done = threading.Event(), threading.Event()
+    go, done, leave = threading.Event(), threading.Event(), threading.Event()
 
-    def comm():
+    def comm():  # alive until the test has read the meter (a thread's clock ends with it)
         go.wait(30)
         _burn(0.3)
         done.set()
+        leave.wait(30)
     t = threading.Thread(target=comm, daemon=True)
     t.start()
     meter = host.TrainingCpu(t)
@@ -53,6 +54,7 @@ def test_training_cpu_leaves_the_communication_thread_out():
     before = meter.read()
     _burn(0.3)
     assert 0.28 < meter.read() - before < 0.4
+    leave.set()
     t.join(30)
 
 
