@@ -21,7 +21,8 @@ MergeComp's fusion (arXiv 2103.15195):
    factor travels as factors, and the rest is planned as above on the derived profile; the
    faster of the two plans is chosen.
 4. The plan's ``alternatives``, for the job to run and measure (``torch/auto_plan.py``
-   keeps whichever rank 0 measured fastest): the best plan of the other kind (factoring or
+   keeps the fastest rank 0 measured; of plans measured within its noise, the fastest
+   modelled): the best plan of the other kind (factoring or
    not), and each option's best uniform plan predicted within ``TRIAL_MARGIN`` of the chosen
    one, at most ``TRIALS`` in all. The simulator bounds an iteration by a shared host's
    CPU but does not see how the codecs' CPU slows backward down, so plans it ranks close

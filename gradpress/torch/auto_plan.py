@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 PROBE_BYTES = (64 << 10, 512 << 10, 2 << 20)
 PROBE_BATCHES = (1, 8, 32)   # tiny push_pulls in flight at once: what one message costs
 PROBE_REPEATS = 3
-DRIFT = 0.2                 # relative distance from the prediction that counts as drift
+DRIFT = 0.2                 # relative distance from the reference that counts as drift
 DRIFT_STEPS = 5             # ... for this many consecutive steps
 DRIFT_CHECK_STEPS = 10      # how often the workers agree on whether to re-plan
 LINK_CHANGE = 0.2           # a re-measured link this far from the profile's is a changed link
@@ -259,8 +259,9 @@ class AutoPlanner:
         (the model bounds an iteration by a shared host's CPU, but does not see how the
         communication thread and the servers slow the training thread), and the plans would
         alternate. Instead the decision's alternatives (``Plan.alternatives``)
-        run next, each for as many steps and measured the same way, and the job keeps
-        whichever rank 0 measured fastest (every worker reads the same broadcast medians)."""
+        run next, each for as many steps and measured the same way, and the job keeps the
+        one ``choose`` picks from rank 0's measurements (every worker reads the same broadcast
+        medians)."""
         text = None
         if ops.rank() == 0:
             ready = {pid: times[1:] for pid, times in self._planned_ready.items()}
