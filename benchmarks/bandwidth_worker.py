@@ -18,6 +18,8 @@ from pathlib import Path
 
 from bandwidth_models import MODELS
 
+from gradpress import host
+
 GP_COMPRESSION = {
     "gp_none": None,
     "gp_onebit": {"compressor": "onebit", "ef": "vanilla", "scaling": True},
@@ -50,17 +52,8 @@ def tx_bytes() -> int:
 
 
 def thread_cpu_s() -> dict[str, float]:
-    """CPU seconds of each of this process's threads so far, by ``name-tid`` (from /proc)."""
-    import os
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            stat = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
-        except OSError:  # the thread ended meanwhile
-            continue
-        out[f"{name}-{tid}"] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
-    return out
+    """CPU seconds of each of this process's threads so far, by ``name-tid``."""
+    return {f"{name}-{tid}": cpu for (name, tid), cpu in host.thread_cpu_s().items()}
 
 
 def predicted_s(opt) -> float | None:

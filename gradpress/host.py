@@ -71,7 +71,6 @@ class TrainingCpu:
         if not self.available():
             raise OSError("this platform has no per-thread CPU clocks or /proc/self/task")
         self._clock = time.pthread_getcpuclockid(comm.ident)
-        self._tick = os.sysconf("SC_CLK_TCK")
 
     @staticmethod
     def available() -> bool:
@@ -85,14 +84,20 @@ class TrainingCpu:
             comm = 0.0
         return total - comm - self._zmq_s()
 
-    def _zmq_s(self) -> float:
-        ticks = 0
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                if not Path(f"/proc/self/task/{tid}/comm").read_text().startswith(_ZMQ_THREADS):
-                    continue
-                stat = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # the thread ended meanwhile
-                continue
-            ticks += int(stat[11]) + int(stat[12])  # utime, stime
-        return ticks / self._tick
+    @staticmethod
+    def _zmq_s() -> float:
+        return sum(cpu for (name, _), cpu in thread_cpu_s().items() if name.startswith(_ZMQ_THREADS))
+
+
+def thread_cpu_s() -> dict[tuple[str, int], float]:
+    """CPU seconds of each of this process's threads so far, by (name, thread id), from
+    /proc (in clock ticks: 10 ms)."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[(name, int(tid))] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return out

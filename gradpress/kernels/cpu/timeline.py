@@ -99,8 +99,9 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
         if n_replies > 0 and land_at[replies[0]] <= cpu:
             # replies first, as the communication thread drains them before dispatching
             p, n_replies = _pop(replies, n_replies, land_at, order)
-            cpu += decomp[opt[group[p]], p] + half_message_s
-            busy += decomp[opt[group[p]], p] + half_message_s
+            work = decomp[opt[group[p]], p] + half_message_s
+            cpu += work
+            busy += work
             out_land[p] = cpu
             last = max(last, cpu)
             n_landed += 1
@@ -108,8 +109,9 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
         if n_waiting > 0 and n_flight < credit:
             p, n_waiting = _pop(waiting, n_waiting, neg_prio, order)
             o = opt[group[p]]
-            cpu += comp[o, p] + half_message_s
-            busy += comp[o, p] + half_message_s
+            work = comp[o, p] + half_message_s
+            cpu += work
+            busy += work
             # a server handles each worker's push and pull of it (about a message's CPU each)
             served += serve[o, p] + workers * 2 * half_message_s
             b = payload[o, p]
