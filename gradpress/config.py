@@ -36,7 +36,7 @@ class Settings:
     local_size: int = _setting(1, "BYTEPS_LOCAL_SIZE", "number of worker processes on this machine")
     partition_bytes: int = _setting(4096000, "BYTEPS_PARTITION_BYTES", "tensors are split into partitions of at most this many bytes")
     scheduling_credit: int = _setting(8, "BYTEPS_SCHEDULING_CREDIT", "partition pushes a worker keeps on the wire (not yet acknowledged by a server)")
-    server_engine_threads: int = _setting(2, "BYTEPS_SERVER_ENGINE_THREAD", "numeric engine threads per server")
+    server_engine_threads: int = _setting(-1, "BYTEPS_SERVER_ENGINE_THREAD", "numeric engine threads per server; 0: the I/O thread sums every key itself; -1: 2, or 0 where the server has fewer than 2 of its host's cores to itself")
     enable_async: bool = _setting(False, "BYTEPS_ENABLE_ASYNC", "asynchronous mode: pushes add into the store at once, pulls read it as it is")
     shm: bool = _setting(True, "GRADPRESS_SHM", "a worker and a server on the same host exchange data through shared memory (sealed memfd chunks)")
     min_compress_bytes: int = _setting(65536, "BYTEPS_MIN_COMPRESS_BYTES", "tensors smaller than this travel uncompressed")
@@ -62,9 +62,12 @@ class Settings:
         if self.role not in ROLES:
             raise ValueError(f"DMLC_ROLE={self.role!r}: expected one of {', '.join(ROLES)}")
         for name in ("num_worker", "num_server", "local_size", "partition_bytes",
-                     "scheduling_credit", "server_engine_threads", "plan_steps"):
+                     "scheduling_credit", "plan_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{_env(name)}={getattr(self, name)}: must be at least 1")
+        if self.server_engine_threads < -1:
+            raise ValueError(f"BYTEPS_SERVER_ENGINE_THREAD={self.server_engine_threads}: must be a count of "
+                             f"threads, 0 (the I/O thread sums) or -1 (chosen by the host's cores)")
         if not 0 <= self.local_rank < self.local_size:
             raise ValueError(f"BYTEPS_LOCAL_RANK={self.local_rank}: must be in [0, BYTEPS_LOCAL_SIZE={self.local_size})")
         if not (self.worker_id == -1 or 0 <= self.worker_id < self.num_worker):

@@ -1,4 +1,4 @@
-"""Engine threads: replies go out through the transport, and a failing engine stops its server."""
+"""Engine threads: how many, replies go out through the transport, and a failing engine stops its server."""
 import logging
 import threading
 
@@ -9,10 +9,10 @@ import zmq
 from cluster import TEST_SECRET
 from gradpress.config import Settings
 from gradpress.net import protocol, transport
-from gradpress.net.node import SchedulerLink
 from gradpress.net.protocol import Op
 from gradpress.scheduler.scheduler import Scheduler
-from gradpress.server.engine import STOP, Engine
+from gradpress.net.node import AddressBook, NodeInfo, SchedulerLink
+from gradpress.server.engine import DEFAULT_ENGINE_THREADS, STOP, Engine, engine_count
 from gradpress.server.server import Server
 from gradpress.trace import Tracer
 
@@ -82,14 +82,32 @@ def test_a_failing_engine_reports_an_error_naming_the_failure(inproc, monkeypatc
     assert not replies.poll(0), "the failure must not be sent towards a worker"
 
 
-def test_the_server_stops_with_an_error_naming_the_engine_failure(monkeypatch, caplog):
+def test_engine_threads_are_the_setting_or_none_where_the_server_lacks_cores_of_its_own():
+    assert [engine_count(n, cores=1, sharing=4) for n in (0, 1, 3)] == [0, 1, 3]  # a setting is kept
+    assert engine_count(-1, cores=16, sharing=1) == DEFAULT_ENGINE_THREADS
+    assert engine_count(-1, cores=4, sharing=2) == DEFAULT_ENGINE_THREADS  # 2 cores to itself
+    assert engine_count(-1, cores=2, sharing=4) == 0  # this machine's benchmarks: 2 workers, 2 servers
+    assert engine_count(-1, cores=1.5, sharing=0) == 0  # nobody known on the host: itself
+
+
+def test_the_address_book_says_who_shares_a_machine():
+    nodes = (NodeInfo("scheduler", -1, "h", 9000, "m1"), NodeInfo("worker", 0, "h", 0, "m1"),
+             NodeInfo("server", 0, "h", 1, "m1"), NodeInfo("worker", 1, "g", 0, "m2"),
+             NodeInfo("server", 1, "g", 1, ""))
+    book = AddressBook(0, nodes, 2, 2)
+    assert [n.name for n in book.sharing("m1")] == ["worker 0", "server 0"]  # not the scheduler
+    assert book.sharing("") == [], "an unknown machine shares with nobody"
+
+
+@pytest.mark.parametrize("threads,who", [(1, "engine thread 0"), (0, "the I/O thread's engine")])
+def test_the_server_stops_with_an_error_naming_the_engine_failure(monkeypatch, caplog, threads, who):
     monkeypatch.setattr(Engine, "_handle", _raise)
     common = dict(num_worker=1, num_server=1, root_uri="127.0.0.1", node_host="127.0.0.1",
                   heartbeat_interval_s=0.1, heartbeat_timeout_s=30, connect_timeout_s=30, job_secret=TEST_SECRET)
     scheduler = Scheduler(Settings(role="scheduler", root_port=0, **common))
     threading.Thread(target=scheduler.run, daemon=True).start()
     at = dict(common, root_port=scheduler.port)
-    server = Server(Settings(role="server", server_engine_threads=1, **at))
+    server = Server(Settings(role="server", server_engine_threads=threads, **at))
     exit_code = []
     serving = threading.Thread(target=lambda: exit_code.append(server.run()), daemon=True)
     serving.start()
@@ -103,7 +121,7 @@ def test_the_server_stops_with_an_error_naming_the_engine_failure(monkeypatch, c
             serving.join(timeout=15)
         assert not serving.is_alive(), "the server kept running after its engine failed"
         assert exit_code == [1]
-        assert f"server 0: engine thread 0 failed: RuntimeError: {FAULT}" in caplog.text, caplog.text
+        assert f"server 0: {who} failed: RuntimeError: {FAULT}" in caplog.text, caplog.text
     finally:
         scheduler.exit_code = 0
         worker.close()

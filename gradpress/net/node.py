@@ -51,6 +51,10 @@ class AddressBook:
     def servers(self) -> list[NodeInfo]:
         return sorted((n for n in self.nodes if n.role == "server"), key=lambda n: n.rank)
 
+    def sharing(self, machine: str) -> list[NodeInfo]:
+        """The workers and servers whose CPUs are ``machine``'s (none where the id is unknown)."""
+        return [n for n in self.nodes if machine and n.machine == machine and n.role in ("worker", "server")]
+
 
 class SchedulerLink:
     def __init__(self, settings: Settings, role: str, ctx: zmq.Context, port: int = 0):

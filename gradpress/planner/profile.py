@@ -120,7 +120,7 @@ class Profile:
     message_s: float = 0.0               # serial CPU per partition: sending it and landing its reply
     partition_bytes: int = 4096000
     credit: int = 8
-    engine_threads: int = 2
+    engine_threads: int = 2              # threads doing a server's sums (its I/O thread: 1)
     version: int = PROFILE_VERSION
     notes: dict = field(default_factory=dict)
     host: HostShare | None = None        # None: no CPU is shared (or it was not measured)

@@ -7,6 +7,12 @@ that fails says so in an ERROR on a second inproc socket, the I/O thread's repor
 channel, so that the server stops with that error instead of leaving workers waiting.
 The engine owns the shared-memory result slots it creates for co-located workers (in
 chunks of its own) and its mappings of their push areas.
+
+With no engine threads (:func:`engine_count` 0) one Engine is never started: the I/O
+thread calls :meth:`Engine.serve` itself. A hand-off costs the server as much CPU as a
+small key's whole round (queue, wake-up, an inproc message and its forwarding: measured
+in docs/performance.md), and engine threads pay only where they can run beside the I/O
+thread on cores of their own.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import zmq
 import numpy as np
 
 from .. import logs
+from ..errors import JobError
 from ..net import transport
 from ..net.guard import PeerGuard
 from ..net.protocol import Op
@@ -30,6 +37,18 @@ from .store import KeyState, PushError
 
 log = logging.getLogger(__name__)
 STOP = object()
+# engine threads where the setting leaves it to the host (BYTEPS_SERVER_ENGINE_THREAD=-1)
+DEFAULT_ENGINE_THREADS = 2
+
+
+def engine_count(setting: int, cores: float, sharing: int) -> int:
+    """A server's engine threads: ``setting`` where it is one (>= 0); else 2, or 0 where the
+    server's share of its host's ``cores`` (split among the ``sharing`` workers and servers
+    there, itself included) is under 2: its engines would then take turns on the I/O
+    thread's core instead of running beside it, and each hand-off costs CPU for nothing."""
+    if setting >= 0:
+        return setting
+    return DEFAULT_ENGINE_THREADS if cores / max(sharing, 1) >= 2 else 0
 
 
 class Engine(threading.Thread):
@@ -73,7 +92,24 @@ class Engine(threading.Thread):
             self._report(f"engine thread {self.index} failed: {type(e).__name__}: {e}")
         finally:
             out.close()
-            self.results.close()
+            self.close()
+
+    def serve(self, identity: bytes, header: dict, frames: list) -> list[Reply]:
+        """The replies to one message, worked out on the calling thread (the I/O thread of a
+        server without engine threads). Raises JobError where the work itself failed: a bug
+        that must stop the server, as a failed engine thread's report does."""
+        try:
+            replies = self._handle(identity, header, frames)
+        except Exception as e:
+            log.exception("the I/O thread's engine failed")
+            self.failure = e
+            raise JobError(f"{self._sender_name}: the I/O thread's engine failed: {type(e).__name__}: {e}") from e
+        self.drops.report()
+        return replies
+
+    def close(self) -> None:
+        """Give back the shared-memory result slots (the engine serves no more)."""
+        self.results.close()
 
     def _report(self, message: str) -> None:
         """Tell the I/O thread (not a worker) that this engine can serve no more."""

@@ -6,6 +6,8 @@ key, and forwards the engines' replies to the workers. Keys are pinned to the
 engine holding the fewest bytes when the key is first initialised. Replies are
 forwarded without being decoded; an engine's failure arrives on a report channel of
 its own, as an ERROR message, and stops the server with a JobError that names it.
+A server with no engine threads (``engine.engine_count``: set so, or too few cores of
+its own) does the sums on the I/O thread, through one engine that is never started.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import os
 import numpy as np
 import zmq
 
-from .. import logs
+from .. import host, logs
 from ..net import transport
 from ..net.guard import PeerGuard
 from ..net.limits import Limits
@@ -26,7 +28,7 @@ from ..compressors.warmup import warm_up
 from ..net.node import SchedulerLink
 from ..trace import Tracer
 from ..net.protocol import Op
-from .engine import STOP, Engine
+from .engine import STOP, Engine, engine_count
 
 log = logging.getLogger(__name__)
 # Messages taken from one socket per pass of the loop: heartbeats are due whatever the inflow.
@@ -53,6 +55,7 @@ class Server:
         self.tracer = Tracer(settings.trace)
         self.key_engine: dict[int, Engine] = {}
         self.key_bytes: dict[int, int] = {}     # each key's share of its engine's load_bytes
+        self.inline = False                     # True: the I/O thread does the engine's work
 
     def run(self) -> int:
         """Register, serve until the scheduler says the job is over. Returns the exit code."""
@@ -60,20 +63,29 @@ class Server:
         try:
             book = self.link.register()
             name = self.link.name
+            threads = engine_count(self.s.server_engine_threads, host.cores(),
+                                   len(book.sharing(host.machine_id())))
+            self.inline = threads == 0
             self.engines = [Engine(i, self.ctx, self._reply_addr, self._report_addr, name, book.num_workers,
-                                   self.s.enable_async, self.tracer) for i in range(self.s.server_engine_threads)]
-            for e in self.engines:
-                e.start()
-            log.info("%s serving on port %d with %d engine thread(s)", name, self.port, len(self.engines))
+                                   self.s.enable_async, self.tracer) for i in range(max(threads, 1))]
+            if not self.inline:
+                for e in self.engines:
+                    e.start()
+            log.info("%s serving on port %d with %s", name, self.port,
+                     "the sums on its I/O thread" if self.inline else f"{threads} engine thread(s)")
             return self._loop()
         except JobError as e:
             log.error("%s", e)
             return 1
         finally:
-            for e in self.engines:
-                e.inbox.put(STOP)
-            for e in self.engines:
-                e.join(timeout=5)
+            if self.inline:
+                for e in self.engines:
+                    e.close()
+            else:
+                for e in self.engines:
+                    e.inbox.put(STOP)
+                for e in self.engines:
+                    e.join(timeout=5)
             self.replies.close()
             self.reports.close()
             self.sock.close()
@@ -135,7 +147,15 @@ class Server:
                 self.key_bytes[header["key"]] = header["count"] * np.dtype(header["dtype"]).itemsize
                 engine.load_bytes += self.key_bytes[header["key"]]
                 self.key_engine[header["key"]] = engine
+            self._hand(engine, identity, header, frames)
+
+    def _hand(self, engine: Engine, identity: bytes, header: dict, frames: list) -> None:
+        """Give a message to its key's engine: queued for its thread, or served here and now."""
+        if not self.inline:
             engine.inbox.put((identity, header, frames))
+            return
+        for reply in engine.serve(identity, header, frames):
+            self.outbox.send(reply.to, reply.op, self.link.name, reply.buffers, **reply.fields)
 
     def _release(self, identity: bytes, header: dict) -> None:
         """A key no worker uses any more: its engine drops it after the work queued before
@@ -143,7 +163,7 @@ class Server:
         engine = self.key_engine.pop(header["key"], None)
         if engine is not None:
             engine.load_bytes -= self.key_bytes.pop(header["key"])  # (only this thread writes it)
-            engine.inbox.put((identity, header, []))
+            self._hand(engine, identity, header, [])
 
     def _engine_report(self) -> None:
         """An engine's ERROR: it failed and its keys can make no progress, so the server stops."""

@@ -46,6 +46,7 @@ from ..planner import calibrate, low_rank
 from ..planner.decide import Plan, decide
 from ..planner.simulate import predict
 from ..planner.profile import HostShare, Profile, TensorProfile, fit_link, fit_message
+from ..server.engine import engine_count
 from ..trace import now_us
 from . import ops
 from .fusion import FusedGroup
@@ -193,6 +194,17 @@ class AutoPlanner:
         servers = sum(n.role == "server" for n in nodes)
         return HostShare(host.cores(), max(workers, 1), servers, max(self._train_cpu_s(), 0.0))
 
+    def _server_lanes(self) -> int:
+        """Threads doing a server's sums, as the simulator counts them: its engine threads, or
+        1 for the I/O thread where it has none. A server on rank 0's machine shares its cores
+        and follows the same rule as it (engine_count); one elsewhere is taken to have cores
+        enough for the default (its cores are not in the address book)."""
+        book, mine = ops.client().book, host.machine_id()
+        setting = self.settings.server_engine_threads
+        threads = [engine_count(setting, host.cores(), len(book.sharing(mine))) if mine and n.machine == mine
+                   else engine_count(setting, float("inf"), 1) for n in book.servers]
+        return max(min(threads, default=1), 1)
+
     # ---- planning ---------------------------------------------------------------------
 
     def _make_plan(self) -> None:
@@ -219,7 +231,7 @@ class AutoPlanner:
         profile = Profile(ops.size(), len(ops.client().book.servers), self._tensors(self._ready, planned),
                           statistics.median(b for b, _ in self._timeline),
                           statistics.median(t for _, t in self._timeline), costs, link, message_s,
-                          s.partition_bytes, s.scheduling_credit, s.server_engine_threads,
+                          s.partition_bytes, s.scheduling_credit, self._server_lanes(),
                           notes={"profiled_steps": len(self._timeline), "round_trips": round_trips,
                                  "batches": batches}, host=self._host_share())
         text = profile.to_json()
