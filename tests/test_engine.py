@@ -99,8 +99,9 @@ def test_the_address_book_says_who_shares_a_machine():
     assert book.sharing("") == [], "an unknown machine shares with nobody"
 
 
-@pytest.mark.parametrize("threads,who", [(1, "engine thread 0"), (0, "the I/O thread's engine")])
-def test_the_server_stops_with_an_error_naming_the_engine_failure(monkeypatch, caplog, threads, who):
+@pytest.mark.parametrize("threads,count,who", [(1, 100000, "engine thread 0"), (1, 4, "the I/O thread's engine"),
+                                               (0, 100000, "the I/O thread's engine")])
+def test_the_server_stops_with_an_error_naming_the_engine_failure(monkeypatch, caplog, threads, count, who):
     monkeypatch.setattr(Engine, "_handle", _raise)
     common = dict(num_worker=1, num_server=1, root_uri="127.0.0.1", node_host="127.0.0.1",
                   heartbeat_interval_s=0.1, heartbeat_timeout_s=30, connect_timeout_s=30, job_secret=TEST_SECRET)
@@ -117,7 +118,7 @@ def test_the_server_stops_with_an_error_naming_the_engine_failure(monkeypatch, c
         book = worker.register()
         dealer = transport.dealer(transport.context(), worker.settings, "127.0.0.1", book.servers[0].port, b"w0")
         with caplog.at_level(logging.ERROR, logger="gradpress.server.server"):
-            transport.send(dealer, Op.INIT_KEY, "worker 0", key=1, name="t", count=4, dtype="float32")
+            transport.send(dealer, Op.INIT_KEY, "worker 0", key=1, name="t", count=count, dtype="float32")
             serving.join(timeout=15)
         assert not serving.is_alive(), "the server kept running after its engine failed"
         assert exit_code == [1]

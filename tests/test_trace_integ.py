@@ -8,7 +8,7 @@ pytestmark = pytest.mark.integ
 WORKER = """
 import torch, gradpress.torch as bps
 bps.init()
-x = torch.randn(40000)
+x = torch.randn(400000)
 for _ in range(3):
     bps.push_pull_inplace(x, name="g", compression_params={"compressor": "onebit", "ef": "vanilla", "scaling": True})
 bps.shutdown()
@@ -17,7 +17,7 @@ bps.shutdown()
 
 def test_trace_records_every_stage_on_workers_and_servers_and_shows_overlap(cluster, tmp_path):
     c = cluster(workers=2, servers=1, env={"GRADPRESS_TRACE": str(tmp_path / "trace.json"),
-                                           "BYTEPS_PARTITION_BYTES": "16000",  # 10 partitions
+                                           "BYTEPS_PARTITION_BYTES": "160000",  # 10, above INLINE_MAX_BYTES
                                            "BYTEPS_SERVER_ENGINE_THREAD": "2"})
     c.start(WORKER).assert_success()
     files = {p.name: json.loads(p.read_text())["traceEvents"] for p in tmp_path.glob("trace-*.json")}
@@ -35,3 +35,28 @@ def test_trace_records_every_stage_on_workers_and_servers_and_shows_overlap(clus
     assert overlapping, "no partition was compressed while another was in flight"
     # the server's keys are spread over both engine threads
     assert len({e["tid"] for e in server}) == 2, {e["tid"] for e in server}
+
+
+SIZES = """
+import torch, gradpress.torch as bps
+bps.init()
+small, big = torch.full((1000,), float(bps.rank() + 1)), torch.full((100000,), float(bps.rank() + 1))
+for _ in range(2):
+    for name, x in (("small", small), ("big", big)):
+        assert torch.all(bps.push_pull(x, average=False, name=name) == 3.0), name  # 1 + 2
+bps.shutdown()
+"""
+
+
+def test_small_keys_are_summed_on_the_io_thread_and_large_ones_on_engine_threads(cluster, tmp_path):
+    c = cluster(workers=2, servers=1, env={"GRADPRESS_TRACE": str(tmp_path / "trace.json"),
+                                           "BYTEPS_SERVER_ENGINE_THREAD": "2"})
+    c.start(SIZES).assert_success()
+    server = [e for e in json.loads((tmp_path / "trace-server0.json").read_text())["traceEvents"]
+              if e["ph"] == "X" and e["name"] == "server sum"]
+    threads = {}
+    for e in server:
+        threads.setdefault(e["args"]["key"], set()).add(e["tid"])
+    assert len(threads) == 2 and len(server) == 8, server  # 2 keys x 2 rounds x 2 workers
+    by_size = sorted(threads.values(), key=lambda tids: "MainThread" in tids)
+    assert by_size[0] <= {"gp-engine-0", "gp-engine-1"} and by_size[1] == {"MainThread"}, threads

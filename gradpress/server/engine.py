@@ -8,11 +8,11 @@ channel, so that the server stops with that error instead of leaving workers wai
 The engine owns the shared-memory result slots it creates for co-located workers (in
 chunks of its own) and its mappings of their push areas.
 
-With no engine threads (:func:`engine_count` 0) one Engine is never started: the I/O
-thread calls :meth:`Engine.serve` itself. A hand-off costs the server as much CPU as a
-small key's whole round (queue, wake-up, an inproc message and its forwarding: measured
-in docs/performance.md), and engine threads pay only where they can run beside the I/O
-thread on cores of their own.
+One more Engine is never started: the I/O thread calls :meth:`Engine.serve` itself for
+the keys of at most INLINE_MAX_BYTES, and for every key where there are no engine threads
+(:func:`engine_count` 0). A hand-off costs the server about 80 us of CPU (queue, wake-up,
+an inproc message and its forwarding: docs/performance.md), more than a small key's whole
+sum, and engine threads pay only where they run beside the I/O thread on cores of their own.
 """
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 STOP = object()
 # engine threads where the setting leaves it to the host (BYTEPS_SERVER_ENGINE_THREAD=-1)
 DEFAULT_ENGINE_THREADS = 2
+# keys this small are summed on the I/O thread even beside engine threads: their work, a few
+# microseconds a push, is far below what handing them over costs
+INLINE_MAX_BYTES = 65536
 
 
 def engine_count(setting: int, cores: float, sharing: int) -> int:

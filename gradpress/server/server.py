@@ -6,8 +6,9 @@ key, and forwards the engines' replies to the workers. Keys are pinned to the
 engine holding the fewest bytes when the key is first initialised. Replies are
 forwarded without being decoded; an engine's failure arrives on a report channel of
 its own, as an ERROR message, and stops the server with a JobError that names it.
-A server with no engine threads (``engine.engine_count``: set so, or too few cores of
-its own) does the sums on the I/O thread, through one engine that is never started.
+The I/O thread also owns one engine that is never started: it sums the keys of at most
+``engine.INLINE_MAX_BYTES`` (a hand-off costs more than their work), and every key of a
+server with no engine threads (``engine.engine_count``: set so, or too few cores of its own).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from ..compressors.warmup import warm_up
 from ..net.node import SchedulerLink
 from ..trace import Tracer
 from ..net.protocol import Op
-from .engine import STOP, Engine, engine_count
+from .engine import INLINE_MAX_BYTES, STOP, Engine, engine_count
 
 log = logging.getLogger(__name__)
 # Messages taken from one socket per pass of the loop: heartbeats are due whatever the inflow.
@@ -51,11 +52,11 @@ class Server:
         self._report_addr = f"inproc://gp-server-reports-{os.getpid()}-{id(self)}"
         self.reports = self.ctx.socket(zmq.PULL)
         self.reports.bind(self._report_addr)
-        self.engines: list[Engine] = []
+        self.engines: list[Engine] = []        # engine threads
+        self.io_engine: Engine | None = None    # the I/O thread's own: small keys, or all of them
         self.tracer = Tracer(settings.trace)
         self.key_engine: dict[int, Engine] = {}
         self.key_bytes: dict[int, int] = {}     # each key's share of its engine's load_bytes
-        self.inline = False                     # True: the I/O thread does the engine's work
 
     def run(self) -> int:
         """Register, serve until the scheduler says the job is over. Returns the exit code."""
@@ -65,27 +66,25 @@ class Server:
             name = self.link.name
             threads = engine_count(self.s.server_engine_threads, host.cores(),
                                    len(book.sharing(host.machine_id())))
-            self.inline = threads == 0
             self.engines = [Engine(i, self.ctx, self._reply_addr, self._report_addr, name, book.num_workers,
-                                   self.s.enable_async, self.tracer) for i in range(max(threads, 1))]
-            if not self.inline:
-                for e in self.engines:
-                    e.start()
+                                   self.s.enable_async, self.tracer) for i in range(threads + 1)]
+            self.io_engine = self.engines.pop()
+            for e in self.engines:
+                e.start()
             log.info("%s serving on port %d with %s", name, self.port,
-                     "the sums on its I/O thread" if self.inline else f"{threads} engine thread(s)")
+                     f"{threads} engine thread(s), keys of up to {INLINE_MAX_BYTES} bytes summed on its I/O thread"
+                     if threads else "the sums on its I/O thread")
             return self._loop()
         except JobError as e:
             log.error("%s", e)
             return 1
         finally:
-            if self.inline:
-                for e in self.engines:
-                    e.close()
-            else:
-                for e in self.engines:
-                    e.inbox.put(STOP)
-                for e in self.engines:
-                    e.join(timeout=5)
+            if self.io_engine is not None:
+                self.io_engine.close()
+            for e in self.engines:
+                e.inbox.put(STOP)
+            for e in self.engines:
+                e.join(timeout=5)
             self.replies.close()
             self.reports.close()
             self.sock.close()
@@ -143,15 +142,17 @@ class Server:
                 if op != Op.INIT_KEY:
                     self._error(identity, header, f"unknown key {header['key']}: no INIT_KEY was received for it")
                     continue
-                engine = min(self.engines, key=lambda e: (e.load_bytes, e.index))
-                self.key_bytes[header["key"]] = header["count"] * np.dtype(header["dtype"]).itemsize
+                nbytes = header["count"] * np.dtype(header["dtype"]).itemsize
+                engine = self.io_engine if nbytes <= INLINE_MAX_BYTES or not self.engines \
+                    else min(self.engines, key=lambda e: (e.load_bytes, e.index))
+                self.key_bytes[header["key"]] = nbytes
                 engine.load_bytes += self.key_bytes[header["key"]]
                 self.key_engine[header["key"]] = engine
             self._hand(engine, identity, header, frames)
 
     def _hand(self, engine: Engine, identity: bytes, header: dict, frames: list) -> None:
         """Give a message to its key's engine: queued for its thread, or served here and now."""
-        if not self.inline:
+        if engine is not self.io_engine:
             engine.inbox.put((identity, header, frames))
             return
         for reply in engine.serve(identity, header, frames):
