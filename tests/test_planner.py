@@ -339,6 +339,27 @@ def test_a_shared_host_bounds_the_iteration_by_its_cpu_work():
     assert predict(alone, [(0,)], ["onebit"]) == pytest.approx(timeline, rel=1e-12)
 
 
+def test_the_bytes_on_the_wire_cost_the_shared_host_its_sockets_cpu():
+    # as above, with each byte sent or received costing its node's sockets w CPU s
+    c, d, add, w = 1e-9, 0.5e-9, 0.25e-9, 2e-9
+    codec = CodecCost(LinearCost(0, c), LinearCost(0, d), LinearCost(0, add), 1 / 32)
+    b, m = 4 * MB, 1e-4
+    free = profile([(b, 0.1)], workers=2, servers=2, rate=10e9, alpha=0.0, message=m,
+                   codecs={"none": RAW, "onebit": codec})
+    shared = replace(free, host=HostShare(cores=2.0, workers=2, servers=2, train_cpu_s=0.15, wire_s_per_byte=w))
+    comm, served = c * b + d * b + m, 2 * add * b + c * b + 2 * m
+    pushed = b / 32                             # one worker's payload, pushed and pulled back
+    sockets = w * (2 * 2 * pushed + 2 * 2 * pushed)  # 2 workers move 2x theirs; the server 2x both
+    want = (2 * (0.15 + comm) + served + sockets) / 2.0
+    assert predict(shared, [(0,)], ["onebit"]) == pytest.approx(want, rel=1e-12)
+    # raw: 32x the bytes through the sockets, which here makes it slower than onebit's CPU
+    raw = (2 * (0.15 + 1e-10 * b + m) + 2 * 2e-10 * b + 2 * m + 32 * sockets) / 2.0  # RAW's copy and sum
+    assert predict(shared, [(0,)], ["none"]) == pytest.approx(raw, rel=1e-12)
+    assert decide(shared, ["none", "onebit"]).options == ("onebit",)
+    cheap_wire = replace(shared, host=replace(shared.host, wire_s_per_byte=0.0))
+    assert decide(cheap_wire, ["none", "onebit"]).options == ("none",)
+
+
 def test_on_a_shared_host_the_planner_prefers_the_codec_that_costs_less_cpu():
     # "heavy" sends half of "light"'s bytes for 4x its compression CPU: on a slow link of
     # its own, the iteration is the wire's and heavy wins; where two workers and two servers
@@ -362,8 +383,14 @@ def test_a_host_share_round_trips_scales_and_is_checked():
     assert prof.scaled(workers=64, servers=8).host == HostShare(2.0, 2, 2, 0.3)
     assert prof.scaled(workers=1, servers=1).host == HostShare(2.0, 1, 1, 0.3)
     assert Profile.from_json(synthetic_profile(5).to_json()).host is None  # older profiles: no bound
+    wired = replace(prof, host=HostShare(2.0, 2, 2, 0.3, 1e-9))
+    assert Profile.from_json(wired.to_json()) == wired
+    older = json.loads(wired.to_json())
+    del older["host"]["wire_s_per_byte"]  # a profile saved before the sockets' cost was measured
+    assert Profile.from_json(json.dumps(older)).host == HostShare(2.0, 2, 2, 0.3, 0.0)
     for field, value, why in (("cores", 0, "cores > 0"), ("workers", 3, "1 to 2 workers"),
-                              ("train_cpu_s", -1, "non-negative training CPU")):
+                              ("train_cpu_s", -1, "non-negative training"),
+                              ("wire_s_per_byte", -1e-9, "non-negative training and socket")):
         bad = json.loads(prof.to_json())
         bad["host"][field] = value
         with pytest.raises(ProfileError, match=why):

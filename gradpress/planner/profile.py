@@ -11,8 +11,9 @@
   push/pulls at once (``fit_message``): the cost that makes fusing small tensors pay.
 
 - the host's CPUs, where workers and servers share them (``HostShare``): how many cores,
-  how many of the job's workers and servers run on rank 0's host, and the CPU one worker's
-  training takes per iteration (measured in the job, communication threads left out).
+  how many of the job's workers and servers run on rank 0's host, the CPU one worker's
+  training takes per iteration (measured in the job, communication threads left out), and
+  what a byte sent or received costs a node's sockets (ZeroMQ's threads: TCP, CURVE).
 
 A ``Profile`` is plain data: rank 0 measures it and broadcasts it as JSON, so every
 worker plans from the same numbers and computes the same plan. ``GRADPRESS_PLAN_FILE``
@@ -101,11 +102,14 @@ class HostShare:
     """Rank 0's host and who shares its CPUs: ``cores`` CPUs for ``workers`` of the job's
     workers (rank 0 among them) and ``servers`` of its servers. ``train_cpu_s``: CPU seconds
     per iteration of one worker outside its communication (forward, backward, the step;
-    torch's pools included), without a plan's own work (factors)."""
+    torch's pools included), without a plan's own work (factors). ``wire_s_per_byte``: CPU
+    seconds a node's sockets (ZeroMQ's I/O threads: TCP, and CURVE's cipher) spend per byte
+    it sends or receives; in shared memory, next to nothing."""
     cores: float
     workers: int
     servers: int
     train_cpu_s: float
+    wire_s_per_byte: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -141,9 +145,10 @@ class Profile:
         h = self.host
         if h is not None:
             check(h.cores > 0 and 1 <= h.workers <= self.workers and 0 <= h.servers <= self.servers
-                  and math.isfinite(h.train_cpu_s) and h.train_cpu_s >= 0,
+                  and math.isfinite(h.train_cpu_s) and h.train_cpu_s >= 0
+                  and math.isfinite(h.wire_s_per_byte) and h.wire_s_per_byte >= 0,
                   f"host {h}: needs cores > 0, 1 to {self.workers} workers, 0 to {self.servers} servers "
-                  f"and a non-negative training CPU time")
+                  f"and non-negative training and socket CPU times")
         for name, c in self.codecs.items():
             check(c.rank >= 0 and (c.rank == 0 or c.rounds in (1, 2)),
                   f"codec {name!r}: rank {c.rank} and rounds {c.rounds} (1 or 2 for a low-rank option)")
@@ -183,7 +188,7 @@ class Profile:
                             for t in d["tensors"])
             h = d.get("host")
             host = None if h is None else HostShare(float(h["cores"]), int(h["workers"]), int(h["servers"]),
-                                                    float(h["train_cpu_s"]))
+                                                    float(h["train_cpu_s"]), float(h.get("wire_s_per_byte", 0.0)))
             return cls(int(d["workers"]), int(d["servers"]), tensors, float(d["backward_end_s"]),
                        float(d["step_s"]), codecs, Link(**d["link"]), float(d["message_s"]), int(d["partition_bytes"]),
                        int(d["credit"]), int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})), host)

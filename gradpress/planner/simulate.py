@@ -87,7 +87,7 @@ class Layout:
                              prof.link.bytes_per_s, prof.link.alpha_s, prof.message_s], np.float64)
         self._land = np.empty(len(sizes))
         self._group_land = np.empty(len(self.groups))
-        self._work = np.empty(2)
+        self._work = np.empty(3)
 
     def predict(self, assignment: np.ndarray) -> float:
         """Seconds per iteration when group g travels with option ``options[assignment[g]]``."""
@@ -95,22 +95,26 @@ class Layout:
         simulate_iteration(assignment, self.ints, self.ready, self.tables, self.job, self._land, self._work)
         t = finish_iteration(self.group_of, self._land, self.copy_out, prof.backward_end_s,
                              self._group_land) + prof.step_s
-        return max(t, self.host_bound_s(self._work[0], self._work[1]))
+        return max(t, self.host_bound_s(self._work[0], self._work[1], self._work[2]))
 
-    def host_bound_s(self, comm_s: float, served_s: float) -> float:
+    def host_bound_s(self, comm_s: float, served_s: float, pushed_bytes: float) -> float:
         """Rank 0's host's CPU work per iteration over its cores (0 where no CPU is shared):
-        ``comm_s`` is one worker's communication thread's work, ``served_s`` every server's."""
-        h = self.profile.host
+        ``comm_s`` is one worker's communication thread's work, ``served_s`` every server's,
+        ``pushed_bytes`` what one worker pushes (and pulls back). Each byte costs its sender's
+        and its receiver's sockets ``wire_s_per_byte``: a worker moves 2 ``pushed_bytes``, a
+        server 2 ``pushed_bytes`` x workers / servers."""
+        h, prof = self.profile.host, self.profile
         if h is None:
             return 0.0
-        work = h.workers * (h.train_cpu_s + comm_s) + h.servers * served_s / self.profile.servers
+        sockets = h.wire_s_per_byte * 2 * pushed_bytes * (h.workers + h.servers * prof.workers / prof.servers)
+        work = h.workers * (h.train_cpu_s + comm_s) + h.servers * served_s / prof.servers + sockets
         return work / h.cores
 
     def floor_s(self) -> float:
         """No plan of this grouping is faster: backward, the fused groups' copy-out, the step
         (or the host's CPU for training alone, where it is shared and that is more)."""
         return max(self.profile.backward_end_s + float(self.copy_out.sum()) + self.profile.step_s,
-                   self.host_bound_s(0.0, 0.0))
+                   self.host_bound_s(0.0, 0.0, 0.0))
 
     def landings(self) -> np.ndarray:
         """When each group landed in the last ``predict`` (s after the iteration started)."""

@@ -104,7 +104,8 @@ class AutoPlanner:
         self._measured: list[float] = []
         self._last_broadcast = ""  # the name of this planner's latest broadcast
         self._training_cpu: host.TrainingCpu | None = None
-        self._cpu_marks: list[float] = []  # training CPU read at the end of each step measured
+        # (training, sockets) CPU read at the end of each step measured (host.TrainingCpu)
+        self._cpu_marks: list[tuple[float, float]] = []
 
     # ---- called by the optimizer ------------------------------------------------
 
@@ -182,17 +183,28 @@ class AutoPlanner:
     def _train_cpu_s(self) -> float:
         """Training CPU per step over the steps marked, the first left out (as the timelines)."""
         marks = self._cpu_marks
-        return (marks[-1] - marks[0]) / (len(marks) - 1) if len(marks) > 1 else 0.0
+        return (marks[-1][0] - marks[0][0]) / (len(marks) - 1) if len(marks) > 1 else 0.0
+
+    def _wire_s_per_byte(self) -> float:
+        """What a byte sent or received costs this worker's sockets (ZeroMQ's threads: TCP,
+        CURVE), over the profiled steps: every managed gradient pushed and pulled raw."""
+        marks = self._cpu_marks
+        moved = 2 * sum(p.numel() * p.element_size() for p in self.params)
+        if len(marks) < 2 or moved == 0:
+            return 0.0
+        return max(marks[-1][1] - marks[0][1], 0.0) / (len(marks) - 1) / moved
 
     def _host_share(self) -> HostShare | None:
-        """Who shares rank 0's CPUs (the address book's machine ids), and its training's CPU."""
+        """Who shares rank 0's CPUs (the address book's machine ids), its training's CPU and
+        its sockets' CPU per byte."""
         mine = host.machine_id()
         if not mine or len(self._cpu_marks) < 2:  # who shares it, or its training's CPU, unknown
             return None
         nodes = [n for n in ops.client().book.nodes if n.machine == mine]
         workers = sum(n.role == "worker" for n in nodes)
         servers = sum(n.role == "server" for n in nodes)
-        return HostShare(host.cores(), max(workers, 1), servers, max(self._train_cpu_s(), 0.0))
+        return HostShare(host.cores(), max(workers, 1), servers, max(self._train_cpu_s(), 0.0),
+                         self._wire_s_per_byte())
 
     def _server_lanes(self) -> int:
         """Threads doing a server's sums, as the simulator counts them: its engine threads, or

@@ -62,8 +62,9 @@ def _pop(heap, size, key, tie):
 @njit(nogil=True, cache=True)
 def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
     """Fills ``out_land[p]`` (when partition p has been decompressed) and ``out_work``: the
-    communication thread's busy seconds, and every server's CPU summed (its work on the
-    rounds, and a message's cost per worker and partition); returns the last landing."""
+    communication thread's busy seconds, every server's CPU summed (its work on the
+    rounds, and a message's cost per worker and partition), and the bytes one worker
+    pushes (as many come back); returns the last landing."""
     group, prio, server, engine, by_ready = ints[0], ints[1], ints[2], ints[3], ints[4]
     payload, comp, decomp, serve = tables[0], tables[1], tables[2], tables[3]
     workers, n_servers, n_engines, credit = job[0], int(job[1]), int(job[2]), job[3]
@@ -88,6 +89,7 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
     cpu = 0.0
     busy = 0.0
     served = 0.0
+    pushed = 0.0
     n_landed = 0
     last = 0.0
     while n_landed < n:
@@ -115,6 +117,7 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
             # a server handles each worker's push and pull of it (about a message's CPU each)
             served += serve[o, p] + workers * 2 * half_message_s
             b = payload[o, p]
+            pushed += b
             up_start = max(cpu, w_out)
             w_out = up_start + b / bytes_per_s
             s = server[p]
@@ -140,6 +143,7 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
         cpu = max(cpu, nxt)
     out_work[0] = busy
     out_work[1] = served
+    out_work[2] = pushed
     return last
 
 
