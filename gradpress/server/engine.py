@@ -98,9 +98,9 @@ class Engine(threading.Thread):
             self.close()
 
     def serve(self, identity: bytes, header: dict, frames: list) -> list[Reply]:
-        """The replies to one message, worked out on the calling thread (the I/O thread of a
-        server without engine threads). Raises JobError where the work itself failed: a bug
-        that must stop the server, as a failed engine thread's report does."""
+        """The replies to one message, worked out on the calling thread (the I/O thread, for
+        its own keys). Raises JobError where the work itself failed: a bug that must stop
+        the server, as a failed engine thread's report does."""
         try:
             replies = self._handle(identity, header, frames)
         except Exception as e:

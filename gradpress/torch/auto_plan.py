@@ -200,7 +200,7 @@ class AutoPlanner:
         mine = host.machine_id()
         if not mine or len(self._cpu_marks) < 2:  # who shares it, or its training's CPU, unknown
             return None
-        nodes = [n for n in ops.client().book.nodes if n.machine == mine]
+        nodes = ops.client().book.sharing(mine)
         workers = sum(n.role == "worker" for n in nodes)
         servers = sum(n.role == "server" for n in nodes)
         return HostShare(host.cores(), max(workers, 1), servers, max(self._train_cpu_s(), 0.0),
