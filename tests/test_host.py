@@ -87,3 +87,25 @@ def test_without_per_thread_cpu_clocks_no_meter_is_made(monkeypatch):
     assert not host.TrainingCpu.available()
     with pytest.raises(OSError, match="per-thread CPU clocks"):
         host.TrainingCpu(threading.current_thread())
+
+
+def test_every_thread_cpu_is_read_from_its_own_clock_not_in_ticks():
+    burnt, stop = [], threading.Event()
+
+    def spin():
+        _burn(0.05)
+        burnt.append(time.thread_time())  # then it waits, using no CPU
+        stop.wait(30)
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    try:
+        for _ in range(300):
+            if burnt:
+                break
+            time.sleep(0.01)
+        cpus = {tid: cpu for (_, tid), cpu in host.thread_cpu_s().items()}
+        # /proc's ticks are 10 ms: a reading that close comes from the thread's own clock
+        assert abs(cpus[spinner.native_id] - burnt[0]) < 0.002, (cpus[spinner.native_id], burnt)
+    finally:
+        stop.set()
+        spinner.join(30)
