@@ -24,10 +24,11 @@ import zmq
 
 import numpy as np
 
-from .. import logs
+from .. import host, logs
 from ..errors import JobError
 from ..net import transport
 from ..net.guard import PeerGuard
+from ..net.node import AddressBook
 from ..net.protocol import Op
 from ..net.shm import Arena, PeerChunks
 from ..trace import Tracer
@@ -52,6 +53,12 @@ def engine_count(setting: int, cores: float, sharing: int) -> int:
     if setting >= 0:
         return setting
     return DEFAULT_ENGINE_THREADS if cores / max(sharing, 1) >= 2 else 0
+
+
+def local_engine_count(setting: int, book: AddressBook) -> int:
+    """:func:`engine_count` for a server on this process's machine: its cores, and who shares
+    them by the address book's machine ids (the server itself, and the planner on rank 0)."""
+    return engine_count(setting, host.cores(), len(book.sharing(host.machine_id())))
 
 
 class Engine(threading.Thread):

@@ -18,7 +18,7 @@ import os
 import numpy as np
 import zmq
 
-from .. import host, logs
+from .. import logs
 from ..net import transport
 from ..net.guard import PeerGuard
 from ..net.limits import Limits
@@ -29,7 +29,7 @@ from ..compressors.warmup import warm_up
 from ..net.node import SchedulerLink
 from ..trace import Tracer
 from ..net.protocol import Op
-from .engine import INLINE_MAX_BYTES, STOP, Engine, engine_count
+from .engine import INLINE_MAX_BYTES, STOP, Engine, local_engine_count
 
 log = logging.getLogger(__name__)
 # Messages taken from one socket per pass of the loop: heartbeats are due whatever the inflow.
@@ -64,8 +64,7 @@ class Server:
         try:
             book = self.link.register()
             name = self.link.name
-            threads = engine_count(self.s.server_engine_threads, host.cores(),
-                                   len(book.sharing(host.machine_id())))
+            threads = local_engine_count(self.s.server_engine_threads, book)
             self.engines = [Engine(i, self.ctx, self._reply_addr, self._report_addr, name, book.num_workers,
                                    self.s.enable_async, self.tracer) for i in range(threads + 1)]
             self.io_engine = self.engines.pop()

@@ -46,7 +46,7 @@ from ..planner import calibrate, low_rank
 from ..planner.decide import Plan, decide
 from ..planner.simulate import predict
 from ..planner.profile import HostShare, Profile, TensorProfile, fit_link, fit_message
-from ..server.engine import engine_count
+from ..server.engine import engine_count, local_engine_count
 from ..trace import now_us
 from . import ops
 from .fusion import FusedGroup
@@ -213,7 +213,7 @@ class AutoPlanner:
         enough for the default (its cores are not in the address book)."""
         book, mine = ops.client().book, host.machine_id()
         setting = self.settings.server_engine_threads
-        threads = [engine_count(setting, host.cores(), len(book.sharing(mine))) if mine and n.machine == mine
+        threads = [local_engine_count(setting, book) if mine and n.machine == mine
                    else engine_count(setting, float("inf"), 1) for n in book.servers]
         return max(min(threads, default=1), 1)
 
