@@ -168,9 +168,14 @@ def train(system: str, model_name: str, warmup: int, iters: int, out: str, ddp_r
     finish()
 
 
-def compute_only(model_name: str, iters: int) -> float:
-    """Median seconds of the same loop in one process, no communication: the floor."""
+def compute_only(model_name: str, iters: int, keep_freed_memory: bool) -> float:
+    """Median seconds of the same loop in one process, no communication: the floor. With
+    ``keep_freed_memory``, malloc set as gradpress's workers set it (``gradpress/allocator.py``)."""
     import torch
+    if keep_freed_memory:
+        from gradpress.allocator import keep_freed_memory as keep
+        if not keep():
+            raise SystemExit("bandwidth_worker.py: glibc's mallopt is not available here")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     spec = MODELS[model_name]
@@ -193,6 +198,6 @@ if __name__ == "__main__":
         system, model_name, warmup, iters, out, ddp_rank, ddp_addr, ddp_port = sys.argv[2:10]
         train(system, model_name, int(warmup), int(iters), out, int(ddp_rank), ddp_addr, int(ddp_port))
     elif sys.argv[1:2] == ["_compute"]:
-        print(compute_only(sys.argv[2], int(sys.argv[3])))
+        print(compute_only(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "kept"))
     else:
         sys.exit(__doc__)

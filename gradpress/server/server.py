@@ -18,7 +18,7 @@ import os
 import numpy as np
 import zmq
 
-from .. import logs
+from .. import allocator, logs
 from ..net import transport
 from ..net.guard import PeerGuard
 from ..net.limits import Limits
@@ -60,6 +60,8 @@ class Server:
 
     def run(self) -> int:
         """Register, serve until the scheduler says the job is over. Returns the exit code."""
+        if self.s.keep_freed_memory:
+            allocator.keep_freed_memory()
         warm_up("server")  # before registering: compiling later would silence the heartbeats
         try:
             book = self.link.register()

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from .. import logs
+from .. import allocator, logs
 from ..compressors.spec import CodecSpec
 from ..config import Settings
 from ..errors import JobError
@@ -64,6 +64,8 @@ def init(lazy: bool = True) -> None:
         if settings.role != "worker":
             raise ValueError(f"gradpress.torch.init() runs in workers; DMLC_ROLE is {settings.role!r}")
         logs.configure(settings.log_level)
+        if settings.keep_freed_memory:
+            allocator.keep_freed_memory()
         try:
             modes.check(settings)
             client = WorkerClient(settings)
