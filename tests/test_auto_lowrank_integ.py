@@ -16,13 +16,16 @@ PER_PLAN = REFINE_STEPS + 1  # planned steps each plan runs before the next is t
 TRIAL_STEPS = PLAN_STEPS + 2 * PER_PLAN + 2  # the plan, its alternative, 2 more
 ACPSGD = {"compressor": "acpsgd", "rank": 1}
 WORKER = f"""
-import json, os, torch, gradpress.torch as bps
+import dataclasses, json, os, torch, gradpress.torch as bps
 from gradpress.torch import auto_plan
 auto_plan.REFINE_STEPS = int(os.environ.get("GP_REFINE_STEPS", auto_plan.REFINE_STEPS))
 real_decide = auto_plan.decide
 # plan as for a 1 MB/s link, where factoring pays: the job itself runs on loopback
-auto_plan.decide = lambda profile, options, min_bytes: real_decide(profile.scaled(bytes_per_s=1e6), options,
-                                                                   min_bytes)
+def decide(profile, options, min_bytes):
+    plan = real_decide(profile.scaled(bytes_per_s=1e6), options, min_bytes)
+    # GP_NO_TRIAL: run the decision at once (the job measures its alternatives before it)
+    return dataclasses.replace(plan, alternatives=()) if os.environ.get("GP_NO_TRIAL") else plan
+auto_plan.decide = decide
 bps.init()
 r = bps.rank()
 client = bps.ops.client()
@@ -69,7 +72,7 @@ def test_a_factoring_plan_trains_like_acpsgd_itself(tmp_path):
         (tmp_path / label).mkdir()
         c = LocalCluster(tmp_path / label, workers=2, servers=2,
                          env={"BYTEPS_MIN_COMPRESS_BYTES": "0", "GRADPRESS_PLAN_STEPS": str(PLAN_STEPS),
-                              "GP_RUNS": json.dumps({label: params})})
+                              "GP_RUNS": json.dumps({label: params}), "GP_NO_TRIAL": "1"})
         try:
             c.start(WORKER).assert_success(180)
         finally:
@@ -112,11 +115,12 @@ def test_the_job_tries_the_other_kind_of_plan_and_keeps_the_faster(tmp_path):
     assert a["refined"] and a["version"] >= 1, (a["refined"], a["version"])
     assert (a["plan"], a["factored"]) == (b["plan"], b["factored"]), "workers settled differently"
     planned = a["factored"][PLAN_STEPS - 1:]  # recorded after each step: the plan of the next one
-    # first the factoring plan (a 1 MB/s link, as the decision saw it), then the raw one
-    assert planned[:PER_PLAN] == [2] * PER_PLAN and planned[PER_PLAN:2 * PER_PLAN] == [0] * PER_PLAN, planned
+    # first the raw alternative, then the decision (the factoring plan: a 1 MB/s link, as the
+    # decision saw it)
+    assert planned[:PER_PLAN] == [0] * PER_PLAN and planned[PER_PLAN:2 * PER_PLAN] == [2] * PER_PLAN, planned
     assert planned[-1] in (0, 2) and planned[-1] == len(a["matrices"])
-    # the factoring plan's re-basing took the factor work it measured (the raw plan's trial
-    # started from that profile, so either way the settled profile carries it)
+    # the factoring plan's re-basing took the factor work it measured, and the settled profile
+    # carries it whichever plan the job kept
     assert a["notes"]["factor_work_measured_s"] > 0 and a["notes"]["rebuild_measured_s"] > 0, a["notes"]
     # only the kept plan's groups and factors are still declared: the others (and the link
     # probes) were released

@@ -60,8 +60,8 @@ def test_the_plan_is_re_based_on_the_backward_measured_under_it(cluster):
 @pytest.mark.integ
 def test_the_job_measures_the_alternatives_and_keeps_the_fastest(cluster):
     """The decision's alternatives (forced here: its groups raw, then every tensor apart)
-    run one after another for as many planned steps each (3 here: re-based after 2, the
-    first left out); the job keeps whichever rank 0 measured fastest, every worker alike,
+    and then the decision run one after another for as many planned steps each (3 here:
+    re-based after 2, the first left out); the job keeps whichever rank 0 measured fastest, every worker alike,
     and every sum across the switches (residuals handed over at each) is the replay's."""
     import json
     per = 3
@@ -75,8 +75,10 @@ def test_the_job_measures_the_alternatives_and_keeps_the_fastest(cluster):
     b = torch.load(c.tmp / "w1.pt", weights_only=False)
     assert a["measured_plans"] == b["measured_plans"], "workers read different measurements"
     measured = a["measured_plans"]
-    assert [set(options) for _, options, _, _ in measured] == [{"onebit"}, {"none"}, {"onebit"}]
-    assert len(measured[2][0]) == len(a["state"]) and len(measured[0][0]) < len(a["state"])
+    assert [set(options) for _, options, _, _ in measured] == [{"none"}, {"onebit"}, {"onebit"}]
+    # the decision (fused groups) last, after every tensor apart
+    assert len(measured[1][0]) == len(a["state"]) and len(measured[2][0]) < len(a["state"])
+    assert measured[0][0] == measured[2][0], "the raw alternative keeps the decision's groups"
 
     def how(step):  # each group's members and codec, whatever its key is called
         return [(members, compression and compression["compressor"]) for members, _, compression in

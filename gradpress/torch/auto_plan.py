@@ -98,7 +98,7 @@ class AutoPlanner:
         self._planned_factors: list[tuple[float, float]] = []  # (factor work, reconstruction) s per step
         self.refined = False       # the plan has been re-based on the timeline measured under it
         self._trials: list[tuple[Plan, Profile, float]] = []  # plans measured so far (re-based, median s)
-        self._pending: list[Plan] = []                          # the decision's alternatives not yet run
+        self._pending: list[Plan] = []                          # the plans of the trial not yet run
         # the last trial: each plan, its measured median s, its modelled s (``choose``)
         self.measured_plans: list[tuple[Plan, float, float]] = []
         self._measured: list[float] = []
@@ -263,9 +263,12 @@ class AutoPlanner:
             del self._ready[id(p)], self._planned_ready[id(p)]
 
     def _start(self, plan: Plan) -> None:
-        """Apply a decision; its alternatives run after it, one by one, to be measured."""
-        self._trials, self._pending = [], list(plan.alternatives)
-        self._apply(dataclasses.replace(plan, alternatives=()))
+        """Apply a decision's alternatives one by one, to be measured, and the decision last:
+        the job usually keeps it, and then runs on without one more switch (a switch costs a
+        step of hand-over and 2-3 slow steps while the new keys' memory is set up)."""
+        trials = [*plan.alternatives, dataclasses.replace(plan, alternatives=())]
+        self._trials, self._pending = [], trials[1:]
+        self._apply(trials[0])
 
     def _tensors(self, ready: dict[int, list[float]], params: list[torch.Tensor]) -> tuple[TensorProfile, ...]:
         """``params`` in the order their gradients became ready (median times in ``ready``: a
@@ -283,9 +286,9 @@ class AutoPlanner:
         (the model bounds an iteration by a shared host's CPU, but does not see how the
         communication thread and the servers slow the training thread), and the plans would
         alternate. Instead the decision's alternatives (``Plan.alternatives``)
-        run next, each for as many steps and measured the same way, and the job keeps the
-        one ``choose`` picks from rank 0's measurements (every worker reads the same broadcast
-        medians)."""
+        and the decision itself run in turn (``_start``), each for as many steps and measured
+        the same way, and the job keeps the one ``choose`` picks from rank 0's measurements
+        (every worker reads the same broadcast medians)."""
         text = None
         if ops.rank() == 0:
             ready = {pid: times[1:] for pid, times in self._planned_ready.items()}
@@ -322,7 +325,11 @@ class AutoPlanner:
             self._switch(self._pending.pop(0))
             return
         best, modelled = choose(self._trials)
-        plan, self.profile, kept_s = self._trials[best]
+        plan, kept, kept_s = self._trials[best]
+        # each trial's profile starts from the one before, so the last one carries every
+        # cost the trial measured (a low-rank option's factor work): a re-plan decides on them
+        latest = self._trials[-1][1]
+        self.profile = dataclasses.replace(kept, codecs=latest.codecs, notes={**latest.notes, **kept.notes})
         if len(self._trials) > 1:
             log.info("gradpress: plans measured (ms, and as modelled on common ground): %s; keeping %s",
                      "; ".join(f"{p.summary()}: {1e3 * m:.1f} ({1e3 * t:.1f})"
