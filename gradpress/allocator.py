@@ -5,10 +5,10 @@ block that large, and unmaps it when it is freed. A training step allocates the 
 blocks every time (a 4096x4096 layer's gradient is 64 MB, and so is the output of the
 matrix product that computes it), so every step the kernel hands the process fresh pages
 and zeroes each one on its first touch: 16,385 page faults per MLP step on this machine,
-a third of its backward pass (``docs/performance.md``, "Page faults"). With mmap off
-and the heap never trimmed, a freed block is reused by the next step, as jemalloc and
-tcmalloc (which PyTorch's CPU tuning guides preload) do. The cost: the process keeps its
-peak heap for its lifetime instead of giving freed blocks back.
+30% of its compute-only step (``docs/performance.md``, "Page faults"). With blocks of up
+to 256 MB served from the heap and the heap never trimmed, a freed block is reused by the
+next step, as jemalloc and tcmalloc (which PyTorch's CPU tuning guides preload) do. The
+cost: the process keeps its peak heap for its lifetime instead of giving freed blocks back.
 
 Only glibc has ``mallopt``; elsewhere (musl, macOS) nothing changes.
 """
