@@ -51,6 +51,9 @@ class Tracer:
             return None
         stem, ext = os.path.splitext(self.path)
         path = f"{stem}-{process.replace(' ', '')}{ext or '.json'}"
+        # a folder named in GRADPRESS_TRACE that does not exist yet is made (at the job's end,
+        # a missing folder would lose the whole trace and fail the process)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         meta = [{"name": "process_name", "ph": "M", "pid": os.getpid(), "args": {"name": process}}]
         with open(path, "w") as fh:
             json.dump({"traceEvents": meta + self.events, "displayTimeUnit": "ms"}, fh)

@@ -60,3 +60,13 @@ def test_small_keys_are_summed_on_the_io_thread_and_large_ones_on_engine_threads
     assert len(threads) == 2 and len(server) == 8, server  # 2 keys x 2 rounds x 2 workers
     by_size = sorted(threads.values(), key=lambda tids: "MainThread" in tids)
     assert by_size[0] <= {"gp-engine-0", "gp-engine-1"} and by_size[1] == {"MainThread"}, threads
+
+
+def test_a_trace_goes_into_a_folder_made_for_it(tmp_path):
+    from gradpress.trace import Tracer
+    tracer = Tracer(str(tmp_path / "not" / "yet" / "trace.json"))
+    tracer.add("compress", 1.0, 3.0, key=7)
+    path = tracer.write("worker 0")
+    assert path == str(tmp_path / "not" / "yet" / "trace-worker0.json")
+    events = json.loads(open(path).read())["traceEvents"]
+    assert [(e["name"], e["dur"], e["args"]) for e in events if e["ph"] == "X"] == [("compress", 2.0, {"key": 7})]
