@@ -1,5 +1,6 @@
 """suspend() / resume(): leave a job, join the next one (here with fewer workers),
 keeping the model and the optimizer: the trajectory is the one of an uninterrupted run."""
+import subprocess
 import time
 
 import pytest
@@ -66,6 +67,15 @@ bps.shutdown()
 """
 
 
+def exit_code(first, name: str, second, timeout_s: float = 120) -> int:
+    """The exit code of ``first``'s process ``name``, which went on in ``second``'s job; both
+    jobs' logs where it is still running at the deadline (the whole suite shares 2 cores)."""
+    try:
+        return first.procs[name].wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{name} still running after {timeout_s} s\n{first.logs()}\n{second.logs()}") from None
+
+
 def test_suspend_then_resume_with_fewer_workers_continues_the_same_trajectory(cluster):
     first = cluster(workers=2, servers=1)
     first.start(ELASTIC)
@@ -79,7 +89,7 @@ def test_suspend_then_resume_with_fewer_workers_continues_the_same_trajectory(cl
     second.start_scheduler()
     second.start_server(0)
     (first.tmp / "port2").write_text(str(second.port))
-    assert first.procs["worker 0"].wait(timeout=60) == 0, first.logs() + second.logs()
+    assert exit_code(first, "worker 0", second) == 0, first.logs() + second.logs()
     second.assert_success(timeout_s=30)
 
     ns = {}
@@ -116,7 +126,7 @@ def test_a_compressed_run_suspended_and_resumed_is_bit_identical_to_an_uninterru
     second.start_server(0)
     (first.tmp / "port2").write_text(str(second.port))
     for r in range(2):
-        assert first.procs[f"worker {r}"].wait(timeout=60) == 0, first.logs() + second.logs()
+        assert exit_code(first, f"worker {r}", second) == 0, first.logs() + second.logs()
     second.assert_success(timeout_s=30)
     for r in range(2):
         got, want = torch.load(first.tmp / f"params{r}.pt"), torch.load(reference.tmp / f"params{r}.pt")
