@@ -9,11 +9,13 @@ chrome://tracing.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
 from contextlib import contextmanager
 
+log = logging.getLogger(__name__)
 _EPOCH = time.perf_counter()
 
 
@@ -46,15 +48,19 @@ class Tracer:
             self.add(name, start, now_us(), **args)
 
     def write(self, process: str) -> str | None:
-        """Write the events to this process's file; returns its path."""
+        """Write the events to this process's file; returns its path, or None (logged) where
+        it cannot be written: a trace is a diagnostic, and the job it traced has finished."""
         if not self.enabled:
             return None
         stem, ext = os.path.splitext(self.path)
         path = f"{stem}-{process.replace(' ', '')}{ext or '.json'}"
-        # a folder named in GRADPRESS_TRACE that does not exist yet is made (at the job's end,
-        # a missing folder would lose the whole trace and fail the process)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         meta = [{"name": "process_name", "ph": "M", "pid": os.getpid(), "args": {"name": process}}]
-        with open(path, "w") as fh:
-            json.dump({"traceEvents": meta + self.events, "displayTimeUnit": "ms"}, fh)
+        try:
+            # a folder named in GRADPRESS_TRACE that does not exist yet is made
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "w") as fh:
+                json.dump({"traceEvents": meta + self.events, "displayTimeUnit": "ms"}, fh)
+        except OSError as e:
+            log.error("gradpress: GRADPRESS_TRACE: could not write %s's trace to %s: %s", process, path, e)
+            return None
         return path

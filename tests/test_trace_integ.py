@@ -70,3 +70,12 @@ def test_a_trace_goes_into_a_folder_made_for_it(tmp_path):
     assert path == str(tmp_path / "not" / "yet" / "trace-worker0.json")
     events = json.loads(open(path).read())["traceEvents"]
     assert [(e["name"], e["dur"], e["args"]) for e in events if e["ph"] == "X"] == [("compress", 2.0, {"key": 7})]
+
+
+def test_a_trace_that_cannot_be_written_is_logged_and_the_process_goes_on(tmp_path, caplog):
+    from gradpress.trace import Tracer
+    (tmp_path / "file").write_text("")  # a file where the folder should be
+    tracer = Tracer(str(tmp_path / "file" / "trace.json"))
+    tracer.add("push", 1.0, 2.0)
+    assert tracer.write("server 1") is None
+    assert "could not write server 1's trace to " + str(tmp_path / "file" / "trace-server1.json") in caplog.text
