@@ -63,15 +63,18 @@ class LocalCluster:
     def start_worker(self, index: int, command: list[str], **env: str) -> None:
         self.job.start_worker(index, command, **env)
 
-    def start(self, worker_code: str, worker_env: dict | None = None) -> "LocalCluster":
-        """Start scheduler, servers and workers; ``worker_code`` runs in every worker."""
+    def start(self, worker_code: str, worker_env: dict | None = None,
+              each_worker: list[dict] | None = None) -> "LocalCluster":
+        """Start scheduler, servers and workers; ``worker_code`` runs in every worker, with
+        ``worker_env`` and worker i's own ``each_worker[i]``."""
         self.start_scheduler()
         for i in range(self.job.servers):
             self.start_server(i)
         script = self.tmp / "worker.py"
         script.write_text(textwrap.dedent(worker_code))
         for i in range(self.job.workers):
-            self.start_worker(i, [sys.executable, str(script)], GP_TEST_DIR=str(self.tmp), **(worker_env or {}))
+            own = each_worker[i] if each_worker else {}
+            self.start_worker(i, [sys.executable, str(script)], GP_TEST_DIR=str(self.tmp), **(worker_env or {}), **own)
         return self
 
     def log(self, name: str) -> str:

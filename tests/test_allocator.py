@@ -55,13 +55,7 @@ assert torch.equal(bps.push_pull(torch.ones(3), average=False, name="x"), torch.
 @pytest.mark.integ
 def test_a_worker_keeps_freed_memory_unless_told_not_to(cluster):
     """One job: worker 0 with the default, worker 1 with the setting at 0."""
-    c = cluster(workers=2, servers=1)
-    c.start_scheduler()
-    c.start_server(0)
-    script = c.tmp / "worker.py"
-    script.write_text(WORKER)
-    c.start_worker(0, [sys.executable, str(script)])
-    c.start_worker(1, [sys.executable, str(script)], GRADPRESS_KEEP_FREED_MEMORY="0")
+    c = cluster(workers=2, servers=1).start(WORKER, each_worker=[{}, {"GRADPRESS_KEEP_FREED_MEMORY": "0"}])
     c.assert_success()
     kept, plain = (int(c.log(f"worker {i}").split("FAULTS")[-1].split()[0]) for i in range(2))
     assert kept < PAGES // 100 and plain >= PAGES, (kept, plain)
