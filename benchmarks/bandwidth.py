@@ -452,13 +452,13 @@ def goals(rows: list[dict], floors: dict[str, float], kept_floors: dict[str, flo
     """Issue 10's ratios for gp_auto, issue 11's for gp_onebit and gp_randomk and issue 12's for
     gp_acpsgd, each within this run (printed where both sides were measured). A ratio to compute
     only is also given against the floor with freed memory kept (``kept_floors``)."""
-    def to_compute(name: str, model: str, s: float) -> str:
-        return (f"{name} / compute only = {s / floors[model]:.3f} (at most {{}}; "
+    def to_compute(name: str, model: str, s: float, limit: float) -> str:
+        return (f"{name} / compute only = {s / floors[model]:.3f} (at most {limit}; "
                 f"{s / kept_floors[model]:.3f} of compute with freed memory kept)")
     for r in rows:
         if (r["rate"], r["model"]) == ("1gbit", "mlp") and r["system"] in ("gp_onebit", "gp_randomk") \
                 and r["s_per_iter"] is not None:
-            print(f"goal 1gbit mlp: {to_compute(r['system'], 'mlp', r['s_per_iter']).format(1.5)}")
+            print(f"goal 1gbit mlp: {to_compute(r['system'], 'mlp', r['s_per_iter'], 1.5)}")
     for acp in (r for r in rows if r["system"] == "gp_acpsgd" and r["s_per_iter"] is not None):
         ddp = next((r for r in rows if r["system"] == "ddp_powersgd" and r["s_per_iter"]
                     and (r["rate"], r["model"]) == (acp["rate"], acp["model"])), None)
@@ -481,7 +481,7 @@ def goals(rows: list[dict], floors: dict[str, float], kept_floors: dict[str, flo
             print(f"      {rate} {model}: {name} / fastest of the rest ({best['system']}) = "
                   f"{s / best['s_per_iter']:.3f}")
         if model == "tfm" and rate == "1gbit":
-            print(f"goal {rate} {model}: {to_compute(name, model, s).format(1.3)}")
+            print(f"goal {rate} {model}: {to_compute(name, model, s, 1.3)}")
         none = next((r for r in peers if r["system"] == "gp_none"), None)
         if rate == fastest and none is not None:
             print(f"goal {rate} {model}: {name} / gp_none = {s / none['s_per_iter']:.3f} (at most 1.05)")

@@ -17,6 +17,8 @@ from __future__ import annotations
 import ctypes
 import logging
 
+from .config import Settings
+
 log = logging.getLogger(__name__)
 M_TRIM_THRESHOLD = -1   # free space at the heap's top above this goes back to the kernel
 M_MMAP_THRESHOLD = -3   # blocks of at least this many bytes get an mmap of their own
@@ -43,3 +45,9 @@ def keep_freed_memory() -> bool:
     if not kept:
         log.info("gradpress: this C library refused mallopt; freed memory goes back to the kernel as usual")
     return kept
+
+
+def configure(settings: Settings) -> None:
+    """At a worker's or a server's start: keep freed memory unless the job says not to."""
+    if settings.keep_freed_memory:
+        keep_freed_memory()

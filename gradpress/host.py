@@ -62,8 +62,7 @@ def cores() -> float:
 class TrainingCpu:
     """CPU seconds this process spent outside communication: everything but the given
     thread (the worker's communication thread) and ZeroMQ's threads, i.e. the training
-    thread and torch's pools. The communication thread is read exactly (its CPU clock);
-    ZeroMQ's threads from /proc, in clock ticks."""
+    thread and torch's pools. Each thread is read from its own CPU clock (``thread_cpu_s``)."""
 
     def __init__(self, comm: threading.Thread):
         """Raises OSError where the platform has no per-thread CPU clocks (then nothing is shared

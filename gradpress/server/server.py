@@ -60,8 +60,7 @@ class Server:
 
     def run(self) -> int:
         """Register, serve until the scheduler says the job is over. Returns the exit code."""
-        if self.s.keep_freed_memory:
-            allocator.keep_freed_memory()
+        allocator.configure(self.s)
         warm_up("server")  # before registering: compiling later would silence the heartbeats
         try:
             book = self.link.register()

@@ -64,8 +64,7 @@ def init(lazy: bool = True) -> None:
         if settings.role != "worker":
             raise ValueError(f"gradpress.torch.init() runs in workers; DMLC_ROLE is {settings.role!r}")
         logs.configure(settings.log_level)
-        if settings.keep_freed_memory:
-            allocator.keep_freed_memory()
+        allocator.configure(settings)
         try:
             modes.check(settings)
             client = WorkerClient(settings)
