@@ -192,16 +192,19 @@ class Compressor(ABC):
 
     def _decode_checked(self, header: Header, buffers: Sequence[Any], out: np.ndarray,
                         accumulate: bool, key: int, round: int) -> None:
-        if not isinstance(header, dict) or header.get("codec") != self.name:
-            codec = header.get("codec") if isinstance(header, dict) else header
-            raise ValueError(f"payload codec {codec!r} is not {self.name!r}")
-        if header.get("n") != out.shape[0]:
-            raise ValueError(f"payload has n={header.get('n')!r} elements, output has "
-                             f"{out.shape[0]}")
+        self._check_header(header, out.shape[0])
         if "raw" in header:
             self._decode_raw(header, buffers, out, accumulate)
         else:
             self._decode(header, buffers, out, accumulate, key, round)
+
+    def _check_header(self, header: Header, n: int) -> None:
+        """A payload's header names this codec and ``n`` elements (ValueError if not)."""
+        if not isinstance(header, dict) or header.get("codec") != self.name:
+            codec = header.get("codec") if isinstance(header, dict) else header
+            raise ValueError(f"payload codec {codec!r} is not {self.name!r}")
+        if header.get("n") != n:
+            raise ValueError(f"payload has n={header.get('n')!r} elements, output has {n}")
 
     @staticmethod
     def _decode_raw(header: Header, buffers: Sequence[Any], out: np.ndarray,

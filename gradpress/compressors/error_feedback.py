@@ -16,6 +16,8 @@ key's payload is sent, or served to every worker, before the key's next round st
 """
 from typing import Any
 
+import numpy as np
+
 from gradpress.compressors.array_ops import check_same_layout, ops_for, to_host
 from gradpress.compressors.wrapper import Wrapper
 from gradpress.compressors.base import Compressor, FeedbackRefused, Header, Buffers
@@ -37,7 +39,8 @@ class ErrorFeedback(Wrapper):
         self._lrs: dict = {}  # key -> learning rate of the key's previous step
         self._payloads: dict = {}  # key -> buffers of its last fused payload (reused by the next)
 
-    def _lambda(self, key: int, lr: float | None) -> float:
+    def feedback_scale(self, key: int, lr: float | None) -> float:
+        """lambda for ``key``'s next step: 1, or the previous step's lr over ``lr``."""
         if not self.corrected:
             return 1.0
         if lr is None or not 0.0 < lr < float("inf"):
@@ -48,7 +51,7 @@ class ErrorFeedback(Wrapper):
                  lr: float | None = None) -> tuple[Header, Buffers]:
         ops = ops_for(x)
         g = ops.working(x)
-        scale = self._lambda(key, lr)
+        scale = self.feedback_scale(key, lr)
         residual = self._residuals.get(key)
         if residual is not None:
             residual = ops.adopt(residual, g)
@@ -103,6 +106,16 @@ class ErrorFeedback(Wrapper):
         self._residuals[key] = decoded
         self._spares[key] = (p_scratch, residual)
         return header, buffers
+
+    def record_zero_residual(self, key: int, count: int, lr: float | None) -> None:
+        """A step of ``key`` done outside ``compress`` whose new residual is all zero (a
+        server summing random-k values where they live: ``gradpress.server.values_sum``).
+        The caller knows the residual was zero before; it stays a zero array of ``count``
+        (allocated once, its pages untouched until read), and ``lr`` is noted as a step's."""
+        if key not in self._residuals:
+            self._residuals[key] = np.zeros(count, np.float32)
+        if lr is not None:
+            self._lrs[key] = lr
 
     def residual(self, key: int) -> Any:
         """The current residual of ``key`` (None before its first step)."""

@@ -86,12 +86,23 @@ class RandomK(Compressor):
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
                 key: int, round: int) -> None:
         n = out.shape[0]
+        k, seed, values = self._sent(header, buffers, n)
+        decode_pairs(chosen_indices(n, k, seed, key, round), values, out, accumulate)
+
+    def sent_values(self, header: dict, buffers: Sequence[Any], n: int) -> tuple | None:
+        """``(k, seed, values)`` of a payload for ``n`` elements, checked as decompressing
+        it checks them (ValueError); None for a raw payload. A server sums these where
+        they live (``gradpress.server.values_sum``)."""
+        self._check_header(header, n)
+        return None if "raw" in header else self._sent(header, buffers, n)
+
+    @staticmethod
+    def _sent(header: dict, buffers: Sequence[Any], n: int) -> tuple[int, int, np.ndarray]:
         k = header_int(header, "k", 1, n)
         seed = header_int(header, "seed", 0, 2 ** 63 - 1)
         header_choice(header, "scaled", (False, True))  # values arrive already scaled
         expect_buffer_count(buffers, 1)
-        values = values_buffer(buffers, 0, k)
-        decode_pairs(chosen_indices(n, k, seed, key, round), values, out, accumulate)
+        return k, seed, values_buffer(buffers, 0, k)
 
     def __repr__(self) -> str:
         return f"RandomK(k={self.k:g}, seed={self.seed}, scaling={self.scaling})"

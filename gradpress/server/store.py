@@ -35,6 +35,7 @@ from ..net.protocol import Op
 from ..trace import Tracer
 from ..kernels.cpu import server_sum as kernels
 from .sink import FrameSink, Reply, ResultSink, SharedSlots
+from .values_sum import ValuesSum
 
 
 class PushError(ValueError):
@@ -84,6 +85,9 @@ class KeyState:
                     self.compressor = spec.build("server")
             except ValueError as e:
                 raise PushError(f"{self.describe()}: {e}") from None
+        # random-k without scaling sums k values per push, not n (values_sum.py)
+        self.values_sum = None if self.compressor is None else \
+            ValuesSum.for_key(self.compressor, self.key, self.count)
 
     def share_results(self, slots: SharedSlots) -> None:
         """Keep results in shared-memory slots from now on; the round in progress carries over."""
@@ -117,6 +121,8 @@ class KeyState:
             raise PushError(f"{self.describe()}: a restored residual holds NaN or inf")
         self.compressor.load_state_dict({"residuals": {self.key: residual.copy()},
                                     "lrs": {} if lr is None else {self.key: lr}})
+        if self.values_sum is not None:
+            self.values_sum.after_restore()
 
     def describe(self) -> str:
         return f"key {self.key} (tensor {self.name!r})"
@@ -204,6 +210,10 @@ class KeyState:
         if isinstance(values, Payload):
             with self.tracer.span("server sum", key=self.key, round=rnd):
                 try:
+                    if self.values_sum is not None:
+                        if self.values_sum.take(values.meta, values.buffers, first):
+                            return
+                        first = self._spill(rnd, first)
                     decode = self.compressor.decompress if first else self.compressor.decompress_add
                     decode(values.meta, values.buffers, self.acc, key=self.key, round=rnd)
                 # the codec checks a payload before it writes: the sum is intact
@@ -211,7 +221,18 @@ class KeyState:
                     raise PushError(f"{self.describe()}: malformed {self.compressor.name} payload: {e}") from None
         else:
             with self.tracer.span("server sum", key=self.key, round=rnd):
+                if self.values_sum is not None:
+                    first = self._spill(rnd, first)
                 kernels.accumulate(self.acc, values, first=first)
+
+    def _spill(self, rnd: int, first: bool) -> bool:
+        """The dense path takes this round from here: the values summed so far go into the
+        accumulator. Returns whether the push at hand is still the round's first."""
+        if first or not self.values_sum.active:
+            self.values_sum.active = False
+            return first
+        self.values_sum.spill(self.acc, rnd)
+        return False
 
     def _complete(self) -> list[Reply]:
         self.failure = ""
@@ -236,7 +257,12 @@ class KeyState:
     def _compress_aggregate(self) -> None:
         with self.tracer.span("server compress", key=self.key, round=self.round):
             try:
-                meta, buffers = self.compressor.compress(self.acc, key=self.key, round=self.round, lr=self.lr)
+                if self.values_sum is not None and self.values_sum.active:
+                    meta, buffers = self.values_sum.compress(self.round, self.lr)
+                else:
+                    meta, buffers = self.compressor.compress(self.acc, key=self.key, round=self.round, lr=self.lr)
+                    if self.values_sum is not None:
+                        self.values_sum.after_dense_round()
             except ValueError as e:
                 self.failure = f"{self.describe()}: the aggregate of round {self.round} cannot be compressed: {e}"
                 return
