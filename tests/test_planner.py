@@ -64,6 +64,27 @@ def test_a_server_that_is_the_bottleneck():
     assert predict(two, [(0,), (1,)], ["none"] * 2) < predict(one, [(0,), (1,)], ["none"] * 2)
 
 
+def test_the_servers_recompression_costs_what_the_codec_says_the_server_pays():
+    # one compressed tensor, 2 workers: the server sums both pushes, then recompresses once;
+    # random-k without scaling recompresses its k values (server_compress), not n
+    b, rate, alpha, w, ratio = 4 * MB, 1e9, 0.0, 2, 1 / 64
+    comp, dec, add, server = 1e-9, 1e-10, 2e-10, 1e-11
+    codec = CodecCost(LinearCost(0, comp), LinearCost(0, dec), LinearCost(0, add), ratio)
+    pay = ratio * b
+
+    def want(recompress):
+        arrive = 0.1 + comp * b + w * pay / rate          # compressed, up the server's link
+        done = arrive + w * add * b + recompress * b      # sums both, recompresses the aggregate
+        return done + w * pay / rate + dec * b + 0.01     # down, decoded, then the step
+
+    prof = profile([(b, 0.1)], workers=w, rate=rate, alpha=alpha, codecs={"none": RAW, "c": codec})
+    assert predict(prof, [(0,)], ["c"]) == pytest.approx(want(comp), rel=1e-12)
+    cheap = replace(codec, server_compress=LinearCost(0, server))
+    prof = profile([(b, 0.1)], workers=w, rate=rate, alpha=alpha, codecs={"none": RAW, "c": cheap})
+    assert predict(prof, [(0,)], ["c"]) == pytest.approx(want(server), rel=1e-12)
+    assert Profile.from_json(prof.to_json()).codecs["c"] == cheap  # it travels in profiles
+
+
 def test_credit_holds_pushes_back():
     tensors = [(MB, 0.1)] * 4
     free = predict(profile(tensors, credit=8, servers=4), [(i,) for i in range(4)], ["none"] * 4)

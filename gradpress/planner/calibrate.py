@@ -32,6 +32,7 @@ from ..compressors import build_compressor
 from ..compressors.lowrank import CODECS as LOW_RANK
 from ..compressors.lowrank import LowRankParams
 from ..kernels.cpu import lowrank, server_sum
+from ..server.values_sum import ValuesSum
 from .profile import CodecCost, LinearCost, fit_linear
 
 SIZES = (1 << 14, 1 << 18, 1 << 20)   # elements: 64 KB, 1 MB, 4 MB of fp32
@@ -84,7 +85,7 @@ def measure(params: dict[str, Any]) -> CodecCost:
         return measure_low_rank(LowRankParams.parse(params))
     raw = params.get("compressor", "none") == "none"
     rng = np.random.default_rng(0)
-    comp, decomp, add, ratio = [], [], [], 1.0
+    comp, decomp, add, recompress, ratio = [], [], [], [], 1.0
     for n in SIZES:
         nbytes = 4 * n
         # keys enough that each timed call finds its input, residual and output out of cache
@@ -106,11 +107,19 @@ def measure(params: dict[str, Any]) -> CodecCost:
         header, buffers = worker.compress(base, key=keys, round=0, lr=0.1)
         frames = [bytes(memoryview(np.ascontiguousarray(b)).cast("B")) for b in buffers]
         decomp.append((nbytes, _median_s(lambda: worker.decompress(header, frames, outs[turn()], key=keys, round=0))))
-        add.append((nbytes, _median_s(lambda: server.decompress_add(header, frames, accs[turn()], key=keys,
-                                                                    round=0))))
+        sums = ValuesSum.for_key(server, keys, n)
+        if sums is None:
+            add.append((nbytes, _median_s(lambda: server.decompress_add(header, frames, accs[turn()], key=keys,
+                                                                        round=0))))
+        else:  # the server sums k values per push and recompresses them (server/values_sum.py)
+            sums.take(header, frames, first=True)
+            add.append((nbytes, _median_s(lambda: sums.take(header, frames, first=False))))
+            recompress.append((nbytes, _median_s(lambda: (sums.take(header, frames, first=True),
+                                                           sums.compress(1, 0.1)))))
         ratio = sum(len(f) for f in frames) / nbytes
     zero = LinearCost(0.0, 0.0)
-    return CodecCost(zero if raw else fit_linear(comp), fit_linear(decomp), fit_linear(add), ratio)
+    return CodecCost(zero if raw else fit_linear(comp), fit_linear(decomp), fit_linear(add), ratio,
+                     server_compress=fit_linear(recompress) if recompress else None)
 
 
 def measure_low_rank(params: LowRankParams) -> CodecCost:
@@ -165,9 +174,12 @@ def _median_s(fn) -> float:
 
 def _to_dict(c: CodecCost) -> dict:
     return {"compress": vars(c.compress), "decompress": vars(c.decompress), "add": vars(c.add),
-            "payload_ratio": c.payload_ratio, "rank": c.rank, "rounds": c.rounds, "min_rate": c.min_rate}
+            "payload_ratio": c.payload_ratio, "rank": c.rank, "rounds": c.rounds, "min_rate": c.min_rate,
+            "server_compress": None if c.server_compress is None else vars(c.server_compress)}
 
 
 def _from_dict(d: dict) -> CodecCost:
+    server = d["server_compress"]
     return CodecCost(LinearCost(**d["compress"]), LinearCost(**d["decompress"]), LinearCost(**d["add"]),
-                     float(d["payload_ratio"]), int(d["rank"]), int(d["rounds"]), float(d["min_rate"]))
+                     float(d["payload_ratio"]), int(d["rank"]), int(d["rounds"]), float(d["min_rate"]),
+                     None if server is None else LinearCost(**server))

@@ -49,7 +49,8 @@ class LinearCost:
 @dataclass(frozen=True)
 class CodecCost:
     """One codec option's costs and size: ``payload_ratio`` is payload bytes per fp32 byte."""
-    compress: LinearCost      # worker: error feedback + encode (the server's recompression too)
+    compress: LinearCost      # worker: error feedback + encode (the server's recompression too,
+                              # unless server_compress says otherwise)
     decompress: LinearCost    # worker: decode into the output
     add: LinearCost           # server: decode one push into the fp32 sum
     payload_ratio: float
@@ -60,6 +61,14 @@ class CodecCost:
     rank: int = 0
     rounds: int = 0
     min_rate: float = 0.0
+    # the server's recompression of a round's aggregate where it differs from ``compress``:
+    # random-k without scaling is summed and recompressed as its k values (server/values_sum.py)
+    server_compress: LinearCost | None = None
+
+    @property
+    def recompress(self) -> LinearCost:
+        """What the server's recompression of a round's aggregate costs."""
+        return self.compress if self.server_compress is None else self.server_compress
 
     @property
     def low_rank(self) -> bool:
@@ -181,7 +190,8 @@ class Profile:
                                    f"{PROFILE_VERSION}")
             codecs = {name: CodecCost(LinearCost(**c["compress"]), LinearCost(**c["decompress"]),
                                       LinearCost(**c["add"]), float(c["payload_ratio"]), int(c.get("rank", 0)),
-                                      int(c.get("rounds", 0)), float(c.get("min_rate", 0.0)))
+                                      int(c.get("rounds", 0)), float(c.get("min_rate", 0.0)),
+                                      _optional_cost(c.get("server_compress")))
                       for name, c in d["codecs"].items()}
             tensors = tuple(TensorProfile(str(t["name"]), int(t["nbytes"]), float(t["ready_s"]), int(t["priority"]),
                                           int(t.get("rows", 1)))
@@ -204,6 +214,10 @@ class Profile:
         except OSError as e:
             raise ProfileError(f"plan file {path}: {e.strerror or e}") from None
         return cls.from_json(text, f"plan file {path}")
+
+
+def _optional_cost(d: dict | None) -> LinearCost | None:
+    return None if d is None else LinearCost(**d)
 
 
 def check(ok: bool, message: str) -> None:

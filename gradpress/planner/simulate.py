@@ -82,7 +82,8 @@ class Layout:
             self.tables[0, o] = b if raw else np.maximum(c.payload_ratio * b, 1.0)
             self.tables[1, o] = 0.0 if raw else c.compress.fixed_s + c.compress.per_byte_s * b
             self.tables[2, o] = c.decompress.fixed_s + c.decompress.per_byte_s * b
-            self.tables[3, o] = prof.workers * (c.add.fixed_s + c.add.per_byte_s * b) + self.tables[1, o]
+            self.tables[3, o] = prof.workers * (c.add.fixed_s + c.add.per_byte_s * b) + \
+                (0.0 if raw else c.recompress.fixed_s + c.recompress.per_byte_s * b)
         self.job = np.array([prof.workers, prof.servers, prof.engine_threads, prof.credit,
                              prof.link.bytes_per_s, prof.link.alpha_s, prof.message_s], np.float64)
         self._land = np.empty(len(sizes))
