@@ -5,6 +5,10 @@ class JobError(RuntimeError):
     """The job cannot go on: a node was lost, the scheduler said so, a deadline passed."""
 
 
+class RegistrationRefused(JobError):
+    """The scheduler refused this node's registration (a taken DMLC_WORKER_ID, a wrong setting)."""
+
+
 class NodeLostError(JobError):
     """A peer (named in the message by role and rank) died or stopped heartbeating."""
 

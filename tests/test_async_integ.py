@@ -10,12 +10,18 @@ pytestmark = pytest.mark.integ
 LR, START, STEPS = 0.5, 10.0, 4
 
 ASYNC = f"""
-import json, os, torch, gradpress.torch as bps
+import json, os, torch, warnings, gradpress.torch as bps
 from gradpress.torch import ops
 bps.init()
 r, n = bps.rank(), bps.size()
 w = torch.nn.Parameter(torch.full((3000,), {START} if r == 0 else -7.0))
-opt = bps.DistributedOptimizer(torch.optim.SGD([w], lr={LR}), named_parameters=[("w", w)])
+# worker 1 asks for fp16, as BytePS scripts do (--fp16-pushpull): ignored with a warning, as in BytePS
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    opt = bps.DistributedOptimizer(torch.optim.SGD([w], lr={LR}), named_parameters=[("w", w)],
+                                   compression=bps.Compression.fp16 if r == 1 else bps.Compression.none)
+ignored = [c for c in caught if "compression is ignored" in str(c.message)]
+assert len(ignored) == (1 if r == 1 else 0), [str(c.message) for c in caught]
 assert torch.all(w == {START}), "the servers' parameters are rank 0's"
 def step():
     opt.zero_grad()
@@ -66,7 +72,7 @@ def test_constant_gradient_gives_the_expected_trajectory(cluster):
         assert got["final"] == START - LR * 2 * n * STEPS, (r, got["final"])
 
 
-def test_compression_is_refused_in_async_mode(cluster):
+def test_compression_params_are_refused_in_async_mode(cluster):
     c = cluster(workers=1, servers=1, env={"BYTEPS_ENABLE_ASYNC": "1"})
     c.start("""
 import torch, gradpress.torch as bps

@@ -1,14 +1,16 @@
 """CrossBarrier across real worker processes: its parameters are bit-identical to a
-plain DistributedOptimizer's after the same steps, with SGD+momentum and with Adam."""
+plain DistributedOptimizer's after the same steps, with SGD+momentum and with Adam. The
+module answers BytePS's names (init, rank, broadcast_parameters, ...) as BytePS's does."""
 import pytest
 
 pytestmark = pytest.mark.integ
 
 CROSS = """
-import os, torch, torch.nn as nn, gradpress.torch as bps
-from gradpress.torch.cross_barrier import CrossBarrier
-bps.init()
-r = bps.rank()
+import copy, os, torch, torch.nn as nn, gradpress.torch as bps
+import gradpress.torch.cross_barrier as cb   # BytePS's example uses this module as its bps
+cb.init()
+r = cb.rank()
+assert (cb.size(), cb.local_rank(), cb.local_size()) == (bps.size(), bps.local_rank(), bps.local_size())
 opt_name = os.environ["GP_OPT"]
 def make_model():
     torch.manual_seed(0)
@@ -21,9 +23,14 @@ def batch(step):
     g = torch.Generator().manual_seed(1000 * step + r)
     return torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
 a, b = make_model(), make_model()
-opt_a = CrossBarrier(a, make_opt(a.parameters()), named_parameters=a.named_parameters(), num_steps=6)
+opt_a = cb.CrossBarrier(a, make_opt(a.parameters()), named_parameters=a.named_parameters(), num_steps=6)
+cb.broadcast_parameters(a.state_dict(), root_rank=0)
+cb.broadcast_optimizer_state(opt_a, root_rank=0)   # on workers but the root: load_state_dict
 opt_b = bps.DistributedOptimizer(make_opt(b.parameters()),
                                  named_parameters=[("b." + n, p) for n, p in b.named_parameters()])
+bps.broadcast_optimizer_state(opt_b, root_rank=0)
+# the groups torch made in load_state_dict are where gradpress reads each parameter's lr
+assert all(opt_b._gp_group[id(p)] is g for g in opt_b.param_groups for p in g["params"])
 sched = torch.optim.lr_scheduler.StepLR(opt_b, step_size=2, gamma=0.5)
 for step in range(6):
     x, y = batch(step)
@@ -36,11 +43,18 @@ for step in range(6):
     nn.functional.cross_entropy(b(x), y).backward()
     opt_b.step()
     sched.step()
+    if step in (1, 3):  # a checkpoint's state, saved at step 1 and loaded into both at step 3
+        opt_a.synchronize()
+        if step == 1:
+            saved = copy.deepcopy(opt_a.state_dict()), copy.deepcopy(opt_b.state_dict())
+        else:
+            opt_a.load_state_dict(saved[0])
+            opt_b.load_state_dict(saved[1])
 opt_a.synchronize()
 for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
     assert torch.equal(pa, pb), f"{name}: CrossBarrier and DistributedOptimizer differ by {(pa - pb).abs().max()}"
 print("OK cross barrier", flush=True)
-bps.shutdown()
+cb.shutdown()
 """
 
 

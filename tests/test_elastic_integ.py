@@ -46,6 +46,9 @@ try:
     raise SystemExit("gradpress still answered after suspend()")
 except Exception as e:
     assert "not initialised" in str(e), e
+# as in BytePS, this process's place on its machine still answers (BytePS's elastic example logs with it)
+assert (bps.local_rank(), bps.local_size()) == (int(os.environ.get("BYTEPS_LOCAL_RANK", 0)),
+                                                int(os.environ.get("BYTEPS_LOCAL_SIZE", 1)))
 leave = not compressed
 if r == 1 and leave:
     raise SystemExit(0)            # worker 1 leaves; worker 0 goes on alone

@@ -198,6 +198,20 @@ def test_a_node_that_never_comes_is_a_deadline_not_a_hang(cluster):
     assert "1 worker process(es) of 2 machine(s) and 0 of 1 server(s) registered" in c.log("scheduler"), c.logs()
 
 
+def test_a_worker_refused_at_registration_stops_the_job_at_once_naming_why(cluster):
+    # both workers claim DMLC_WORKER_ID=0: the second is refused, and nobody waits for it
+    c = cluster(workers=2, servers=1, env={"GRADPRESS_CONNECT_TIMEOUT_S": "60"})
+    c.start("import gradpress.torch as bps\nbps.init()\nbps.shutdown()\n",
+            each_worker=[{"DMLC_WORKER_ID": "0"}, {"DMLC_WORKER_ID": "0"}])
+    start = time.monotonic()
+    codes = c.wait(timeout_s=45)
+    assert time.monotonic() - start < 30, f"the job took {time.monotonic() - start:.0f} s to stop"
+    assert all(code != 0 for code in codes.values()), c.logs()
+    refused = [i for i in range(2) if "refused registration" in c.log(f"worker {i}")]
+    assert refused and all("is already taken" in c.log(f"worker {i}") for i in refused), c.logs()
+    assert "worker (pid" in c.log("scheduler"), c.logs()  # named by pid, not by the slot it asked for
+
+
 def test_nodes_that_register_early_are_not_lost_while_the_rest_arrive(cluster):
     # the server registers, then the workers take longer than the heartbeat timeout to arrive
     c = cluster(workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S)})

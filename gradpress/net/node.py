@@ -19,7 +19,7 @@ import zmq
 from . import transport
 from .. import host
 from ..config import Settings
-from ..errors import JobError, NodeLostError, OpTimeoutError
+from ..errors import JobError, NodeLostError, OpTimeoutError, RegistrationRefused
 from ..health import HealthFile
 from .protocol import Op
 
@@ -124,7 +124,7 @@ class SchedulerLink:
                 raise JobError(f"{self.name}: the scheduler ended the job: {header['reason']}")
             return header
         if op == Op.ERROR and "name" not in header and self.book is None:
-            raise JobError(f"{self.role}: the scheduler refused registration: {header['message']}")
+            raise RegistrationRefused(f"{self.role}: the scheduler refused registration: {header['message']}")
         return header
 
     def tick(self) -> None:

@@ -26,7 +26,10 @@ import torch
 
 from ..errors import JobError, OpTimeoutError
 from . import ops
+from .broadcast import broadcast_optimizer_state, broadcast_parameters  # noqa: F401  byteps.torch.cross_barrier's names
 from .compression import Compression
+from .ops import init, local_rank, local_size, poll, rank, shutdown, size, synchronize  # noqa: F401  (as BytePS's)
+from .ops import push_pull_async_inplace as byteps_push_pull  # noqa: F401
 from .optimizer import DistributedOptimizer
 
 log = logging.getLogger(__name__)
@@ -129,6 +132,7 @@ class _CrossBarrier:
         self._opt._gp_finish(p, handle, ctx)
         single = self._single[id(p)]
         single.param_groups[0].update(hyper)
+        single.state = self._opt.state  # load_state_dict (broadcast_optimizer_state) replaces it
         single.step()
         with torch.no_grad():
             p.grad.zero_()

@@ -47,8 +47,11 @@ def install(current_client: Callable[[], object | None]) -> None:
     sys.excepthook = report_then_print
 
 
-def report_init_failure(settings: Settings, error: BaseException) -> None:
-    """``init()`` failed on this worker: tell the scheduler, so that the others stop too."""
+def report_init_failure(settings: Settings, error: BaseException, registered: bool = True) -> None:
+    """``init()`` failed on this worker: tell the scheduler, so that the others stop too.
+    ``registered=False``: the scheduler refused this worker, whose DMLC_WORKER_ID may be
+    another worker's: it is named by its pid alone, not by that slot."""
     report_failure(settings, f"worker (pid {os.getpid()})", f"in init(): {first_error_line(error)}",
-                   pid=os.getpid(), worker_id=settings.worker_id, local_rank=settings.local_rank,
+                   pid=os.getpid(), worker_id=settings.worker_id if registered else -1,
+                   local_rank=settings.local_rank,
                    wait_s=min(2.0, settings.heartbeat_timeout_s))

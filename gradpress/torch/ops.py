@@ -19,7 +19,7 @@ import torch
 from .. import allocator, logs
 from ..compressors.spec import CodecSpec
 from ..config import Settings
-from ..errors import JobError
+from ..errors import JobError, RegistrationRefused
 from ..worker import WorkerClient
 from ..worker.future import Future
 from . import failures, modes, sparse
@@ -69,6 +69,9 @@ def init(lazy: bool = True) -> None:
             modes.check(settings)
             client = WorkerClient(settings)
             client.start()
+        except RegistrationRefused as e:  # the others would wait GRADPRESS_CONNECT_TIMEOUT_S for this worker
+            failures.report_init_failure(settings, e, registered=False)
+            raise
         except JobError:
             raise  # the scheduler ended the job, or cannot be reached: nothing to report to
         except Exception as e:
@@ -119,13 +122,18 @@ def size() -> int:
 
 
 def local_rank() -> int:
-    _require()
-    return _settings.local_rank
+    """As BytePS: still answers after suspend() (this process's place on its machine does not change)."""
+    return _last_settings().local_rank
 
 
 def local_size() -> int:
-    _require()
-    return _settings.local_size
+    return _last_settings().local_size
+
+
+def _last_settings() -> Settings:
+    if _client is not None or _settings is None:
+        _require()
+    return _settings
 
 
 def settings() -> Settings:

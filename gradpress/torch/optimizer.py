@@ -13,6 +13,7 @@ the change it made to each parameter and pulls the servers' current parameters.
 from __future__ import annotations
 
 import time
+import warnings
 import zlib
 from contextlib import contextmanager
 
@@ -59,13 +60,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._gp_delay = {id(p): backward_passes_per_step for p in self._gp_params}
         self._gp_handles: dict[int, tuple[torch.Tensor, int, object]] = {}
         self._gp_should_sync = True
-        self._gp_group = {id(p): group for group in self.param_groups for p in group["params"]}
+        self._gp_index_groups()
         self._gp_listener = None  # called with (p, handle, ctx) as each push_pull starts (CrossBarrier)
         self._gp_async = ops.settings().enable_async
         if self._gp_async:
-            if compression_params or compression_rules or compression is not Compression.none:
+            if compression_params or compression_rules:
                 raise ValueError("BYTEPS_ENABLE_ASYNC=1: asynchronous training pushes uncompressed parameter "
-                                 "deltas; drop compression / compression_params / compression_rules")
+                                 "deltas; drop compression_params / compression_rules")
+            if compression is not Compression.none:  # BytePS pushes the deltas uncompressed too
+                warnings.warn("BYTEPS_ENABLE_ASYNC=1: compression is ignored, as in BytePS: parameter "
+                              "deltas travel uncompressed", stacklevel=3)
             self._gp_hooks, self._gp_auto, self._gp_lowrank, self._gp_lowrank_ids = [], None, None, set()
             self._gp_async_init()
             return
@@ -259,11 +263,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         extra = state_dict.pop("gradpress_lowrank", None)
         self._gp_base.load_state_dict(self, state_dict)
+        self._gp_index_groups()  # torch made new group dicts: hyper-parameters live in those now
         if extra is not None:
             if getattr(self, "_gp_lowrank", None) is None:
                 raise ValueError("this state_dict holds powersgd / acpsgd state, but this optimizer has no "
                                  "low-rank compression")
             self._gp_lowrank.load_state_dict(extra)
+
+    def _gp_index_groups(self) -> None:
+        """Each parameter's group, where its learning rate is read (corrected error feedback)."""
+        self._gp_group = {id(p): group for group in self.param_groups for p in group["params"]}
 
     @contextmanager
     def skip_synchronize(self):
