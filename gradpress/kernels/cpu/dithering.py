@@ -185,28 +185,76 @@ def encode_feedback(g: np.ndarray, e: np.ndarray, lam: float, s: int, natural: b
 @njit(nogil=True, cache=True)
 def decode(codes: np.ndarray, table: np.ndarray, width: int, out: np.ndarray,
            accumulate: bool) -> None:
-    """``out[i] (+)= table[code i]``. Shifts and masks instead of ``i // per_byte`` and
-    ``i % per_byte`` (an integer division per element), one loop per case: these vectorise
-    (4-5x faster, server sums included)."""
+    """``out[i] (+)= table[code i]``: a loop over bytes, each giving its fixed number of
+    codes (one loop per width and case), then the last, partial byte. These vectorise:
+    against a loop over codes taking code ``i`` by shifts, 1.65x adding and 1.9x writing
+    (12.6M 4-bit codes: 4.5 against 7.4 ms, 3.6 against 6.7 ms); against ``i // per_byte``
+    and ``i % per_byte`` (an integer division per element) 4-5x more."""
+    n = out.shape[0]
     per_byte = 8 // width
-    shift = per_byte // 2  # log2(per_byte) for per_byte = 1, 2, 4
-    mask = (1 << width) - 1
-    if accumulate:
-        for i in range(out.shape[0]):
-            code = (np.int64(codes[i >> shift]) >> ((i & (per_byte - 1)) * width)) & mask
-            out[i] += table[code]
+    full = n // per_byte
+    if width == 8:
+        if accumulate:
+            for i in range(n):
+                out[i] += table[codes[i]]
+        else:
+            for i in range(n):
+                out[i] = table[codes[i]]
+    elif width == 4:
+        if accumulate:
+            for b in range(full):
+                byte = codes[b]
+                out[2 * b] += table[byte & 15]
+                out[2 * b + 1] += table[byte >> 4]
+        else:
+            for b in range(full):
+                byte = codes[b]
+                out[2 * b] = table[byte & 15]
+                out[2 * b + 1] = table[byte >> 4]
     else:
-        for i in range(out.shape[0]):
-            code = (np.int64(codes[i >> shift]) >> ((i & (per_byte - 1)) * width)) & mask
+        if accumulate:
+            for b in range(full):
+                byte = codes[b]
+                for j in range(4):
+                    out[4 * b + j] += table[(byte >> (2 * j)) & 3]
+        else:
+            for b in range(full):
+                byte = codes[b]
+                for j in range(4):
+                    out[4 * b + j] = table[(byte >> (2 * j)) & 3]
+    mask = (1 << width) - 1
+    for i in range(full * per_byte if width < 8 else n, n):
+        code = (np.int64(codes[full]) >> ((i - full * per_byte) * width)) & mask
+        if accumulate:
+            out[i] += table[code]
+        else:
             out[i] = table[code]
 
 
 @njit(nogil=True, cache=True)
 def codes_within(codes: np.ndarray, s: int, width: int, n: int) -> bool:
-    """Payload check: every level <= s and the padding bits of the last byte are zero."""
+    """Payload check: every level <= s and the padding bits of the last byte are zero.
+    The bytes whose codes are all elements go through one loop per width, a max over
+    their levels with no test per code (it vectorises: 12.5 ms for 12.6M 4-bit codes ran
+    as a loop over codes with a test each, more than decoding them); the last byte apart."""
     per_byte = 8 // width
+    full = min(n // per_byte, codes.shape[0])
+    worst = 0
+    if width == 8:
+        for b in range(full):
+            worst = max(worst, codes[b] & 0x7F)
+    elif width == 4:
+        for b in range(full):
+            byte = codes[b]
+            worst = max(worst, max(byte & 7, (byte >> 4) & 7))
+    else:
+        for b in range(full):
+            byte = codes[b]
+            worst = max(worst, (byte | (byte >> 2) | (byte >> 4) | (byte >> 6)) & 1)
+    if worst > s:
+        return False
     level_mask = (1 << (width - 1)) - 1
-    for b in range(codes.shape[0]):
+    for b in range(full, codes.shape[0]):
         byte = codes[b]
         for j in range(per_byte):
             code = (byte >> (j * width)) & ((1 << width) - 1)
