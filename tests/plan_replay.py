@@ -32,7 +32,7 @@ from gradpress.torch import auto_plan, ops
 # (drift is checked once a plan has settled: re-based after 2 planned steps here)
 if os.environ.get("GP_REFINE_STEPS"):
     auto_plan.REFINE_STEPS = int(os.environ["GP_REFINE_STEPS"])
-if os.environ.get("GP_TRIALS"):  # how many of the decision's uniform alternatives to measure
+if os.environ.get("GP_TRIALS"):  # how many alternatives to measure (besides a low-rank or plain one)
     import gradpress.planner.decide
     gradpress.planner.decide.TRIALS = int(os.environ["GP_TRIALS"])
 if os.environ.get("GP_FORCE_REPLAN"):  # every other step counts as drifted and the link as changed

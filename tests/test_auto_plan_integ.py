@@ -25,6 +25,8 @@ def test_every_worker_plans_alike_and_fused_sums_match_the_replay(cluster, auto,
     env = {"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(SHAPE.plan_steps), "BYTEPS_MIN_COMPRESS_BYTES": "0"}
     if force:
         env[force] = "1"
+    if force == "GP_FORCE_DRIFT":  # no trial (its unfused plan): the drift checks start at once
+        env["GP_TRIALS"] = "0"
     c = cluster(workers=2, servers=1, env=env)
     c.start(worker_script(SHAPE)).assert_success(180)
     check_against_replay(c, auto, versions, SHAPE)
@@ -38,7 +40,8 @@ def test_the_plan_is_re_based_on_the_backward_measured_under_it(cluster):
     shape = Shape(steps=SHAPE.plan_steps + REFINE_STEPS + 3)
     auto = {"compressor": "auto", "allowed": ["onebit"]}
     c = cluster(workers=2, servers=1, env={"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(shape.plan_steps),
-                                           "BYTEPS_MIN_COMPRESS_BYTES": "0", "GP_REFINE_STEPS": str(REFINE_STEPS)})
+                                           "BYTEPS_MIN_COMPRESS_BYTES": "0", "GP_REFINE_STEPS": str(REFINE_STEPS),
+                                           "GP_TRIALS": "0"})  # no trial: the decision runs at once
     c.start(worker_script(shape)).assert_success(180)
     # (on loopback the drift check at step 10 may also re-probe and re-plan: any count)
     a = check_against_replay(c, auto, None, shape)

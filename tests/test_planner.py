@@ -143,6 +143,24 @@ def test_small_tensors_are_fused_when_messages_dominate():
     plan = decide(prof, ["none"])
     assert len(plan.groups) < 10, plan.groups
     assert sorted(i for g in plan.groups for i in g) == list(range(100))  # every tensor, once, in order
+    # the job measures the same plan unfused too: the copies' cost is what the simulator knows least
+    [apart] = plan.alternatives
+    assert apart.groups == tuple((i,) for i in range(100)) and set(apart.options) == {"none"}
+    assert apart.predicted_s == pytest.approx(predict(prof, list(apart.groups), list(apart.options)), rel=1e-12)
+    assert apart.predicted_s > plan.predicted_s
+
+
+def test_the_unfused_alternative_keeps_each_groups_option():
+    # 40 tensors of 128 KB at the end of backward, a slow link, dear messages: compressed and
+    # fused into groups; apart, each tensor keeps its group's option
+    prof = profile([(128 << 10, 0.09 + 1e-4 * i) for i in range(40)], rate=10e6, backward=0.1, message=5e-3,
+                   alpha=1e-3, codecs={"none": RAW, "onebit": SLOW_CODEC})
+    plan = decide(prof, ["none", "onebit"])
+    assert any(len(g) > 1 for g in plan.groups), plan.groups
+    apart = next(a for a in plan.alternatives if all(len(g) == 1 for g in a.groups))
+    option_of = {i: o for g, o in zip(plan.groups, plan.options) for i in g}
+    assert apart.options == tuple(option_of[i] for (i,) in apart.groups)
+    assert "onebit" in apart.options and apart.predicted_s > plan.predicted_s
 
 
 def test_group_boundaries_keep_backward_order():

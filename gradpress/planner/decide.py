@@ -23,8 +23,11 @@ MergeComp's fusion (arXiv 2103.15195):
 4. The plan's ``alternatives``, for the job to run and measure (``torch/auto_plan.py``
    keeps the fastest rank 0 measured; of plans measured within its noise, the fastest
    modelled): the best plan of the other kind (factoring or
-   not), and each option's best uniform plan predicted within ``TRIAL_MARGIN`` of the chosen
-   one, at most ``TRIALS`` in all. The simulator bounds an iteration by a shared host's
+   not), the chosen plan with every tensor apart where it fuses any (each keeps its
+   group's option: MergeComp sets boundaries by measurement, and on a shared CPU a fused
+   group's copies slow backward in ways the simulator does not see), and each option's
+   best uniform plan predicted within ``TRIAL_MARGIN`` of the chosen one, at most
+   ``TRIALS`` in all. The simulator bounds an iteration by a shared host's
    CPU but does not see how the codecs' CPU slows backward down, so plans it ranks close
    together are ranked by measurement instead.
 
@@ -155,14 +158,34 @@ def decide(profile: Profile, options: list[str], min_compress_bytes: int = 65536
         factoring = Plan(tuple(tuple(kept[i] for i in g) for g in groups[:-1]), chosen[:-1], t, 0.0, matrices,
                          factored[0])
         plan, other = (factoring, plan) if t < plan.predicted_s else (plan, factoring)
-    alternatives = _alternatives(plan, other, [Plan(g, o, t, 0.0) for t, g, o in uniform])
+    apart = None if plan.low_rank else _apart(profile, plan, elementwise, min_compress_bytes)
+    alternatives = _alternatives(plan, other, apart, [Plan(g, o, t, 0.0) for t, g, o in uniform])
     return replace(plan, decision_ms=1e3 * (time.perf_counter() - start), alternatives=alternatives)
 
 
-def _alternatives(plan: Plan, other: Plan | None, uniform: list[Plan]) -> tuple[Plan, ...]:
+def _apart(profile: Profile, plan: Plan, options: list[str], min_compress_bytes: int) -> Plan | None:
+    """``plan`` with every tensor in a group of its own, each taking its group's option (a
+    tensor under ``min_compress_bytes`` raw, as the search leaves such groups); None where
+    the plan fuses nothing."""
+    if all(len(g) == 1 for g in plan.groups):
+        return None
+    names = sorted(set(options) | {"none"})
+    groups, chosen = [], []
+    for members, option in zip(plan.groups, plan.options):
+        for i in members:
+            groups.append((i,))
+            chosen.append(option if profile.tensors[i].nbytes >= min_compress_bytes else "none")
+    t = Layout(profile, groups, names).predict(np.array([names.index(o) for o in chosen], np.int64))
+    return Plan(tuple(groups), tuple(chosen), t, 0.0)
+
+
+def _alternatives(plan: Plan, other: Plan | None, apart: Plan | None, uniform: list[Plan]) -> tuple[Plan, ...]:
     """Step 4: the other kind of plan always (the simulator's blind spot is largest
-    between them), then uniform plans near the chosen one, best predicted first."""
+    between them), then within ``TRIALS``, the chosen plan unfused and the uniform plans
+    near the chosen one, best predicted first."""
     out = [other] if other is not None else []
+    if apart is not None and len(out) < TRIALS and not apart.same_as(plan):
+        out.append(apart)
     near = sorted((u for u in uniform if u.predicted_s <= TRIAL_MARGIN * plan.predicted_s),
                   key=lambda u: u.predicted_s)
     for u in near:
