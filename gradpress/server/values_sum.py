@@ -58,10 +58,10 @@ class ValuesSum:
         malformed payload, checked as decompressing it checks it, before anything changes."""
         if first:
             self.active = False
-        elif not self.active:
+        if not self.enabled or not (first or self.active):
             return False
         sent = self.codec.sent_values(meta, buffers, self.count)
-        if not self.enabled or sent is None or sent[:2] != (self.k, self.codec.seed):
+        if sent is None or sent[:2] != (self.k, self.codec.seed):
             return False
         values = sent[2]
         if first:
