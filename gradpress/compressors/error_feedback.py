@@ -64,7 +64,8 @@ class ErrorFeedback(Wrapper):
             self._lrs[key] = lr
         return compressed
 
-    def _refused(self, key: int) -> ValueError:
+    def refused(self, key: int) -> ValueError:
+        """The error a refused step raises (also where a step is done outside ``compress``)."""
         return ValueError(f"key {key}: error feedback met NaN/inf (in the input, or the "
                           f"{self.name} codec overflowed); state left unchanged")
 
@@ -79,7 +80,7 @@ class ErrorFeedback(Wrapper):
             compressed = self.inner.compress_with_feedback(g, e, lam, e_out, key, round,
                                                            self._payloads.get(key))
         except FeedbackRefused:
-            raise self._refused(key) from None
+            raise self.refused(key) from None
         if compressed is not None:
             self._payloads[key] = compressed[1]
             self._residuals[key] = e_out
@@ -102,7 +103,7 @@ class ErrorFeedback(Wrapper):
         self.inner.decompress(header, buffers, decoded, key, round)
         ops.subtract(decoded, p, decoded)
         if not ops.all_finite(decoded):
-            raise self._refused(key)
+            raise self.refused(key)
         self._residuals[key] = decoded
         self._spares[key] = (p_scratch, residual)
         return header, buffers

@@ -22,6 +22,7 @@ import os
 import socket
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +68,14 @@ def codec_costs(options: dict[str, dict[str, Any]]) -> dict[str, CodecCost]:
     for name, params in {**options, "none": {"compressor": "none"}}.items():
         path = cache_path(name, params)
         try:
-            out[name] = _from_dict(json.loads(path.read_text()))
+            out[name] = CodecCost.from_dict(json.loads(path.read_text()))
             continue
         except (OSError, ValueError, KeyError, TypeError):
             pass
         out[name] = measure(params)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(_to_dict(out[name])))
+            path.write_text(json.dumps(asdict(out[name])))
         except OSError:
             pass  # a read-only home only costs the next job a calibration
     return out
@@ -171,15 +172,3 @@ def _median_s(fn) -> float:
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 
-
-def _to_dict(c: CodecCost) -> dict:
-    return {"compress": vars(c.compress), "decompress": vars(c.decompress), "add": vars(c.add),
-            "payload_ratio": c.payload_ratio, "rank": c.rank, "rounds": c.rounds, "min_rate": c.min_rate,
-            "server_compress": None if c.server_compress is None else vars(c.server_compress)}
-
-
-def _from_dict(d: dict) -> CodecCost:
-    server = d["server_compress"]
-    return CodecCost(LinearCost(**d["compress"]), LinearCost(**d["decompress"]), LinearCost(**d["add"]),
-                     float(d["payload_ratio"]), int(d["rank"]), int(d["rounds"]), float(d["min_rate"]),
-                     None if server is None else LinearCost(**server))

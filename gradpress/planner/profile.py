@@ -65,6 +65,15 @@ class CodecCost:
     # random-k without scaling is summed and recompressed as its k values (server/values_sum.py)
     server_compress: LinearCost | None = None
 
+    @classmethod
+    def from_dict(cls, c: dict) -> "CodecCost":
+        """What ``dataclasses.asdict`` made of one (profiles, the calibration's cache); the
+        fields added later take their defaults."""
+        server = c.get("server_compress")
+        return cls(LinearCost(**c["compress"]), LinearCost(**c["decompress"]), LinearCost(**c["add"]),
+                   float(c["payload_ratio"]), int(c.get("rank", 0)), int(c.get("rounds", 0)),
+                   float(c.get("min_rate", 0.0)), None if server is None else LinearCost(**server))
+
     @property
     def recompress(self) -> LinearCost:
         """What the server's recompression of a round's aggregate costs."""
@@ -188,11 +197,7 @@ class Profile:
             if d.get("version") != PROFILE_VERSION:
                 raise ProfileError(f"{where}: profile version {d.get('version')!r}; this gradpress reads "
                                    f"{PROFILE_VERSION}")
-            codecs = {name: CodecCost(LinearCost(**c["compress"]), LinearCost(**c["decompress"]),
-                                      LinearCost(**c["add"]), float(c["payload_ratio"]), int(c.get("rank", 0)),
-                                      int(c.get("rounds", 0)), float(c.get("min_rate", 0.0)),
-                                      _optional_cost(c.get("server_compress")))
-                      for name, c in d["codecs"].items()}
+            codecs = {name: CodecCost.from_dict(c) for name, c in d["codecs"].items()}
             tensors = tuple(TensorProfile(str(t["name"]), int(t["nbytes"]), float(t["ready_s"]), int(t["priority"]),
                                           int(t.get("rows", 1)))
                             for t in d["tensors"])
@@ -214,10 +219,6 @@ class Profile:
         except OSError as e:
             raise ProfileError(f"plan file {path}: {e.strerror or e}") from None
         return cls.from_json(text, f"plan file {path}")
-
-
-def _optional_cost(d: dict | None) -> LinearCost | None:
-    return None if d is None else LinearCost(**d)
 
 
 def check(ok: bool, message: str) -> None:

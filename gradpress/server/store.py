@@ -122,7 +122,7 @@ class KeyState:
         self.compressor.load_state_dict({"residuals": {self.key: residual.copy()},
                                     "lrs": {} if lr is None else {self.key: lr}})
         if self.values_sum is not None:
-            self.values_sum.after_restore()
+            self.values_sum.recheck()
 
     def describe(self) -> str:
         return f"key {self.key} (tensor {self.name!r})"
@@ -213,7 +213,7 @@ class KeyState:
                     if self.values_sum is not None:
                         if self.values_sum.take(values.meta, values.buffers, first):
                             return
-                        first = self._spill(rnd, first)
+                        first = self.values_sum.to_dense(self.acc, rnd, first)
                     decode = self.compressor.decompress if first else self.compressor.decompress_add
                     decode(values.meta, values.buffers, self.acc, key=self.key, round=rnd)
                 # the codec checks a payload before it writes: the sum is intact
@@ -222,17 +222,8 @@ class KeyState:
         else:
             with self.tracer.span("server sum", key=self.key, round=rnd):
                 if self.values_sum is not None:
-                    first = self._spill(rnd, first)
+                    first = self.values_sum.to_dense(self.acc, rnd, first)
                 kernels.accumulate(self.acc, values, first=first)
-
-    def _spill(self, rnd: int, first: bool) -> bool:
-        """The dense path takes this round from here: the values summed so far go into the
-        accumulator. Returns whether the push at hand is still the round's first."""
-        if first or not self.values_sum.active:
-            self.values_sum.active = False
-            return first
-        self.values_sum.spill(self.acc, rnd)
-        return False
 
     def _complete(self) -> list[Reply]:
         self.failure = ""
@@ -262,7 +253,7 @@ class KeyState:
                 else:
                     meta, buffers = self.compressor.compress(self.acc, key=self.key, round=self.round, lr=self.lr)
                     if self.values_sum is not None:
-                        self.values_sum.after_dense_round()
+                        self.values_sum.recheck()
             except ValueError as e:
                 self.failure = f"{self.describe()}: the aggregate of round {self.round} cannot be compressed: {e}"
                 return

@@ -54,7 +54,7 @@ class ValuesSum:
 
     def take(self, meta: dict, buffers: list, first: bool) -> bool:
         """Add one push's values to the round's sum; False where the dense path must take it
-        (the caller then spills this sum first, if ``active``). Raises ValueError for a
+        (the caller then hands the round over: ``to_dense``). Raises ValueError for a
         malformed payload, checked as decompressing it checks it, before anything changes."""
         if first:
             self.active = False
@@ -72,10 +72,16 @@ class ValuesSum:
         self.active = True
         return True
 
-    def spill(self, acc: np.ndarray, round: int) -> None:
-        """Write the round's sum so far into the dense accumulator (every other entry 0)."""
+    def to_dense(self, acc: np.ndarray, round: int, first: bool) -> bool:
+        """The dense path takes the round from the push at hand on: the values summed so far
+        go into ``acc`` (every other entry 0). Returns whether that push is still the round's
+        first."""
+        if first or not self.active:
+            self.active = False
+            return first
         scatter(chosen_indices(self.count, self.k, self.codec.seed, self.key, round), self.sum, acc, False)
         self.active = False
+        return False
 
     def compress(self, round: int, lr: float | None) -> tuple[dict, list]:
         """The payload of the complete round: what compressing the dense sum would give.
@@ -87,8 +93,7 @@ class ValuesSum:
             # the same arithmetic as the fused kernel's p = g + lam * e (first step: p = g)
             e, lam = (self.sum, 0.0) if first_step else (self.zeros, lam)
             if not compensate_checked(self.sum, e, lam, out):
-                raise ValueError(f"key {self.key}: error feedback met NaN/inf (in the input, or "
-                                 f"the {self.codec.name} codec overflowed); state left unchanged")
+                raise self.compressor.refused(self.key)
             self.compressor.record_zero_residual(self.key, self.count, lr)
         else:
             out[:] = self.sum
@@ -97,17 +102,9 @@ class ValuesSum:
         fields = {"k": self.k, "seed": self.codec.seed, "scaled": False}
         return {"codec": self.codec.name, "n": self.count, **fields}, [out]
 
-    def after_dense_round(self) -> None:
-        """A round went the dense way: keep summing here only if its residual is zero."""
-        self.enabled = self._residual_is_zero()
-
-    def after_restore(self) -> None:
-        """A checkpointed residual was installed."""
-        self.enabled = self._residual_is_zero()
-
-    def _residual_is_zero(self) -> bool:
-        if not isinstance(self.compressor, ErrorFeedback):
-            return True
-        residual = self.compressor.residual(self.key)
-        # bits, not values: a residual of -0.0 makes p = -0.0 + ... differ from the sum's bits
-        return residual is None or not residual.view(np.uint32).any()
+    def recheck(self) -> None:
+        """A round went the dense way, or a checkpointed residual was installed: sum here
+        from now on only while the residual is zero (bits, not values: a residual of -0.0
+        makes p = -0.0 + ... differ from the sum's bits)."""
+        residual = self.compressor.residual(self.key) if isinstance(self.compressor, ErrorFeedback) else None
+        self.enabled = residual is None or not residual.view(np.uint32).any()
