@@ -34,6 +34,23 @@ def test_extract_finds_exactly_the_non_zero_rows_row_0_included():
     assert extract(np.zeros((0, 3), np.float32)).indices.size == 0
 
 
+
+@pytest.mark.parametrize("width", [64, 65, 130, 512])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_extract_of_wide_rows_tests_every_block(width, dtype):
+    """Rows of 64 values or more are tested a block of 64 at a time: a value in any
+    block, the last partial one included, makes the row travel; -0.0 does not."""
+    m = np.zeros((40, width), dtype)
+    m[1, 0] = 1.0                # first value of the first block
+    m[3, width - 1] = np.nan     # last value of the last block (partial where width % 64)
+    m[5, 63] = -3.0              # last value of the first block
+    m[8, :] = -0.0               # all negative zeros: not a row to send
+    m[9, width // 2] = 1e-30     # tiny, not zero
+    m[39, 64 if width > 64 else 0] = 2.0
+    rows = extract(m)
+    assert rows.indices.tolist() == [1, 3, 5, 9, 39]
+    np.testing.assert_array_equal(rows.values, m[[1, 3, 5, 9, 39]])
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 def test_coalesce_sums_duplicates_like_torch(dtype):
     rng = np.random.default_rng(1)

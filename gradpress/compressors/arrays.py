@@ -43,3 +43,12 @@ def store_float32(values: np.ndarray, out: np.ndarray) -> None:
         fp16.to_half_bits(np.ascontiguousarray(values, np.float32), out.view(np.uint16))
     else:
         out[:] = values
+
+
+def divided(values: Any, divisor: int) -> Any:
+    """``values / divisor`` in float32 (``values`` itself for 1): a decoder divides the few
+    values its payload carries, each landing as the same bits as an element of the
+    decoded array divided afterwards."""
+    if divisor == 1:
+        return values
+    return np.divide(values, np.float32(divisor), dtype=np.float32)

@@ -78,8 +78,11 @@ class Compressor(ABC):
 
     @abstractmethod
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
-                key: int, round: int) -> None:
-        """Validate, then ``out (+)= D(payload)`` for a float32 ``out`` of ``header['n']``."""
+                key: int, round: int, divisor: int = 1) -> None:
+        """Validate, then ``out (+)= D(payload) / divisor`` for a float32 ``out`` of
+        ``header['n']``, bit for bit D(payload) divided in float32 afterwards. Codecs
+        whose payload carries few distinct values (a scale, a table, k pairs) divide those
+        instead of every element; servers add with ``divisor`` 1."""
 
     def compress(self, x: Any, key: int, round: int,
                  lr: float | None = None) -> tuple[Header, Buffers]:
@@ -165,22 +168,26 @@ class Compressor(ABC):
         return {"codec": self.name, "n": n, **fields}, buffers
 
     def decompress(self, header: Header, buffers: Sequence[Any], out: Any, key: int,
-                   round: int) -> None:
-        """Overwrite all of ``out`` (numpy float16/32/64, or a CUDA array) with D(payload).
-        Raises ValueError for a malformed payload, before writing anything."""
+                   round: int, divisor: int = 1) -> None:
+        """Overwrite all of ``out`` (numpy float16/32/64, or a CUDA array) with D(payload)
+        divided by ``divisor`` (a worker's average), the same bits as dividing ``out``
+        afterwards in its own dtype, in one pass where ``out`` is float32. Raises
+        ValueError for a malformed payload, before writing anything."""
         if is_device_array(out):
             from gradpress.kernels.cuda import device
             host = np.empty(device.length(out), np.float32)
-            self._decode_checked(header, buffers, host, False, key, round)
+            self._decode_checked(header, buffers, host, False, key, round, divisor)
             device.copy_from_host(host, out)
             return
         check_vector(out, "decompress output")
         if out.dtype == np.float32:
-            self._decode_checked(header, buffers, out, False, key, round)
+            self._decode_checked(header, buffers, out, False, key, round, divisor)
         else:
             values = np.empty(out.shape[0], np.float32)
             self._decode_checked(header, buffers, values, False, key, round)
             store_float32(values, out)
+            if divisor != 1:  # divided after rounding to out's dtype, as the caller would
+                np.divide(out, divisor, out=out)
 
     def decompress_add(self, header: Header, buffers: Sequence[Any], acc: np.ndarray, key: int,
                        round: int) -> None:
@@ -191,12 +198,14 @@ class Compressor(ABC):
         self._decode_checked(header, buffers, acc, True, key, round)
 
     def _decode_checked(self, header: Header, buffers: Sequence[Any], out: np.ndarray,
-                        accumulate: bool, key: int, round: int) -> None:
+                        accumulate: bool, key: int, round: int, divisor: int = 1) -> None:
         self._check_header(header, out.shape[0])
         if "raw" in header:
             self._decode_raw(header, buffers, out, accumulate)
+            if divisor != 1:
+                np.divide(out, divisor, out=out)
         else:
-            self._decode(header, buffers, out, accumulate, key, round)
+            self._decode(header, buffers, out, accumulate, key, round, divisor)
 
     def _check_header(self, header: Header, n: int) -> None:
         """A payload's header names this codec and ``n`` elements (ValueError if not)."""

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gradpress.compressors.arrays import as_float32
+from gradpress.compressors.arrays import as_float32, divided
 from gradpress.compressors.base import Buffers, Compressor, FeedbackRefused, reusable
 from gradpress.kernels.bitlayout import packed_nbytes
 from gradpress.kernels.cpu import dithering, norms
@@ -99,7 +99,7 @@ class Dithering(Compressor):
         return {"s": self.s, "partition": self.partition}
 
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
-                key: int, round: int) -> None:
+                key: int, round: int, divisor: int = 1) -> None:
         s = header_int(header, "s", 1, MAX_LEVELS)
         natural = header_choice(header, "partition", PARTITIONS) == "natural"
         width, n = code_width(s), out.shape[0]
@@ -109,7 +109,8 @@ class Dithering(Compressor):
         codes = buffer_array(buffers, 1, np.uint8, packed_nbytes(n, width), "codes")
         if not dithering.codes_within(codes, s, width, n):
             raise ValueError(f"payload codes exceed s={s} levels or have non-zero padding")
-        dithering.decode(codes, code_table(norm, s, natural, width), width, out, accumulate)
+        table = divided(code_table(norm, s, natural, width), divisor)  # each value divided once
+        dithering.decode(codes, table, width, out, accumulate)
 
     def __repr__(self) -> str:
         return (f"Dithering(s={self.s}, partition={self.partition!r}, "

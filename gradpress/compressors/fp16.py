@@ -49,7 +49,9 @@ class Fp16(Compressor):
         return {}, [gpu_fp16.to_half_bits(x)]
 
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
-                key: int, round: int) -> None:
+                key: int, round: int, divisor: int = 1) -> None:
         expect_buffer_count(buffers, 1)
         bits = buffer_array(buffers, 0, np.uint16, out.shape[0], "fp16 values")
         fp16.from_half_bits(bits, out, accumulate)
+        if divisor != 1:
+            np.divide(out, divisor, out=out)

@@ -27,5 +27,5 @@ class NoCompression(Compressor):
         return raw_payload(device.to_host(x))
 
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
-                key: int, round: int) -> None:
+                key: int, round: int, divisor: int = 1) -> None:
         raise ValueError("a 'none' payload must carry the header field 'raw'")

@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gradpress.compressors.arrays import as_float32
+from gradpress.compressors.arrays import as_float32, divided
 from gradpress.compressors.base import Buffers, Compressor, FeedbackRefused, reusable
 from gradpress.kernels.bitlayout import packed_nbytes
 from gradpress.kernels.cpu import norms, onebit
@@ -72,12 +72,13 @@ class OneBit(Compressor):
         return gpu_onebit.encode(x, self.scaling)
 
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
-                key: int, round: int) -> None:
+                key: int, round: int, divisor: int = 1) -> None:
         expect_buffer_count(buffers, 2)
         scale = buffer_array(buffers, 0, np.float32, 1, "onebit scale")[0]
         finite_scale(scale, "onebit scale")
         bits = buffer_array(buffers, 1, np.uint8, packed_nbytes(out.shape[0], 1), "sign bits")
-        onebit.unpack_signs(bits, scale, out, accumulate)
+        # +-scale / d is +-(scale / d) exactly: the scale is divided once
+        onebit.unpack_signs(bits, divided(scale, divisor), out, accumulate)
 
     def __repr__(self) -> str:
         return f"OneBit(scaling={self.scaling!r})"

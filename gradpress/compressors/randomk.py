@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gradpress.compressors.arrays import as_float32
+from gradpress.compressors.arrays import as_float32, divided
 from gradpress.compressors.base import Buffers, Compressor, FeedbackRefused
 from gradpress.kernels.cpu import randomk
 from gradpress.kernels.rng import stream_id
@@ -84,10 +84,10 @@ class RandomK(Compressor):
         return {"k": k, "seed": self.seed, "scaled": self.scaling}
 
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
-                key: int, round: int) -> None:
+                key: int, round: int, divisor: int = 1) -> None:
         n = out.shape[0]
         k, seed, values = self._sent(header, buffers, n)
-        decode_pairs(chosen_indices(n, k, seed, key, round), values, out, accumulate)
+        decode_pairs(chosen_indices(n, k, seed, key, round), divided(values, divisor), out, accumulate)
 
     def sent_values(self, header: dict, buffers: Sequence[Any], n: int) -> tuple | None:
         """``(k, seed, values)`` of a payload for ``n`` elements, checked as decompressing

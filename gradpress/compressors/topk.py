@@ -4,7 +4,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gradpress.compressors.arrays import as_float32
+from gradpress.compressors.arrays import as_float32, divided
 from gradpress.compressors.base import Buffers, Compressor, FeedbackRefused
 from gradpress.kernels.cpu import topk
 from gradpress.compressors.payload import buffer_array, expect_buffer_count, header_int
@@ -63,11 +63,11 @@ class TopK(Compressor):
         return {"k": k}, [indices, values]
 
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
-                key: int, round: int) -> None:
+                key: int, round: int, divisor: int = 1) -> None:
         k = header_int(header, "k", 0, out.shape[0])
         expect_buffer_count(buffers, 2)
         indices = buffer_array(buffers, 0, np.uint32, k, "indices")
-        decode_pairs(indices, values_buffer(buffers, 1, k), out, accumulate)
+        decode_pairs(indices, divided(values_buffer(buffers, 1, k), divisor), out, accumulate)
 
     def __repr__(self) -> str:
         return f"TopK(k={self.k:g})"

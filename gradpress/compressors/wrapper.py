@@ -14,8 +14,8 @@ class Wrapper:
         self.name = inner.name
 
     def decompress(self, header: Header, buffers: Sequence[Any], out: Any, key: int,
-                   round: int) -> None:
-        self.inner.decompress(header, buffers, out, key, round)
+                   round: int, divisor: int = 1) -> None:
+        self.inner.decompress(header, buffers, out, key, round, divisor)
 
     def decompress_add(self, header: Header, buffers: Sequence[Any], acc: Any, key: int,
                        round: int) -> None:

@@ -268,9 +268,9 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
         src = tensor.detach().reshape(-1)
         out = src if output is tensor else output.detach().reshape(-1)
         future = client.push_pull_async(name, src, out, divisor, priority, spec, lr)
-    elif direct:
-        src = tensor.detach().reshape(-1).numpy()
-        out = src if output is tensor else output.detach().reshape(-1).numpy()
+    elif direct:  # numpy's reshape of a contiguous array is a view, without torch's dispatch
+        src = tensor.detach().numpy().reshape(-1)
+        out = src if output is tensor else output.detach().numpy().reshape(-1)
         future = client.push_pull_async(name, src, out, divisor, priority, spec, lr)
     else:
         wire = _WIRE.get(tensor.dtype, torch.float64)  # integers: exact below 2**53

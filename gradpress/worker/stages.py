@@ -130,9 +130,9 @@ class PartitionStages:
             if h.get("codec") != t.compressor.name or "meta" not in h:
                 raise ValueError(f"encoded as {h.get('codec', 'raw values')!r}, expected {t.compressor.name!r}")
             start = now_us()
-            t.compressor.decompress(h["meta"], [f.buffer for f in frames], dst, key=wk.key, round=op.round)
-            if job.divisor != 1:
-                dst /= job.divisor
+            # averaged as it lands: a second pass over dst was 20% of the pulls' CPU
+            t.compressor.decompress(h["meta"], [f.buffer for f in frames], dst, key=wk.key, round=op.round,
+                                    divisor=job.divisor)
             self.tracer.add("decompress", start, now_us(), key=wk.key, round=op.round)
         else:
             summed = self._shared_result(h, wk.count, t.dtype) if "shm" in h \

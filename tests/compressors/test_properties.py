@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from gradpress.compressors import payload_nbytes
+from gradpress.compressors import ErrorFeedback, payload_nbytes
 from tests.compressors.cases import (
     CODEC_IDS, EDGE_LENGTHS, codec, decompressed, gaussian)
 
@@ -190,3 +190,28 @@ def test_non_finite_input_passes_through_cast_codecs(name):
     c = codec(name)
     out = decompressed(c, *c.compress(x, key=0, round=0), 4)
     np.testing.assert_array_equal(out, x)
+
+
+@pytest.mark.parametrize("name", CODEC_IDS)
+@pytest.mark.parametrize("divisor", [2, 3, 7, 1000])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_decompress_with_a_divisor_is_decompress_then_divide(name, divisor, dtype):
+    """A worker's average lands with the pull (``decompress(..., divisor=d)``): the same
+    bits as decompressing and then dividing the output in its own dtype, as workers did,
+    for every codec, raw payloads included (n = 2), negative zeros and tiny values too;
+    and the error-feedback wrapper passes the divisor through."""
+    for n, seed in ((2, 1), (9, 2), (4097, 3)):
+        x = gaussian(n, seed=seed)
+        x[: n // 3] *= 1e-38  # results near float32's subnormals
+        x[n // 2] = -0.0
+        c = codec(name)
+        header, buffers = c.compress(x, key=11, round=4)
+        expected = decompressed(c, header, buffers, n, 11, 4, dtype)
+        expected /= divisor
+        got = np.full(n, np.nan, dtype)
+        c.decompress(header, buffers, got, key=11, round=4, divisor=divisor)
+        np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
+        wrapped = ErrorFeedback(codec(name))
+        again = np.full(n, np.nan, dtype)
+        wrapped.decompress(header, buffers, again, key=11, round=4, divisor=divisor)
+        np.testing.assert_array_equal(again.view(np.uint8), expected.view(np.uint8))
