@@ -176,8 +176,11 @@ class Compressor(ABC):
         if is_device_array(out):
             from gradpress.kernels.cuda import device
             host = np.empty(device.length(out), np.float32)
-            self._decode_checked(header, buffers, host, False, key, round, divisor)
+            single = device.itemsize(out) == 4  # else divided in out's own dtype, after the copy
+            self._decode_checked(header, buffers, host, False, key, round, divisor if single else 1)
             device.copy_from_host(host, out)
+            if not single and divisor != 1:
+                out /= divisor  # a CUDA tensor, as the worker's output is
             return
         check_vector(out, "decompress output")
         if out.dtype == np.float32:
