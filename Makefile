@@ -22,7 +22,7 @@ demo: setup
 	$(BIN)/gradpress-launch --local --workers 2 --servers 1 -- $(BIN)/python examples/train_digits.py
 
 # Two test processes (pytest-xdist): most tests wait on real jobs of several processes, so
-# two of them share the 2 cores well. 1,384 tests took 8.0-9.4 min (10.5 with the set-up) from a fresh clone (2026-11-23 12:20-12:40); the
+# two of them share the 2 cores well. 1,547 tests took 7.1 min from a fresh clone (2026-11-23 17:11; 8.0-9.4 min in earlier runs); the
 # 1,199 before this round's took 7.3 min serially.
 test: setup
 	$(BIN)/python -m ruff check .
