@@ -182,53 +182,59 @@ def encode_feedback(g: np.ndarray, e: np.ndarray, lam: float, s: int, natural: b
     return norm
 
 
-@njit(nogil=True, cache=True)
-def decode(codes: np.ndarray, table: np.ndarray, width: int, out: np.ndarray,
-           accumulate: bool) -> None:
-    """``out[i] (+)= table[code i]``: a loop over bytes, each giving its fixed number of
-    codes (one loop per width and case), then the last, partial byte. These vectorise:
-    against a loop over codes taking code ``i`` by shifts, 1.65x adding and 1.9x writing
-    (12.6M 4-bit codes: 4.5 against 7.4 ms, 3.6 against 6.7 ms); against ``i // per_byte``
-    and ``i % per_byte`` (an integer division per element) 4-5x more."""
+@njit(inline="always", nogil=True, cache=True)
+def _write(codes: np.ndarray, table: np.ndarray, width: int, out: np.ndarray) -> None:
+    """``out[i] = table[code i]``: a loop over bytes, each giving its fixed number of codes
+    (one loop per width), then the last, partial byte. These vectorise: against a loop
+    over codes taking code ``i`` by shifts, 1.9x (12.6M 4-bit codes: 3.6 against 6.7 ms);
+    against ``i // per_byte`` and ``i % per_byte`` (an integer division per element)
+    4-5x more."""
     n = out.shape[0]
     per_byte = 8 // width
     full = n // per_byte
     if width == 8:
-        if accumulate:
-            for i in range(n):
-                out[i] += table[codes[i]]
-        else:
-            for i in range(n):
-                out[i] = table[codes[i]]
+        for i in range(n):
+            out[i] = table[codes[i]]
     elif width == 4:
-        if accumulate:
-            for b in range(full):
-                byte = codes[b]
-                out[2 * b] += table[byte & 15]
-                out[2 * b + 1] += table[byte >> 4]
-        else:
-            for b in range(full):
-                byte = codes[b]
-                out[2 * b] = table[byte & 15]
-                out[2 * b + 1] = table[byte >> 4]
+        for b in range(full):
+            byte = codes[b]
+            out[2 * b] = table[byte & 15]
+            out[2 * b + 1] = table[byte >> 4]
     else:
-        if accumulate:
-            for b in range(full):
-                byte = codes[b]
-                for j in range(4):
-                    out[4 * b + j] += table[(byte >> (2 * j)) & 3]
-        else:
-            for b in range(full):
-                byte = codes[b]
-                for j in range(4):
-                    out[4 * b + j] = table[(byte >> (2 * j)) & 3]
+        for b in range(full):
+            byte = codes[b]
+            for j in range(4):
+                out[4 * b + j] = table[(byte >> (2 * j)) & 3]
     mask = (1 << width) - 1
     for i in range(full * per_byte if width < 8 else n, n):
-        code = (np.int64(codes[full]) >> ((i - full * per_byte) * width)) & mask
-        if accumulate:
-            out[i] += table[code]
-        else:
-            out[i] = table[code]
+        out[i] = table[(np.int64(codes[full]) >> ((i - full * per_byte) * width)) & mask]
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _add(block: np.ndarray, out: np.ndarray) -> None:
+    for i in range(out.shape[0]):
+        out[i] += block[i]
+
+
+@njit(nogil=True, cache=True)
+def decode(codes: np.ndarray, table: np.ndarray, width: int, out: np.ndarray,
+           accumulate: bool) -> None:
+    """``out[i] (+)= table[code i]``. Adding writes each block of ``CHUNK`` values into a
+    scratch in cache and adds that: the table lookup added in place compiled to gathers
+    (16M 4-bit codes: 15.6 against 8.1 ms). Callers of the inlined loops pass slices, so
+    each loop starts at 0 (the same loops over ranges of the whole arrays did not
+    vectorise: 26.7 ms)."""
+    if not accumulate:
+        _write(codes, table, width, out)
+        return
+    n = out.shape[0]
+    per_byte = 8 // width
+    scratch = np.empty(min(n, CHUNK), np.float32)
+    for start in range(0, n, CHUNK):  # CHUNK is a multiple of every per_byte
+        end = min(start + CHUNK, n)
+        block = scratch[:end - start]
+        _write(codes[start // per_byte:], table, width, block)
+        _add(block, out[start:end])
 
 
 @njit(nogil=True, cache=True)
