@@ -46,9 +46,12 @@ def test_sampled_selection_equals_the_full_one(n, fraction):
             np.testing.assert_array_equal(indices, numpy_rule(x, k), err_msg=label)
 
 
-@pytest.mark.parametrize("estimate, label", [(0x7F000000, "too high: fewer than k"),
+# the k-th largest |p| of the case below has key 0x40387832; the 500th largest, 0x4048C20A
+@pytest.mark.parametrize("estimate, label", [(0x7F000000, "too high: no candidate"),
+                                             (0x4048C20A, "too high: k / 2 candidates"),
                                              (0, "too low: over capacity")])
 def test_a_wrong_estimate_falls_back_to_the_full_selection(estimate, label):
+    """The scan zeroes the candidates it stores; the fallback must give them their p back."""
     n, k = 100000, 1000
     g, e = gaussian(n, seed=1), gaussian(n, seed=2)
     p = (g + np.float32(0.5) * e).astype(np.float32)
