@@ -3,7 +3,6 @@ and the group's result back into them, for contiguous and strided gradients, thr
 (host float32) and through torch (anything else). The push_pull in between is replaced by
 one that halves the buffer and records what it was given; the integration tests
 (test_auto_plan_integ.py) run the same groups through real servers."""
-import numpy as np
 import pytest
 import torch
 
