@@ -52,3 +52,10 @@ def divided(values: Any, divisor: int) -> Any:
     if divisor == 1:
         return values
     return np.divide(values, np.float32(divisor), dtype=np.float32)
+
+
+def divide_in_place(out: np.ndarray, divisor: int) -> None:
+    """``out /= divisor`` in ``out``'s own dtype (nothing for 1): what a decoder does where
+    its payload has no few values to divide instead (fp16, raw, a non-float32 output)."""
+    if divisor != 1:
+        np.divide(out, divisor, out=out)

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from gradpress.compressors.arrays import check_vector, is_device_array, store_float32
+from gradpress.compressors.arrays import check_vector, divide_in_place, is_device_array, store_float32
 from gradpress.compressors.payload import FLOAT_DTYPES, buffer_array, expect_buffer_count
 
 Header = dict
@@ -189,8 +189,7 @@ class Compressor(ABC):
             values = np.empty(out.shape[0], np.float32)
             self._decode_checked(header, buffers, values, False, key, round)
             store_float32(values, out)
-            if divisor != 1:  # divided after rounding to out's dtype, as the caller would
-                np.divide(out, divisor, out=out)
+            divide_in_place(out, divisor)  # after rounding to out's dtype, as the caller would
 
     def decompress_add(self, header: Header, buffers: Sequence[Any], acc: np.ndarray, key: int,
                        round: int) -> None:
@@ -205,8 +204,7 @@ class Compressor(ABC):
         self._check_header(header, out.shape[0])
         if "raw" in header:
             self._decode_raw(header, buffers, out, accumulate)
-            if divisor != 1:
-                np.divide(out, divisor, out=out)
+            divide_in_place(out, divisor)
         else:
             self._decode(header, buffers, out, accumulate, key, round, divisor)
 

@@ -5,6 +5,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gradpress.compressors.arrays import divide_in_place
 from gradpress.compressors.base import Buffers, Compressor, FeedbackRefused, reusable
 from gradpress.kernels.cpu import fp16
 from gradpress.compressors.payload import buffer_array, expect_buffer_count
@@ -53,5 +54,4 @@ class Fp16(Compressor):
         expect_buffer_count(buffers, 1)
         bits = buffer_array(buffers, 0, np.uint16, out.shape[0], "fp16 values")
         fp16.from_half_bits(bits, out, accumulate)
-        if divisor != 1:
-            np.divide(out, divisor, out=out)
+        divide_in_place(out, divisor)

@@ -72,7 +72,7 @@ class FusedGroup:
         if self.fused:
             grads = [p.grad for p in self.members]
             offset = 0
-            if _on_host_float32(grads) and out.dtype == torch.float32 and out.device.type == "cpu":
+            if _on_host_float32(grads):  # ``out`` is the group's buffer: host float32
                 flat = out.numpy()
                 for g in grads:
                     view = g.numpy()  # the gradient's own memory, strided or not
