@@ -127,3 +127,19 @@ def test_every_accepted_codec_trains_through_both_optimizers(tmp_path):
             assert got["variance_bytes"] and set(got["variance_bytes"]) == {(40 * 30 + 30) * 2}, name
         assert fallen[name] < LOSS_BOUND, f"{name}: the loss only fell to {fallen[name]:.3g} of its start, " \
             f"uncompressed to {fallen['none/' + name.split('/')[1]]:.3g}"
+
+
+def test_only_trainable_parameters_need_a_name():
+    """As in BytePS: frozen parameters may be left out of named_parameters (fine-tuning);
+    a trainable one left out, or a name given twice, is refused."""
+    from gradpress.compressors.policy import CompressionPolicy
+    from gradpress.torch.momentum_path import ParameterTable
+    frozen, a, b = (torch.nn.Parameter(torch.zeros(n)) for n in (2, 3, 4))
+    frozen.requires_grad_(False)
+    table = ParameterTable([frozen, a, b], [("a", a), ("b", b)], CompressionPolicy())
+    assert table.names[id(a)] == "a" and table.names[id(b)] == "b"
+    missing = r"1 trainable parameter\(s\) missing from named_parameters \(shapes \[\(4,\)\]"
+    with pytest.raises(ValueError, match=missing):
+        ParameterTable([frozen, a, b], [("a", a)], CompressionPolicy())
+    with pytest.raises(ValueError, match="parameter names must be unique"):
+        ParameterTable([frozen, a, b], [("a", a), ("a", b)], CompressionPolicy())

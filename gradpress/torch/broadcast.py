@@ -26,13 +26,14 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
 
     Args:
         params: ``model.state_dict()`` (a dict), ``model.named_parameters()`` or a list of
-            (name, tensor) pairs, or a list of tensors (named by position).
+            (name, tensor) pairs, or a list of tensors (named by position, shape and dtype:
+            a later call with other tensors gets keys of its own).
         root_rank: the worker whose values win.
     """
     if isinstance(params, dict):
         items = sorted(params.items())
     else:
-        items = [p if isinstance(p, tuple) else (f"param.{i}", p) for i, p in enumerate(params)]
+        items = [p if isinstance(p, tuple) else (_unnamed(i, p), p) for i, p in enumerate(params)]
     for name, t in items:
         if not torch.is_tensor(t):
             raise TypeError(f"broadcast_parameters: {name!r} is a {type(t).__name__}, not a tensor")
@@ -44,6 +45,15 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
             handles.append(ops.push_pull_async_inplace(t.data, average=False, name=prefix + name))
         for h in handles:
             ops.synchronize(h)
+
+
+def _unnamed(position: int, t) -> str:
+    """An unnamed tensor's key: the same in every call that passes a tensor of this shape and
+    dtype at this position (keys are reused, not piled up), another for a different one."""
+    if not torch.is_tensor(t):
+        return f"param.{position}"  # (refused by the caller, by this name)
+    shape = "x".join(str(d) for d in t.shape) or "scalar"
+    return f"param.{position}.{shape}.{str(t.dtype).replace('torch.', '')}"
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,

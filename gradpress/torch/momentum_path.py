@@ -117,14 +117,17 @@ class ParameterTable:
                  policy: CompressionPolicy):
         if named_parameters is not None:
             by_id = {id(p): n for n, p in named_parameters}
-            missing = [tuple(p.shape) for p in all_params if id(p) not in by_id]
+            # as in BytePS, only trainable parameters need a name: frozen ones never travel
+            missing = [tuple(p.shape) for p in all_params if id(p) not in by_id and p.requires_grad]
             if missing:
-                raise ValueError(f"{len(missing)} parameter(s) missing from named_parameters (shapes {missing[:5]})")
-            if len({by_id[id(p)] for p in all_params}) != len(all_params):
+                raise ValueError(f"{len(missing)} trainable parameter(s) missing from named_parameters "
+                                 f"(shapes {missing[:5]})")
+            named = [by_id[id(p)] for p in all_params if id(p) in by_id]
+            if len(set(named)) != len(named):
                 raise ValueError("parameter names must be unique")
         else:
             by_id = {id(p): f"param.{i}" for i, p in enumerate(all_params)}
-        self.names = {id(p): by_id[id(p)] for p in all_params}
+        self.names = {id(p): by_id.get(id(p), f"frozen.{i}") for i, p in enumerate(all_params)}
         self.priority = {id(p): -i for i, p in enumerate(all_params)}
         self.spec = {id(p): policy.for_tensor(self.names[id(p)], p.numel() * p.element_size(),
                                               str(p.dtype).replace("torch.", "")) for p in all_params}

@@ -141,12 +141,14 @@ def settings() -> Settings:
     return _settings
 
 
-def declare(name: str, **_ignored) -> None:
+def declare(name: str, **_ignored) -> int:
     """Announce a tensor name, as byteps.torch does.
 
     Keys do not depend on declaration order here (the scheduler assigns them), so
     there is nothing to do: the tensor is declared to the job at its first push_pull.
+    Returns 0, as BytePS's does.
     """
+    return 0
 
 
 def push_pull_async(tensor: torch.Tensor, average: bool = True, name: str | None = None,
@@ -276,15 +278,23 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
         wire = _WIRE.get(tensor.dtype, torch.float64)  # integers: exact below 2**53
         staging = tensor.detach().to("cpu", wire, copy=True).contiguous().reshape(-1)
         arr = staging.numpy()
-        future = client.push_pull_async(name, arr, arr, divisor, priority, spec, lr)
+        # an integer average is the sum floor-divided, as BytePS's floor_divide_ gives it
+        # (dividing in float64 and copying back would round toward zero: -3/2 -> -1, not -2)
+        floor_by = divisor if divisor > 1 and _integral(output.dtype) else 1
+        future = client.push_pull_async(name, arr, arr, 1 if floor_by > 1 else divisor, priority, spec, lr)
 
-        def copy_back(staging=staging, output=output) -> None:
+        def copy_back(staging=staging, output=output, floor_by=floor_by) -> None:
             with torch.no_grad():
-                output.copy_(staging.view(output.shape))
+                summed = staging.view(output.shape)
+                output.copy_(torch.floor_divide(summed, floor_by) if floor_by > 1 else summed)
         finish = copy_back
     handle = next(_handle_ids)
     _handles[handle] = _Pending(future, output, finish)
     return handle
+
+
+def _integral(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
 def push_pull_rows_async_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,

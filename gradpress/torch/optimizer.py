@@ -47,14 +47,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if dups:
                 raise ValueError(f"parameter names must be unique; duplicated: {', '.join(dups)}")
             by_id = {id(p): n for n, p in named}
-            unnamed = [p for p in all_params if id(p) not in by_id]
+            # as in BytePS, only trainable parameters need a name: frozen ones never travel
+            unnamed = [p for p in all_params if id(p) not in by_id and p.requires_grad]
             if unnamed:
-                raise ValueError(f"{len(unnamed)} parameter(s) of the optimizer are missing from "
+                raise ValueError(f"{len(unnamed)} trainable parameter(s) of the optimizer are missing from "
                                  f"named_parameters (shapes {[tuple(p.shape) for p in unnamed][:5]})")
         else:
             by_id = {id(p): f"param.{i}" for i, p in enumerate(all_params)}
         order = {id(p): i for i, p in enumerate(all_params)}
-        self._gp_names = {id(p): by_id[id(p)] for p in all_params}
+        self._gp_names = {id(p): by_id.get(id(p), f"frozen.{order[id(p)]}") for p in all_params}
         self._gp_priority = {id(p): -order[id(p)] for p in all_params}
         self._gp_params = [p for p in all_params if p.requires_grad]
         self._gp_delay = {id(p): backward_passes_per_step for p in self._gp_params}
@@ -107,6 +108,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for h in handles:
                 ops.synchronize(h)
         return loss
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Accumulate ``passes`` backward passes locally before each push_pull, from now on
+        (BytePS's method; a count already under way starts again)."""
+        if passes < 1:
+            raise ValueError(f"set_backward_passes_per_step({passes}): must be at least 1")
+        self.backward_passes_per_step = passes
+        for key in self._gp_delay:
+            self._gp_delay[key] = passes
 
     def _gp_hook(self, p: torch.Tensor) -> None:
         key = id(p)

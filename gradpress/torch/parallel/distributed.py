@@ -17,6 +17,7 @@ every parameter a bucket of its own, named ``Gradient.<name>`` as BytePS names i
 """
 from __future__ import annotations
 
+import collections
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -27,6 +28,8 @@ from ...compressors.spec import CodecSpec
 from .. import ops
 from ..broadcast import broadcast_parameters
 from ..compression import Compression
+
+_made: collections.Counter = collections.Counter()  # job epoch -> DistributedDataParallel objects made
 
 
 @dataclass
@@ -69,11 +72,18 @@ class DistributedDataParallel(torch.nn.Module):
         self._compression = compression
         self._sync = True
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        # two wrapped models in one job (a GAN's two, whose parameter names may be the same)
+        # must not share keys: the first keeps BytePS's names, the others are numbered in the
+        # order every worker wraps them (per job: a worker that joined at a resume counts
+        # from 0 as those there before it do)
+        instance = _made[ops.job_epoch()]
+        _made[ops.job_epoch()] += 1
+        self._prefix = "" if instance == 0 else f"ddp{instance}."
         self._buckets = self._make_buckets(named, bucket_cap_mb, compression_params, compression_rules)
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
         if module.state_dict():
-            broadcast_parameters(module.state_dict(), root_rank=0)
+            broadcast_parameters(module.state_dict(), root_rank=0, prefix=f"Parameter.{self._prefix}")
 
     def _make_buckets(self, named, cap_mb: float, default, rules) -> list[Bucket]:
         policy = CompressionPolicy.for_job(ops.settings(), default, rules)
@@ -85,7 +95,8 @@ class DistributedDataParallel(torch.nn.Module):
         def close() -> None:
             if current:
                 params = [p for _, p in current]
-                name = f"Gradient.{current[0][0]}" if len(current) == 1 else f"Gradient.bucket.{len(buckets)}"
+                name = (f"Gradient.{self._prefix}{current[0][0]}" if len(current) == 1
+                        else f"Gradient.{self._prefix}bucket.{len(buckets)}")
                 # the bucket holding the parameters nearest the input goes first, as in the optimizer
                 buckets.append(Bucket(name, params, current_spec, -min(order[id(p)] for p in params)))
         for pname, p in reversed(named):
@@ -109,7 +120,7 @@ class DistributedDataParallel(torch.nn.Module):
         if self.broadcast_buffers:
             buffers = list(self.module.named_buffers())
             if buffers:
-                broadcast_parameters(buffers, root_rank=0, prefix="Buffer.")
+                broadcast_parameters(buffers, root_rank=0, prefix=f"Buffer.{self._prefix}")
         return self.module(*inputs, **kwargs)
 
     @contextmanager

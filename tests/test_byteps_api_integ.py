@@ -1,0 +1,92 @@
+"""BytePS API behaviour that its example scripts and common training code rely on, across
+real worker processes: integer averages floor-divided, declare's 0, unnamed broadcasts of
+other shapes, frozen parameters left out of named_parameters, set_backward_passes_per_step,
+and two DistributedDataParallel models whose parameter names are the same."""
+import pytest
+
+pytestmark = pytest.mark.integ
+
+SCRIPT = """
+import torch, torch.nn as nn, gradpress.torch as bps
+from gradpress.torch.parallel import DistributedDataParallel
+bps.init()
+r, n = bps.rank(), bps.size()
+assert n == 2
+
+# integer averages are floor-divided sums, as BytePS's floor_divide_: (-1 + -2) / 2 -> -2, (3 + 4) / 2 -> 3
+for dtype in (torch.int64, torch.int32, torch.int16):
+    x = torch.tensor([-1 - r, 3 + r, -4, 5 * r], dtype=dtype)
+    got = bps.push_pull(x, average=True, name=f"ints.{dtype}")
+    assert got.dtype == dtype and got.tolist() == [-2, 3, -4, 2], (dtype, got)
+    assert bps.push_pull(x, average=False, name=f"ints.{dtype}").tolist() == [-3, 7, -8, 5], dtype
+    y = x.clone()
+    bps.synchronize(bps.push_pull_async_inplace(y, average=True, name=f"inplace.{dtype}"))
+    assert y.tolist() == [-2, 3, -4, 2], (dtype, y)
+assert bps.declare("Gradient.anything") == 0
+
+# unnamed tensors broadcast twice, of other shapes the second time
+first = [torch.full((3,), float(r)), torch.full((2, 2), float(r))]
+bps.broadcast_parameters(first, root_rank=1)
+assert all(torch.all(t == 1.0) for t in first), first
+second = [torch.full((7,), float(r + 5)), torch.full((1,), float(r + 5), dtype=torch.float64)]
+bps.broadcast_parameters(second, root_rank=0)
+assert all(torch.all(t == 5.0) for t in second), second
+
+# frozen parameters left out of named_parameters (fine-tuning); accumulation changed mid-run
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+for p in model[0].parameters():
+    p.requires_grad_(False)
+trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5), named_parameters=trainable)
+frozen_before = model[0].weight.clone()
+def grads_of(passes, step):
+    # the gradient averaged over both workers' batches, on a copy without the optimizer's hooks
+    ref = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    ref.load_state_dict(model.state_dict())
+    for w in range(n):
+        for k in range(passes):
+            g = torch.Generator().manual_seed(100 * step + 10 * w + k)
+            (ref(torch.randn(5, 4, generator=g)).pow(2).mean() / passes / n).backward()
+    return [ref.get_parameter(name).grad for name, _ in trainable]
+for step, passes in enumerate((1, 2, 2)):
+    if step == 1:
+        opt.set_backward_passes_per_step(2)
+    want = grads_of(passes, step)
+    opt.zero_grad()
+    for k in range(passes):
+        g = torch.Generator().manual_seed(100 * step + 10 * r + k)
+        (model(torch.randn(5, 4, generator=g)).pow(2).mean() / passes).backward()
+    opt.synchronize()
+    for (name, p), w in zip(trainable, want):
+        assert torch.allclose(p.grad, w, atol=1e-6), (step, name, (p.grad - w).abs().max())
+    with opt.skip_synchronize():
+        opt.step()
+assert torch.equal(model[0].weight, frozen_before)
+try:
+    bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=trainable[:1])
+except ValueError as e:
+    assert "trainable parameter(s) of the optimizer are missing from named_parameters" in str(e), e
+else:
+    raise AssertionError("a trainable parameter without a name was accepted")
+
+# two DDP models in one job with the same parameter names and other shapes (a GAN's two)
+def wrapped(width):
+    torch.manual_seed(r)  # different on each worker: the constructor broadcasts rank 0's
+    return DistributedDataParallel(nn.Sequential(nn.Linear(3, width), nn.Linear(width, 1)), bucket_cap_mb=1)
+g_net, d_net = wrapped(6), wrapped(9)
+assert len(g_net._buckets) == len(d_net._buckets) == 1
+for net in (g_net, d_net):
+    net(torch.full((2, 3), float(r + 1))).sum().backward()
+    grad = net.module[1].bias.grad
+    assert torch.allclose(grad, torch.full((1,), 2.0)), grad  # every worker's bias gradient is 2
+print("OK api", [float(p.sum()) for p in list(g_net.parameters()) + list(d_net.parameters())], flush=True)
+bps.shutdown()
+"""
+
+
+def test_byteps_api_details_across_workers(cluster):
+    c = cluster(workers=2, servers=1)
+    c.start(SCRIPT).assert_success()
+    lines = [next(line for line in c.log(f"worker {i}").splitlines() if line.startswith("OK api")) for i in range(2)]
+    assert lines[0] == lines[1], lines  # both DDP models start from rank 0's parameters and stay equal
