@@ -15,8 +15,9 @@ an iteration, with every resource the way gradpress uses it:
 - a server sums a round's pushes and recompresses the aggregate on the engine thread its
   key is pinned to (least loaded by bytes, as the server pins them), once every push is in;
 - partitions go to servers as the scheduler places them (least loaded by bytes);
-- the iteration ends when backward is done and every group has landed and been copied
-  back out of its buffer, plus the optimizer's step;
+- the iteration ends when backward is done and every group has landed, plus the
+  optimizer's step (a fused group hands its average back as views of its buffer:
+  ``torch/fusion.py``);
 - where workers and servers share a host's CPUs (``Profile.host``), an iteration takes at
   least the CPU work of the processes on rank 0's host divided by its cores: each of its
   workers' training and communication thread work, each of its servers' share of the sums,
@@ -51,7 +52,6 @@ class Layout:
         prof, opts = self.profile, self.options
         sizes, ready, prio, group_of = [], [], [], []
         copy = prof.codecs["none"].decompress  # one memory pass over the bytes
-        self.copy_out = np.zeros(len(self.groups))
         self.group_bytes = []
         for g, members in enumerate(self.groups):
             # a group is ready with its last member (a re-based timeline keeps the decision's
@@ -59,7 +59,6 @@ class Layout:
             nbytes = sum(prof.tensors[i].nbytes for i in members)
             self.group_bytes.append(nbytes)
             fused = len(members) > 1
-            self.copy_out[g] = copy(nbytes) if fused else 0.0
             at = max(prof.tensors[i].ready_s for i in members) + (copy(nbytes) if fused else 0.0)
             pr = max(prof.tensors[i].priority for i in members)
             parts = _partitions(nbytes, prof.partition_bytes)
@@ -94,8 +93,7 @@ class Layout:
         """Seconds per iteration when group g travels with option ``options[assignment[g]]``."""
         prof = self.profile
         simulate_iteration(assignment, self.ints, self.ready, self.tables, self.job, self._land, self._work)
-        t = finish_iteration(self.group_of, self._land, self.copy_out, prof.backward_end_s,
-                             self._group_land) + prof.step_s
+        t = finish_iteration(self.group_of, self._land, prof.backward_end_s, self._group_land) + prof.step_s
         return max(t, self.host_bound_s(self._work[0], self._work[1], self._work[2]))
 
     def host_bound_s(self, comm_s: float, served_s: float, pushed_bytes: float) -> float:
@@ -112,9 +110,9 @@ class Layout:
         return work / h.cores
 
     def floor_s(self) -> float:
-        """No plan of this grouping is faster: backward, the fused groups' copy-out, the step
-        (or the host's CPU for training alone, where it is shared and that is more)."""
-        return max(self.profile.backward_end_s + float(self.copy_out.sum()) + self.profile.step_s,
+        """No plan of this grouping is faster: backward and the step (or the host's CPU for
+        training alone, where it is shared and that is more)."""
+        return max(self.profile.backward_end_s + self.profile.step_s,
                    self.host_bound_s(0.0, 0.0, 0.0))
 
     def landings(self) -> np.ndarray:

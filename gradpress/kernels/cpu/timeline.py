@@ -148,16 +148,17 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
 
 
 @njit(nogil=True, cache=True)
-def finish_iteration(group_of, land, copy_out, backward_end_s, out_group_land):
-    """When the training thread is done: after backward, each fused group copied out of its
-    buffer as it lands (in landing order). Fills ``out_group_land`` per group."""
+def finish_iteration(group_of, land, backward_end_s, out_group_land):
+    """When the training thread is done: after backward, and once every group has landed
+    (its average is handed back as views of its buffer: nothing to copy out). Fills
+    ``out_group_land`` per group."""
     out_group_land[:] = 0.0
     for p in range(land.shape[0]):
         g = group_of[p]
         out_group_land[g] = max(out_group_land[g], land[p])
     t = backward_end_s
-    for g in np.argsort(out_group_land, kind="mergesort"):
-        t = max(t, out_group_land[g]) + copy_out[g]
+    for g in range(out_group_land.shape[0]):
+        t = max(t, out_group_land[g])
     return t
 
 
