@@ -75,17 +75,16 @@ class TrainingCpu:
     def available() -> bool:
         return hasattr(time, "pthread_getcpuclockid") and os.path.isdir("/proc/self/task")
 
-    def read(self) -> tuple[float, float, float]:
-        """(training, sockets, communication): this process's CPU seconds so far outside
-        communication, ZeroMQ's threads' (TCP and CURVE's cipher: what the bytes on the wire
-        cost), and the communication thread's (codecs and messages)."""
+    def read(self) -> tuple[float, float]:
+        """(training, sockets): this process's CPU seconds so far outside communication, and
+        ZeroMQ's threads' (TCP and CURVE's cipher: what the bytes on the wire cost)."""
         total = time.process_time()
         try:
             comm = time.clock_gettime(self._clock)
         except OSError:  # the thread ended (the job is shutting down): nothing more to split
             comm = 0.0
         sockets = self._zmq_s()
-        return total - comm - sockets, sockets, comm
+        return total - comm - sockets, sockets
 
     @staticmethod
     def _zmq_s() -> float:

@@ -58,12 +58,6 @@ def test_the_plan_is_re_based_on_the_backward_measured_under_it(cluster):
     # the sockets' CPU per byte, from ZeroMQ's threads over the profiled steps: the data went
     # through shared memory here, so little or nothing, and never near a microsecond a byte
     assert 0 <= host["wire_s_per_byte"] < 1e-6, host
-    # a message's cost re-fitted from the communication thread's CPU under the plan, the
-    # probe's kept beside it; alike on both workers (rank 0's, broadcast)
-    message_s, probed = a["message_s"]
-    if a["refined"][-1]:
-        assert probed is not None and 0 <= message_s < 0.05, a["message_s"]
-    assert a["message_s"] == torch.load(c.tmp / "w1.pt", weights_only=False)["message_s"]
 
 
 @pytest.mark.integ

@@ -49,12 +49,10 @@ def test_training_cpu_leaves_the_communication_thread_out():
     t = threading.Thread(target=comm, daemon=True)
     t.start()
     meter = host.TrainingCpu(t)
-    before, _, comm_before = meter.read()
+    before = meter.read()[0]
     go.set()
     assert done.wait(30)
-    after, _, comm_after = meter.read()
-    assert after - before < 0.1, "the communication thread's CPU counted as training"
-    assert 0.28 < comm_after - comm_before < 0.4, "the communication thread's own CPU"
+    assert meter.read()[0] - before < 0.1, "the communication thread's CPU counted as training"
     before = meter.read()[0]
     _burn(0.3)
     assert 0.28 < meter.read()[0] - before < 0.4
@@ -70,11 +68,11 @@ def test_zeromq_threads_cpu_is_the_sockets_not_training():
     try:
         meter = host.TrainingCpu(threading.current_thread())  # (this thread's own CPU left out too)
         block = np.ones(8 << 20, np.uint8)
-        training0, sockets0, _ = meter.read()
+        training0, sockets0 = meter.read()
         for _ in range(40):  # 320 MB through loopback TCP: the kernel's copies on ZeroMQ's I/O thread
             out.send(block, copy=False)
             into.recv(copy=False)
-        training, sockets, _ = meter.read()
+        training, sockets = meter.read()
         assert sockets - sockets0 >= 0.03, "ZeroMQ's I/O thread spent no CPU on 320 MB"
         assert training - training0 < sockets - sockets0, "the sockets' CPU counted as training"
     finally:

@@ -12,7 +12,7 @@ import pytest
 from gradpress.planner.decide import TRIAL_MARGIN, TRIALS, decide, group_by_threshold
 from gradpress.planner.profile import (CodecCost, HostShare, LinearCost, Link, Profile, ProfileError,
                                        TensorProfile, fit_linear, fit_link, fit_message)
-from gradpress.planner.simulate import message_s_measured, predict
+from gradpress.planner.simulate import predict
 from gradpress.planner.synthetic import synthetic_profile
 
 MB = 1 << 20
@@ -35,22 +35,6 @@ def test_one_tensor_by_hand():
     land = done + w * b / rate + alpha                  # down the server's and the worker's links
     want = land + 1e-10 * b + 0.01                      # the worker copies the reply out, then steps
     assert predict(prof, [(0,)], ["none"]) == pytest.approx(want, rel=1e-12)
-
-
-def test_a_message_cost_refitted_from_the_communication_threads_cpu():
-    # 9 MB raw in three partitions (4 + 4 + 1 MB) and a 1 MB tensor: four partitions whose
-    # replies the worker copies out at 10 GB/s (RAW's decompress), 1 ms per message probed
-    prof = profile([(9 * MB, 0.05), (MB, 0.1)], message=1e-3)
-    codec = 1e-10 * 10 * MB
-    refit = message_s_measured(prof, [(0,), (1,)], ["none", "none"], codec + 4 * 2e-4)
-    assert refit == pytest.approx(2e-4, rel=1e-9)
-    # fused, one group of 10 MB: three partitions, the same copies
-    assert message_s_measured(prof, [(0, 1)], ["none"], codec + 3 * 2e-4) == pytest.approx(2e-4, rel=1e-9)
-    # less CPU than the codecs alone: nothing left for the messages
-    assert message_s_measured(prof, [(0,), (1,)], ["none", "none"], codec / 2) == 0.0
-    # the refitted cost is what the simulator then charges per partition
-    cheaper = predict(replace(prof, message_s=refit), [(0,), (1,)], ["none", "none"])
-    assert cheaper < predict(prof, [(0,), (1,)], ["none", "none"])
 
 
 def test_two_tensors_overlap_with_backward():

@@ -31,7 +31,6 @@ one compiled simulation (``kernels/cpu/timeline.py``) per plan.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,20 +125,6 @@ def _partitions(nbytes: int, partition_bytes: int) -> list[int]:
         return [0]
     full, rest = divmod(nbytes, partition_bytes)
     return [partition_bytes] * full + ([rest] if rest else [])
-
-
-def message_s_measured(profile: Profile, groups: list[Group], options: list[str], comm_cpu_s: float) -> float:
-    """``message_s`` re-fitted to a worker's communication thread's measured CPU per iteration
-    under this plan: what is left of it after the codec work the model gives the thread,
-    per partition (0 where the codecs alone take it all). The tiny push/pulls that first
-    measure it run while the other processes on a shared host compete for its CPUs: on
-    this 2-core host they gave 0.23 ms in one job and 0.38 in the next, and with 121
-    partitions per step the larger one put the iteration 28% over what it measured."""
-    names = sorted(set(options))
-    layout = Layout(dataclasses.replace(profile, message_s=0.0), groups, names)
-    layout.predict(np.array([names.index(o) for o in options], np.int64))
-    codec_s = float(layout._work[0])
-    return max(comm_cpu_s - codec_s, 0.0) / len(layout.sizes)
 
 
 def predict(profile: Profile, groups: list[Group], options: list[str]) -> float:

@@ -44,7 +44,7 @@ from ..compressors.lowrank import LowRankParams
 from ..compressors.spec import CodecSpec
 from ..planner import calibrate, low_rank
 from ..planner.decide import Plan, decide
-from ..planner.simulate import message_s_measured, predict
+from ..planner.simulate import predict
 from ..planner.profile import HostShare, Profile, TensorProfile, fit_link, fit_message
 from ..server.engine import engine_count, local_engine_count
 from ..trace import now_us
@@ -104,8 +104,8 @@ class AutoPlanner:
         self._measured: list[float] = []
         self._last_broadcast = ""  # the name of this planner's latest broadcast
         self._training_cpu: host.TrainingCpu | None = None
-        # (training, sockets, communication) CPU read at the end of each step measured (host.TrainingCpu)
-        self._cpu_marks: list[tuple[float, float, float]] = []
+        # (training, sockets) CPU read at the end of each step measured (host.TrainingCpu)
+        self._cpu_marks: list[tuple[float, float]] = []
 
     # ---- called by the optimizer ------------------------------------------------
 
@@ -184,11 +184,6 @@ class AutoPlanner:
         """Training CPU per step over the steps marked, the first left out (as the timelines)."""
         marks = self._cpu_marks
         return (marks[-1][0] - marks[0][0]) / (len(marks) - 1) if len(marks) > 1 else 0.0
-
-    def _comm_cpu_s(self) -> float:
-        """The communication thread's CPU per step over the steps marked (0: not measured)."""
-        marks = self._cpu_marks
-        return max(marks[-1][2] - marks[0][2], 0.0) / (len(marks) - 1) if len(marks) > 1 else 0.0
 
     def _wire_s_per_byte(self) -> float:
         """What a byte sent or received costs this worker's sockets (ZeroMQ's threads: TCP,
@@ -316,11 +311,6 @@ class AutoPlanner:
             if profile.host is not None:
                 profile = dataclasses.replace(profile, host=dataclasses.replace(
                     profile.host, train_cpu_s=max(self._train_cpu_s() - plan_cpu_s, 0.0)))
-            comm_cpu_s = self._comm_cpu_s()
-            if comm_cpu_s > 0:  # a message's cost as measured under the plan, not by the probe
-                message_s = message_s_measured(*self.plan.simulated(profile), comm_cpu_s)
-                profile = dataclasses.replace(profile, message_s=message_s, notes=dict(
-                    profile.notes, probed_message_s=self.profile.notes.get("probed_message_s", self.profile.message_s)))
             text = profile.to_json()
         text = self._broadcast(text, "PlanRefined")
         profile = Profile.from_json(text, "rank 0's refined profile")
