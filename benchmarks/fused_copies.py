@@ -37,7 +37,7 @@ def main() -> int:
     fresh = [torch.randn_like(p) for p in params]
     fusion.ops.push_pull_async_inplace = lambda tensor, **kwargs: tensor  # the handle is the buffer
     fusion.ops.synchronize = lambda handle: handle
-    group = fusion.FusedGroup("tfm", params, None, 0, {})
+    group = fusion.FusedGroup("tfm", params, None, 0, {}, views=True)  # as DistributedOptimizer's
 
     def new_gradients():
         for p, g in zip(params, fresh):

@@ -37,13 +37,14 @@ def _members(dtype):
     return [a, b, c]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_gradients_go_out_in_member_order_and_come_back_averaged(halving_push_pull, dtype):
+@pytest.mark.parametrize("dtype,views", [(torch.float32, True), (torch.float32, False), (torch.float64, True)])
+def test_gradients_go_out_in_member_order_and_come_back_averaged(halving_push_pull, dtype, views):
     sent, buffers = halving_push_pull
     members = _members(dtype)
     before = [p.grad.clone() for p in members]
+    held = [p.grad for p in members]  # what a caller holding the gradients across the push_pull sees
     assert not members[2].grad.is_contiguous()
-    group = fusion.FusedGroup("g", members, None, 0, {})
+    group = fusion.FusedGroup("g", members, None, 0, {}, views=views)
     assert fusion._on_host_float32([p.grad for p in members]) == (dtype == torch.float32)
     group.start({id(members[1]): torch.full((5,), 2.0, dtype=dtype)})  # a carried residual
     before[1] += 2.0
@@ -53,10 +54,11 @@ def test_gradients_go_out_in_member_order_and_come_back_averaged(halving_push_pu
     group.finish()
     for p, g in zip(members, before):
         assert torch.equal(p.grad, (g.to(torch.float32) * 0.5).to(dtype)), p.shape
-    if dtype == torch.float32:  # each gradient is now its slice of the buffer: nothing copied out
+    if dtype == torch.float32 and views:  # each gradient is now its slice of the buffer: nothing copied out
         assert [_offset(group, p.grad) for p in members] == [0, 12, 17]
         assert all(p.grad.shape == p.shape and p.grad.is_contiguous() for p in members)
-    else:  # written into its own memory
+    else:  # written into its own memory: a caller holding it sees the average
+        assert all(p.grad is g for p, g in zip(members, held))
         assert all(_offset(group, p.grad) is None for p in members)
         assert not members[2].grad.is_contiguous()
 
@@ -73,7 +75,7 @@ def test_gradients_left_in_their_views_are_not_copied_in(halving_push_pull, monk
     round sends them as they lie; a member whose gradient was replaced is copied in."""
     sent, buffers = halving_push_pull
     members = _members(torch.float32)
-    group = fusion.FusedGroup("g", members, None, 0, {})
+    group = fusion.FusedGroup("g", members, None, 0, {}, views=True)
     group.start({})
     buffers["g"] = group.buffer
     group.finish()
@@ -108,7 +110,7 @@ def test_a_parameter_that_is_not_contiguous_keeps_its_own_gradient_memory(halvin
     members[0] = torch.nn.Parameter(torch.zeros(4, 3).t())  # a (3, 4) parameter, transposed
     members[0].grad = torch.ones(3, 4)
     own = members[0].grad.data_ptr()
-    group = fusion.FusedGroup("g", members, None, 0, {})
+    group = fusion.FusedGroup("g", members, None, 0, {}, views=True)
     group.start({})
     buffers["g"] = group.buffer
     group.finish()

@@ -69,8 +69,9 @@ REFINE_STEPS = 8
 class AutoPlanner:
     def __init__(self, params: list[torch.Tensor], names: dict[int, str], priority: dict[int, int],
                  lr_of: dict[int, float], compression_params: dict[str, Any],
-                 leave_out: Callable[[torch.Tensor], bool] | None = None):
+                 leave_out: Callable[[torch.Tensor], bool] | None = None, views: bool = False):
         self.params = params
+        self.views = views  # fused groups hand their averages back as views (fusion.FusedGroup)
         self.leave_out = leave_out
         self.names = names
         self.priority = priority
@@ -417,7 +418,8 @@ class AutoPlanner:
             params = [by_name[self.profile.tensors[i].name] for i in members]
             spec = None if option == "none" else CodecSpec.from_params(self.options[option])
             name = f"Plan{self.version}.{g}.{self.names[id(params[0])]}"
-            groups.append(FusedGroup(name, params, spec, max(self.priority[id(p)] for p in params), self.lr_of))
+            groups.append(FusedGroup(name, params, spec, max(self.priority[id(p)] for p in params), self.lr_of,
+                                     views=self.views))
         self.plan, self.groups = plan, groups
         self.group_of = {id(p): grp for grp in groups for p in grp.members}
         self.factored = [by_name[self.profile.tensors[i].name] for i in plan.low_rank]

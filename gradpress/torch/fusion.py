@@ -6,12 +6,15 @@ is push_pulled once, compressed as the plan says. A group of one pushes its grad
 place, with no copy. A member's ``carry`` (error feedback handed over from a previous
 plan) is added to its gradient before it travels.
 
-``finish`` hands the average back as views: each member's ``.grad`` becomes its slice of
-the buffer (host float32 members, as DDP's ``gradient_as_bucket_view``), so the average
-is not copied out. A gradient still in its view when the group next starts (zeroed in
-place, ``zero_grad(set_to_none=False)``, and accumulated into by backward) is not copied
-in either. The copies out and in had been 9% and 10% of a transformer worker's training
-thread (2026-11-23). Anything else gets the average copied into its own memory.
+With ``views`` (DistributedOptimizer's gradients), ``finish`` hands the average back as
+views: each member's ``.grad`` becomes its slice of the buffer (host float32, contiguous
+parameters; as DDP's ``gradient_as_bucket_view``), so the average is not copied out, and
+a gradient still in its view when the group next starts (zeroed in place,
+``zero_grad(set_to_none=False)``, and accumulated into by backward) is not copied in
+either. The copies out and in had been 9% and 10% of a transformer worker's training
+thread (2026-11-23). Without it (a caller that holds the members' ``.grad`` across the
+push_pull: OneBitAdam's momentum carriers), and for anything else, the average is copied
+into each gradient's own memory.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ class FusedGroup:
     spec: CodecSpec | None
     priority: int
     lr_of: dict[int, float]              # id(param) -> its param group's learning rate (read at start)
+    views: bool = False                  # hand the average back as views of the buffer (above)
     ready: set[int] = field(default_factory=set)
     handle: int | None = None
     buffer: torch.Tensor | None = None
@@ -58,7 +62,7 @@ class FusedGroup:
             if self.buffer is None:
                 self.buffer = torch.empty(sum(p.numel() for p in self.members), dtype=torch.float32)
             grads = [p.grad for p in self.members]
-            if self._in_views(grads):
+            if self.views and self._in_views(grads):
                 pass  # backward accumulated into the buffer itself
             elif _on_host_float32(grads):  # one numpy call instead of a torch op per member
                 np.concatenate([g.numpy().reshape(-1) for g in grads], out=self.buffer.numpy())
@@ -81,13 +85,14 @@ class FusedGroup:
         if self.fused:
             grads = [p.grad for p in self.members]
             offset = 0
-            if _on_host_float32(grads) and all(p.is_contiguous() for p in self.members):
+            host = _on_host_float32(grads)
+            if host and self.views and all(p.is_contiguous() for p in self.members):
                 # ``out`` is the group's buffer: each member's slice of it becomes its gradient
                 for p in self.members:
                     n = p.numel()
                     p.grad = out[offset:offset + n].view_as(p)
                     offset += n
-            elif _on_host_float32(grads):
+            elif host:
                 flat = out.numpy()
                 for g in grads:
                     view = g.numpy()  # the gradient's own memory, strided or not

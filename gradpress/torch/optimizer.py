@@ -192,7 +192,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return AutoPlanner(managed, self._gp_names, self._gp_priority,
                            {id(p): self._gp_group[id(p)]["lr"] for p in managed},
                            next(spec for p in managed if (spec := policy.rule_for(self._gp_names[id(p)]))
-                                ).compression_params, leave_out=self._gp_rows.sends_rows)
+                                ).compression_params, leave_out=self._gp_rows.sends_rows, views=True)
 
     def _gp_start(self, p: torch.Tensor) -> None:
         compressed, ctx = self._compression.compress(p.grad)
