@@ -280,8 +280,8 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
         arr = staging.numpy()
         # an integer average is the sum floor-divided, as BytePS's floor_divide_ gives it
         # (dividing in float64 and copying back would round toward zero: -3/2 -> -1, not -2)
-        floor_by = divisor if divisor > 1 and _integral(output.dtype) else 1
-        future = client.push_pull_async(name, arr, arr, 1 if floor_by > 1 else divisor, priority, spec, lr)
+        floor_by = divisor if _integral(output.dtype) else 1
+        future = client.push_pull_async(name, arr, arr, divisor // floor_by, priority, spec, lr)
 
         def copy_back(staging=staging, output=output, floor_by=floor_by) -> None:
             with torch.no_grad():
