@@ -33,7 +33,7 @@ import logging
 import re
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -45,7 +45,7 @@ from ..compressors.spec import CodecSpec
 from ..planner import calibrate, low_rank
 from ..planner.decide import Plan, decide
 from ..planner.simulate import predict
-from ..planner.profile import HostShare, Profile, TensorProfile, fit_link, fit_message
+from ..planner.profile import HostShare, Profile, TensorProfile, fit_link, fit_message, probe_batches
 from ..server.engine import engine_count, local_engine_count
 from ..trace import now_us
 from . import ops
@@ -54,7 +54,6 @@ from .lowrank import LowRankReducer
 
 log = logging.getLogger(__name__)
 PROBE_BYTES = (64 << 10, 512 << 10, 2 << 20)
-PROBE_BATCHES = (1, 8, 32)   # tiny push_pulls in flight at once: what one message costs
 PROBE_REPEATS = 3
 DRIFT = 0.2                 # relative distance from the reference that counts as drift
 DRIFT_STEPS = 5             # ... for this many consecutive steps
@@ -64,6 +63,14 @@ TRIAL_NOISE = 0.05          # trial medians this close are told apart by the mod
 # planned steps measured before the plan is re-based on them (the first is not): a median of
 # 8, as the first 2-3 steps after a switch run slow (new keys, fresh memory) on a noisy host
 REFINE_STEPS = 8
+
+
+class MessageCpu(NamedTuple):
+    """CPU seconds of message rounds: this worker's communication thread's, its sockets'
+    (ZeroMQ's threads) and the servers' (their whole processes)."""
+    comm_s: float
+    sockets_s: float
+    servers_s: float
 
 
 class AutoPlanner:
@@ -174,17 +181,24 @@ class AutoPlanner:
                 self._replan()
         self._iter_start = time.perf_counter()
 
-    def _mark_cpu(self) -> None:
-        if not host.TrainingCpu.available():  # (then no host share: the model has no CPU bound)
-            return
-        if self._training_cpu is None:
+    def _cpu_clock(self) -> host.TrainingCpu | None:
+        """This worker's training and sockets CPU, or None where threads' CPU clocks cannot be
+        read (then no host share: the model has no CPU bound)."""
+        if self._training_cpu is None and host.TrainingCpu.available():
             self._training_cpu = host.TrainingCpu(ops.client().comm)
-        self._cpu_marks.append(self._training_cpu.read())
+        return self._training_cpu
+
+    def _mark_cpu(self) -> None:
+        clock = self._cpu_clock()
+        if clock is not None:
+            self._cpu_marks.append(clock.read())
 
     def _train_cpu_s(self) -> float:
-        """Training CPU per step over the steps marked, the first left out (as the timelines)."""
+        """Training CPU per step: the median over the steps marked, the first left out (as the
+        timelines: after a switch 2-3 steps run slow, and a trial's mean of 8 came out 0.21
+        CPU s where its median, and the steps after it, were 0.16-0.18)."""
         marks = self._cpu_marks
-        return (marks[-1][0] - marks[0][0]) / (len(marks) - 1) if len(marks) > 1 else 0.0
+        return statistics.median(b[0] - a[0] for a, b in zip(marks, marks[1:])) if len(marks) > 1 else 0.0
 
     def _wire_s_per_byte(self) -> float:
         """What a byte sent or received costs this worker's sockets (ZeroMQ's threads: TCP,
@@ -195,9 +209,9 @@ class AutoPlanner:
             return 0.0
         return max(marks[-1][1] - marks[0][1], 0.0) / (len(marks) - 1) / moved
 
-    def _host_share(self) -> HostShare | None:
+    def _host_share(self, wire_s_per_message: float) -> HostShare | None:
         """Who shares rank 0's CPUs (the address book's machine ids), its training's CPU and
-        its sockets' CPU per byte."""
+        its sockets' CPU per byte and per message (that from the probe: ``_probe``)."""
         mine = host.machine_id()
         if not mine or len(self._cpu_marks) < 2:  # who shares it, or its training's CPU, unknown
             return None
@@ -205,7 +219,7 @@ class AutoPlanner:
         workers = sum(n.role == "worker" for n in nodes)
         servers = sum(n.role == "server" for n in nodes)
         return HostShare(host.cores(), max(workers, 1), servers, max(self._train_cpu_s(), 0.0),
-                         self._wire_s_per_byte())
+                         self._wire_s_per_byte(), wire_s_per_message)
 
     def _server_lanes(self) -> int:
         """Threads doing a server's sums, as the simulator counts them: its engine threads, or
@@ -221,11 +235,11 @@ class AutoPlanner:
     # ---- planning ---------------------------------------------------------------------
 
     def _make_plan(self) -> None:
-        round_trips, batches = self._probe()
+        round_trips, batches, message_cpu = self._probe()
         planned = [p for p in self.params if self.leave_out is None or not self.leave_out(p)]
         text = None
         if ops.rank() == 0:  # "": nothing left to plan
-            text = self._profile_json(round_trips, batches, planned) if planned else ""
+            text = self._profile_json(round_trips, batches, message_cpu, planned) if planned else ""
         text = self._broadcast(text, "PlanProfile")
         if not text:
             self._keep_planned(set())
@@ -235,10 +249,17 @@ class AutoPlanner:
         self._keep_planned({t.name for t in self.profile.tensors})
         self._start(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
 
-    def _profile_json(self, round_trips, batches, planned: list[torch.Tensor]) -> str:
+    def _profile_json(self, round_trips, batches, message_cpu: MessageCpu | None,
+                      planned: list[torch.Tensor]) -> str:
         """Rank 0's profile of ``planned`` (saved to ``GRADPRESS_PLAN_FILE`` too), as JSON."""
         costs = calibrate.codec_costs(self.options)
-        message_s = fit_message(batches)
+        fitted = fit_message(batches)
+        # a message's cost is the communication thread's CPU per round where its clock can be
+        # read: the line through the batches' times also holds the waits for the other
+        # processes on a shared host (0.21-0.46 ms where the thread spent 0.17: docs/planner.md)
+        measured = message_cpu is not None and message_cpu.comm_s > 0
+        message_s = message_cpu.comm_s if measured else fitted
+        server_message_s = message_cpu.servers_s if measured and message_cpu.servers_s > 0 else None
         link = fit_link(round_trips, ops.size(), costs["none"].add, message_s)
         s = self.settings
         profile = Profile(ops.size(), len(ops.client().book.servers), self._tensors(self._ready, planned),
@@ -246,7 +267,9 @@ class AutoPlanner:
                           statistics.median(t for _, t in self._timeline), costs, link, message_s,
                           s.partition_bytes, s.scheduling_credit, self._server_lanes(),
                           notes={"profiled_steps": len(self._timeline), "round_trips": round_trips,
-                                 "batches": batches}, host=self._host_share())
+                                 "batches": batches, "message_fit_s": fitted},
+                          host=self._host_share(message_cpu.sockets_s if message_cpu is not None else 0.0),
+                          server_message_s=server_message_s)
         text = profile.to_json()
         if s.plan_file:
             with open(s.plan_file, "w") as fh:
@@ -386,30 +409,56 @@ class AutoPlanner:
         self._last_broadcast = f"{kind}.{self.label}.{self.version}"
         return broadcast_object(text, root_rank=0, name=self._last_broadcast)
 
-    def _probe(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    def _probe(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]], MessageCpu | None]:
         """Median times of uncompressed push_pulls, every worker at once: one partition of a
-        few sizes (round trips), and batches of tiny ones in flight together (messages)."""
+        few sizes (round trips), and batches of tiny ones in flight together (messages); and
+        what a message round cost over those batches (their bytes are next to nothing), or
+        None where threads' CPU clocks cannot be read."""
         round_trips, batches = [], []
         for nbytes in PROBE_BYTES:
             nbytes = min(nbytes, self.settings.partition_bytes)
             tensors = [torch.zeros(nbytes // 4)]
-            round_trips.append((nbytes, self._timed(tensors, f"PlanProbe.{self.label}.{self.version}.{nbytes}")))
-        for k in PROBE_BATCHES:
+            seconds, _ = self._timed(tensors, f"PlanProbe.{self.label}.{self.version}.{nbytes}")
+            round_trips.append((nbytes, seconds))
+        spent = MessageCpu(0.0, 0.0, 0.0)
+        for k in probe_batches(self.settings.scheduling_credit):
             tensors = [torch.zeros(64) for _ in range(k)]
-            batches.append((k, self._timed(tensors, f"PlanProbe.{self.label}.{self.version}.batch{k}")))
-        return round_trips, batches
+            seconds, cpu = self._timed(tensors, f"PlanProbe.{self.label}.{self.version}.batch{k}")
+            batches.append((k, seconds))
+            spent = MessageCpu(*(a + b for a, b in zip(spent, cpu)))
+        if self._cpu_clock() is None:
+            return round_trips, batches, None
+        rounds = sum(k for k, _ in batches) * PROBE_REPEATS
+        # every worker sends the same batches at once, so the servers handled size() times these
+        return round_trips, batches, MessageCpu(spent.comm_s / rounds, spent.sockets_s / rounds,
+                                                spent.servers_s / (rounds * ops.size()))
 
-    @staticmethod
-    def _timed(tensors: list[torch.Tensor], name: str) -> float:
-        times = []
+    def _timed(self, tensors: list[torch.Tensor], name: str) -> tuple[float, MessageCpu]:
+        """Median seconds of a push_pull of every one of ``tensors`` at once, and the CPU
+        seconds spent over the timed repeats."""
+        times, start = [], self._cpu_snapshot()
         for r in range(PROBE_REPEATS + 1):
+            if r == 1:  # the first, untimed, declares the keys and sets the servers up
+                start = self._cpu_snapshot()
             t = time.perf_counter()
             handles = [ops.push_pull_async_inplace(x, average=False, name=f"{name}.{i}") for i, x in enumerate(tensors)]
             for h in handles:
                 ops.synchronize(h)
-            if r:  # the first declares the keys and sets the servers up
+            if r:
                 times.append(time.perf_counter() - t)
-        return statistics.median(times)
+        (comm0, sockets0, servers0), (comm1, sockets1, servers1) = start, self._cpu_snapshot()
+        # a server counts once it has acknowledged a push in both snapshots (the first timed
+        # repeat's acknowledgements all arrive before its replies, so every one that served it)
+        servers = sum(servers1[r] - servers0[r] for r in servers0 if r in servers1)
+        return statistics.median(times), MessageCpu(comm1 - comm0, sockets1 - sockets0, servers)
+
+    def _cpu_snapshot(self) -> tuple[float, float, dict[int, float]]:
+        """This worker's communication thread's and ZeroMQ's threads' CPU seconds so far
+        (zeros where threads' CPU clocks cannot be read), and each server's as it last
+        reported them (``WorkerClient.servers_cpu_s``)."""
+        clock = self._cpu_clock()
+        comm, sockets = clock.communication() if clock is not None else (0.0, 0.0)
+        return comm, sockets, ops.client().servers_cpu_s()
 
     def _apply(self, plan: Plan) -> None:
         by_name = {self.names[id(p)]: p for p in self.params}
@@ -453,7 +502,7 @@ class AutoPlanner:
     def _replan(self) -> None:
         recent = [round(1e3 * t, 1) for t in self._measured[-DRIFT_STEPS:]]
         self.version += 1
-        round_trips, _ = self._probe()
+        round_trips, _, _ = self._probe()
         text = None
         if ops.rank() == 0:
             link = fit_link(round_trips, ops.size(), self.profile.codecs["none"].add, self.profile.message_s)
