@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
 import statistics
 import time
@@ -259,7 +260,8 @@ class AutoPlanner:
         # processes on a shared host (0.21-0.46 ms where the thread spent 0.17: docs/planner.md)
         measured = message_cpu is not None and message_cpu.comm_s > 0
         message_s = message_cpu.comm_s if measured else fitted
-        server_message_s = message_cpu.servers_s if measured and message_cpu.servers_s > 0 else None
+        # (what the servers reported: nothing usable, e.g. a restarted one's clock went back, is unmeasured)
+        server_message_s = message_cpu.servers_s if measured and 0 < message_cpu.servers_s < math.inf else None
         link = fit_link(round_trips, ops.size(), costs["none"].add, message_s)
         s = self.settings
         profile = Profile(ops.size(), len(ops.client().book.servers), self._tensors(self._ready, planned),
