@@ -385,8 +385,7 @@ def measure_one(cluster: netns.NetnsCluster, rate: str, model: str, system: str,
             h = rec0["host_share"]
             extra += (f"; host shared by {h['workers']} workers and {h['servers']} servers on {h['cores']:g} cores, "
                       f"training {h['train_cpu_s']:.3f} CPU s per iter, sockets "
-                      f"{1e9 * h.get('wire_s_per_byte', 0.0):.2f} CPU ns per byte and "
-                      f"{1e6 * h.get('wire_s_per_message', 0.0):.0f} CPU us per message")
+                      f"{1e9 * h.get('wire_s_per_byte', 0.0):.2f} CPU ns per byte")
     if "cpu_s_per_iter" in rec0:
         extra += (f"; worker 0: {rec0['cpu_s_per_iter']:.3f} CPU s, {rec0['page_faults_per_iter']:.0f} page faults "
                   f"per iter")

@@ -79,16 +79,12 @@ class TrainingCpu:
         """(training, sockets): this process's CPU seconds so far outside communication, and
         ZeroMQ's threads' (TCP and CURVE's cipher: what the bytes on the wire cost)."""
         total = time.process_time()
-        comm, sockets = self.communication()
-        return total - comm - sockets, sockets
-
-    def communication(self) -> tuple[float, float]:
-        """(the communication thread's, ZeroMQ's threads') CPU seconds so far."""
         try:
             comm = time.clock_gettime(self._clock)
         except OSError:  # the thread ended (the job is shutting down): nothing more to split
             comm = 0.0
-        return comm, self._zmq_s()
+        sockets = self._zmq_s()
+        return total - comm - sockets, sockets
 
     @staticmethod
     def _zmq_s() -> float:

@@ -88,7 +88,6 @@ torch.save({{"state": model.state_dict(), "planned": planned, "groups": groups_n
              "keys": keys, "version": opt._gp_auto.version, "links": links, "refined": refined,
              "options": plan.options, "predicted": plan.predicted_s,
              "host": vars(opt._gp_auto.profile.host) if opt._gp_auto.profile.host else None,
-             "message_s": opt._gp_auto.profile.message_s, "server_message_s": opt._gp_auto.profile.server_message_s,
              "reference": opt._gp_auto._reference_s,
              "measured_plans": [(p.groups, p.options, m, t) for p, m, t in opt._gp_auto.measured_plans],
              "declared": sorted(n for n in ops.client().tensors if n.startswith("Plan")),

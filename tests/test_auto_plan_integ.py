@@ -58,11 +58,6 @@ def test_the_plan_is_re_based_on_the_backward_measured_under_it(cluster):
     # the sockets' CPU per byte, from ZeroMQ's threads over the profiled steps: the data went
     # through shared memory here, so little or nothing, and never near a microsecond a byte
     assert 0 <= host["wire_s_per_byte"] < 1e-6, host
-    # what a message round costs, from the CPU clocks over the probe's tiny push_pulls: this
-    # worker's communication thread and sockets, and the server's process (its acks report
-    # it): something, and well under the 10 ms a round of them took on this machine at worst
-    assert 0 < a["message_s"] < 1e-2 and 0 < host["wire_s_per_message"] < 1e-2, (a["message_s"], host)
-    assert a["server_message_s"] is not None and 0 < a["server_message_s"] < 1e-2, a["server_message_s"]
 
 
 @pytest.mark.integ

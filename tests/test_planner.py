@@ -403,39 +403,6 @@ def test_the_bytes_on_the_wire_cost_the_shared_host_its_sockets_cpu():
     assert decide(cheap_wire, ["none", "onebit"]).options == ("none",)
 
 
-def test_each_partition_round_costs_the_shared_host_its_sockets_and_servers_cpu():
-    # the case above with a worker's sockets costing v CPU s per partition round and
-    # nothing per byte (2 workers on the host), and then a server u per worker and round
-    c, d, add, v = 1e-9, 0.5e-9, 0.25e-9, 1e-3
-    codec = CodecCost(LinearCost(0, c), LinearCost(0, d), LinearCost(0, add), 1 / 32)
-    b, m = 4 * MB, 1e-4
-    free = profile([(b, 0.1), (b, 0.1)], workers=2, servers=2, rate=10e9, alpha=0.0, message=m,
-                   codecs={"none": RAW, "onebit": codec})
-    shared = replace(free, host=HostShare(cores=2.0, workers=2, servers=2, train_cpu_s=0.15, wire_s_per_message=v))
-    comm, served = c * b + d * b + m, 2 * add * b + c * b + 2 * m  # per partition
-    apart = (2 * (0.15 + 2 * comm) + 2 * served + 2 * 2 * v) / 2.0
-    assert predict(shared, [(0,), (1,)], ["onebit", "onebit"]) == pytest.approx(apart, rel=1e-12)
-    # two 1 MB gradients: apart they take two rounds, fused into one 2 MB group one, and
-    # the bound (the CPU sets both iterations here) counts the sockets' rounds accordingly
-    small = replace(shared, tensors=tuple(replace(t, nbytes=MB) for t in shared.tensors))
-    without = replace(small, host=replace(small.host, wire_s_per_message=0.0))
-    for groups, options, rounds in (([(0,), (1,)], ["onebit", "onebit"], 2), ([(0, 1)], ["onebit"], 1)):
-        extra = predict(small, groups, options) - predict(without, groups, options)
-        assert extra == pytest.approx(rounds * 2 * v / 2.0, rel=1e-9), (groups, extra)
-    # a server's own cost per worker and round (its whole process), where measured, replaces
-    # the worker's message cost in what the servers do: 2 workers x 2 partitions x (u - m)
-    u = 5e-4
-    served_apart = replace(shared, server_message_s=u)
-    assert predict(served_apart, [(0,), (1,)], ["onebit", "onebit"]) == \
-        pytest.approx(apart + 2 * 2 * (u - m) / 2.0, rel=1e-12)
-    assert Profile.from_json(served_apart.to_json()) == served_apart
-    assert Profile.from_json(served_apart.scaled(workers=8).to_json()).server_message_s == u
-    bad = json.loads(served_apart.to_json())
-    bad["server_message_s"] = -1e-4
-    with pytest.raises(ProfileError, match="server_message_s -0.0001: must be >= 0"):
-        Profile.from_json(json.dumps(bad))
-
-
 def test_on_a_shared_host_the_planner_prefers_the_codec_that_costs_less_cpu():
     # "heavy" sends half of "light"'s bytes for 4x its compression CPU: on a slow link of
     # its own, the iteration is the wire's and heavy wins; where two workers and two servers
@@ -459,17 +426,14 @@ def test_a_host_share_round_trips_scales_and_is_checked():
     assert prof.scaled(workers=64, servers=8).host == HostShare(2.0, 2, 2, 0.3)
     assert prof.scaled(workers=1, servers=1).host == HostShare(2.0, 1, 1, 0.3)
     assert Profile.from_json(synthetic_profile(5).to_json()).host is None  # older profiles: no bound
-    wired = replace(prof, host=HostShare(2.0, 2, 2, 0.3, 1e-9, 1e-4))
+    wired = replace(prof, host=HostShare(2.0, 2, 2, 0.3, 1e-9))
     assert Profile.from_json(wired.to_json()) == wired
     older = json.loads(wired.to_json())
-    del older["host"]["wire_s_per_message"]  # a profile saved before the messages' cost was measured
-    assert Profile.from_json(json.dumps(older)).host == HostShare(2.0, 2, 2, 0.3, 1e-9, 0.0)
-    del older["host"]["wire_s_per_byte"]  # ... or the bytes'
-    assert Profile.from_json(json.dumps(older)).host == HostShare(2.0, 2, 2, 0.3, 0.0, 0.0)
+    del older["host"]["wire_s_per_byte"]  # a profile saved before the sockets' cost was measured
+    assert Profile.from_json(json.dumps(older)).host == HostShare(2.0, 2, 2, 0.3, 0.0)
     for field, value, why in (("cores", 0, "cores > 0"), ("workers", 3, "1 to 2 workers"),
                               ("train_cpu_s", -1, "non-negative training"),
-                              ("wire_s_per_byte", -1e-9, "non-negative training and socket"),
-                              ("wire_s_per_message", -1e-6, "non-negative training and socket")):
+                              ("wire_s_per_byte", -1e-9, "non-negative training and socket")):
         bad = json.loads(prof.to_json())
         bad["host"][field] = value
         with pytest.raises(ProfileError, match=why):

@@ -80,8 +80,7 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
                     {"codec": _STR, "meta": (dict,), "shm": (list,), "slot": _INT, "sparse": _STR, "known": _INT}),
     # what the error concerns: a key (and round), a tensor's `name`, or barrier `seq` of `group`
     Op.ERROR: ({"message": _STR}, {"key": _INT, "round": _INT, "name": _STR, "group": _STR, "seq": _INT}),
-    # cpu: the server process's CPU seconds so far (what a message costs it: the planner's probe)
-    Op.PUSH_ACK: ({"key": _INT, "round": _INT}, {"cpu": _NUM}),
+    Op.PUSH_ACK: ({"key": _INT, "round": _INT}, {}),
     Op.STATE_GET: ({"key": _INT}, {}),
     # the residual travels as one float32 frame; none when the key has no residual yet
     Op.STATE: ({"key": _INT}, {"lr": _NUM}),

@@ -7,15 +7,13 @@
   in bytes (``LinearCost``), from a short calibration (``calibrate.py``, cached per host);
 - the network: latency and bytes per second of one node's link, from real push/pulls
   of a few sizes (an alpha-beta fit, ``fit_link``), and what one message costs the
-  worker's communication thread (``message_s``) and a server (``server_message_s``), from
-  tiny push/pulls at once (their CPU, or ``fit_message`` over their times where threads'
-  CPU clocks cannot be read): the cost that makes fusing small tensors pay.
+  worker's communication thread and the server (``message_s``), from many tiny
+  push/pulls at once (``fit_message``): the cost that makes fusing small tensors pay.
 
 - the host's CPUs, where workers and servers share them (``HostShare``): how many cores,
   how many of the job's workers and servers run on rank 0's host, the CPU one worker's
   training takes per iteration (measured in the job, communication threads left out), and
-  what a byte sent or received, and a message, cost a node's sockets (ZeroMQ's threads:
-  TCP, CURVE).
+  what a byte sent or received costs a node's sockets (ZeroMQ's threads: TCP, CURVE).
 
 A ``Profile`` is plain data: rank 0 measures it and broadcasts it as JSON, so every
 worker plans from the same numbers and computes the same plan. ``GRADPRESS_PLAN_FILE``
@@ -124,17 +122,12 @@ class HostShare:
     per iteration of one worker outside its communication (forward, backward, the step;
     torch's pools included), without a plan's own work (factors). ``wire_s_per_byte``: CPU
     seconds a node's sockets (ZeroMQ's I/O threads: TCP, and CURVE's cipher) spend per byte
-    it sends or receives; in shared memory, next to nothing. ``wire_s_per_message``: what
-    a worker's spend per partition round beyond its bytes (the push, its acknowledgement,
-    the pull and the reply: the TCP calls, CURVE's boxes); a plan of many small partitions
-    pays it, not its bytes. (A server's are in ``Profile.server_message_s``: its whole
-    process's CPU.)"""
+    it sends or receives; in shared memory, next to nothing."""
     cores: float
     workers: int
     servers: int
     train_cpu_s: float
     wire_s_per_byte: float = 0.0
-    wire_s_per_message: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -153,9 +146,6 @@ class Profile:
     version: int = PROFILE_VERSION
     notes: dict = field(default_factory=dict)
     host: HostShare | None = None        # None: no CPU is shared (or it was not measured)
-    # a server's CPU (all its threads) per worker and partition round, beyond its sums; None:
-    # not measured (a profile saved before it was), taken to be ``message_s``
-    server_message_s: float | None = None
 
     def __post_init__(self) -> None:
         check(self.workers >= 1 and self.servers >= 1, "workers and servers must be at least 1")
@@ -165,8 +155,6 @@ class Profile:
               "partition_bytes, credit and engine_threads must be positive")
         check(self.link.bytes_per_s > 0 and self.link.alpha_s >= 0, f"link {self.link}: needs a positive rate")
         check(self.message_s >= 0, f"message_s {self.message_s}: must be >= 0")
-        check(self.server_message_s is None or (math.isfinite(self.server_message_s) and self.server_message_s >= 0),
-              f"server_message_s {self.server_message_s}: must be >= 0")
         for t in self.tensors:
             check(t.nbytes >= 0 and math.isfinite(t.ready_s) and t.ready_s >= 0,
                   f"tensor {t.name!r}: size {t.nbytes} and ready time {t.ready_s} must be non-negative")
@@ -176,8 +164,7 @@ class Profile:
         if h is not None:
             check(h.cores > 0 and 1 <= h.workers <= self.workers and 0 <= h.servers <= self.servers
                   and math.isfinite(h.train_cpu_s) and h.train_cpu_s >= 0
-                  and math.isfinite(h.wire_s_per_byte) and h.wire_s_per_byte >= 0
-                  and math.isfinite(h.wire_s_per_message) and h.wire_s_per_message >= 0,
+                  and math.isfinite(h.wire_s_per_byte) and h.wire_s_per_byte >= 0,
                   f"host {h}: needs cores > 0, 1 to {self.workers} workers, 0 to {self.servers} servers "
                   f"and non-negative training and socket CPU times")
         for name, c in self.codecs.items():
@@ -195,7 +182,7 @@ class Profile:
                                      servers=min(self.host.servers, servers))
         return Profile(workers, servers, self.tensors, self.backward_end_s,
                        self.step_s, self.codecs, link, self.message_s, self.partition_bytes, self.credit,
-                       self.engine_threads, self.version, dict(self.notes), host, self.server_message_s)
+                       self.engine_threads, self.version, dict(self.notes), host)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -216,12 +203,10 @@ class Profile:
                             for t in d["tensors"])
             h = d.get("host")
             host = None if h is None else HostShare(float(h["cores"]), int(h["workers"]), int(h["servers"]),
-                                                    float(h["train_cpu_s"]), float(h.get("wire_s_per_byte", 0.0)),
-                                                    float(h.get("wire_s_per_message", 0.0)))
+                                                    float(h["train_cpu_s"]), float(h.get("wire_s_per_byte", 0.0)))
             return cls(int(d["workers"]), int(d["servers"]), tensors, float(d["backward_end_s"]),
                        float(d["step_s"]), codecs, Link(**d["link"]), float(d["message_s"]), int(d["partition_bytes"]),
-                       int(d["credit"]), int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})), host,
-                       None if d.get("server_message_s") is None else float(d["server_message_s"]))
+                       int(d["credit"]), int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})), host)
         except ProfileError:
             raise
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
@@ -276,13 +261,18 @@ def fit_link(round_trips: list[tuple[int, float]], workers: int, server_add: Lin
 
 def probe_batches(credit: int) -> tuple[int, ...]:
     """How many tiny push_pulls the message probe puts in flight at once: one, half the
-    credit and the credit. None goes past the credit: those pushes would wait for the
-    servers' acknowledgements, which the timeline models apart (with a batch of 32 at credit
-    8 the fitted cost per message came out 0.31-0.46 ms, where the communication threads
-    spent about 0.19 ms of CPU per message: docs/planner.md)."""
+    credit and the credit. None goes past the credit: those pushes wait for the servers'
+    acknowledgements, which the timeline models apart (a batch of 32 at credit 8 made the
+    fitted cost 0.31-0.46 ms a message, within the credit it was 0.21-0.29:
+    docs/performance.md)."""
     return tuple(sorted({1, max(2, credit // 2), max(2, credit)}))
 
 
 def fit_message(batches: list[tuple[int, float]]) -> float:
-    """Serial seconds per message from (k, seconds) of k tiny push/pulls in flight at once."""
+    """Seconds per message from (k, seconds) of k tiny push/pulls in flight at once (every
+    worker at once). On a host whose CPUs the job's processes share, this is the host's
+    work per message over its cores, not one thread's: charged to the worker's
+    communication thread and to the servers (``simulate.py``), it came to 0.42-0.58 ms per
+    worker and partition where the jobs' processes spent 0.5-0.6 ms in all (their CPU
+    clocks over the same probe read 0.27: a message costs more beside backward)."""
     return fit_linear([(float(k), t) for k, t in batches]).per_byte_s

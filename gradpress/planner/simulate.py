@@ -21,9 +21,8 @@ an iteration, with every resource the way gradpress uses it:
 - where workers and servers share a host's CPUs (``Profile.host``), an iteration takes at
   least the CPU work of the processes on rank 0's host divided by its cores: each of its
   workers' training and communication thread work, each of its servers' share of the sums,
-  the recompressions and the messages (``server_message_s`` per worker and partition: a
-  server measured 0.17-0.2 cores busy where its codec work came to 0.03), and the
-  sockets' work on the bytes and the worker's messages. On this 2-core machine
+  the recompressions and the messages (``message_s`` per worker and partition: a server
+  measured 0.17-0.2 cores busy where its codec work came to 0.03). On this 2-core machine
   (two workers, two servers) that bound, not the timeline, set the MLP's iteration: the
   timeline alone predicted it 12-24% short.
 
@@ -85,9 +84,7 @@ class Layout:
             self.tables[3, o] = prof.workers * (c.add.fixed_s + c.add.per_byte_s * b) + \
                 (0.0 if raw else c.recompress.fixed_s + c.recompress.per_byte_s * b)
         self.job = np.array([prof.workers, prof.servers, prof.engine_threads, prof.credit,
-                             prof.link.bytes_per_s, prof.link.alpha_s, prof.message_s,
-                             prof.message_s if prof.server_message_s is None else prof.server_message_s],
-                            np.float64)
+                             prof.link.bytes_per_s, prof.link.alpha_s, prof.message_s], np.float64)
         self._land = np.empty(len(sizes))
         self._group_land = np.empty(len(self.groups))
         self._work = np.empty(3)
@@ -97,21 +94,18 @@ class Layout:
         prof = self.profile
         simulate_iteration(assignment, self.ints, self.ready, self.tables, self.job, self._land, self._work)
         t = finish_iteration(self.group_of, self._land, prof.backward_end_s, self._group_land) + prof.step_s
-        return max(t, self.host_bound_s(self._work[0], self._work[1], self._work[2], len(self.sizes)))
+        return max(t, self.host_bound_s(self._work[0], self._work[1], self._work[2]))
 
-    def host_bound_s(self, comm_s: float, served_s: float, pushed_bytes: float, partitions: int) -> float:
+    def host_bound_s(self, comm_s: float, served_s: float, pushed_bytes: float) -> float:
         """Rank 0's host's CPU work per iteration over its cores (0 where no CPU is shared):
         ``comm_s`` is one worker's communication thread's work, ``served_s`` every server's,
-        ``pushed_bytes`` what one worker pushes (and pulls back) in ``partitions`` rounds.
-        Each byte costs its sender's and its receiver's sockets ``wire_s_per_byte`` (a worker
-        moves 2 ``pushed_bytes``, a server workers / servers times that), and each of a
-        worker's ``partitions`` rounds its sockets ``wire_s_per_message`` (a server's are in
-        ``served_s``)."""
+        ``pushed_bytes`` what one worker pushes (and pulls back). Each byte costs its sender's
+        and its receiver's sockets ``wire_s_per_byte``: a worker moves 2 ``pushed_bytes``, a
+        server 2 ``pushed_bytes`` x workers / servers."""
         h, prof = self.profile.host, self.profile
         if h is None:
             return 0.0
-        sides = h.workers + h.servers * prof.workers / prof.servers
-        sockets = h.wire_s_per_byte * 2 * pushed_bytes * sides + h.wire_s_per_message * partitions * h.workers
+        sockets = h.wire_s_per_byte * 2 * pushed_bytes * (h.workers + h.servers * prof.workers / prof.servers)
         work = h.workers * (h.train_cpu_s + comm_s) + h.servers * served_s / prof.servers + sockets
         return work / h.cores
 
@@ -119,7 +113,7 @@ class Layout:
         """No plan of this grouping is faster: backward and the step (or the host's CPU for
         training alone, where it is shared and that is more)."""
         return max(self.profile.backward_end_s + self.profile.step_s,
-                   self.host_bound_s(0.0, 0.0, 0.0, 0))
+                   self.host_bound_s(0.0, 0.0, 0.0))
 
     def landings(self) -> np.ndarray:
         """When each group landed in the last ``predict`` (s after the iteration started)."""

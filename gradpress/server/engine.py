@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 
 import zmq
 
@@ -164,8 +163,7 @@ class Engine(threading.Thread):
                 replies = state.push(identity, header["round"], values, header.get("lr"))
                 # the ack frees the worker's credit now, not when every worker has pushed:
                 # credit held until then deadlocks workers that start keys in different orders
-                ack = Reply(identity, Op.PUSH_ACK, {"key": header["key"], "round": header["round"],
-                                                    "cpu": time.process_time()}, [])
+                ack = Reply(identity, Op.PUSH_ACK, {"key": header["key"], "round": header["round"]}, [])
                 return [ack] + replies
             return state.pull(identity, header["round"])
         except PushError as e:

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import re
 import statistics
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -64,14 +63,6 @@ TRIAL_NOISE = 0.05          # trial medians this close are told apart by the mod
 # planned steps measured before the plan is re-based on them (the first is not): a median of
 # 8, as the first 2-3 steps after a switch run slow (new keys, fresh memory) on a noisy host
 REFINE_STEPS = 8
-
-
-class MessageCpu(NamedTuple):
-    """CPU seconds of message rounds: this worker's communication thread's, its sockets'
-    (ZeroMQ's threads) and the servers' (their whole processes)."""
-    comm_s: float
-    sockets_s: float
-    servers_s: float
 
 
 class AutoPlanner:
@@ -182,17 +173,12 @@ class AutoPlanner:
                 self._replan()
         self._iter_start = time.perf_counter()
 
-    def _cpu_clock(self) -> host.TrainingCpu | None:
-        """This worker's training and sockets CPU, or None where threads' CPU clocks cannot be
-        read (then no host share: the model has no CPU bound)."""
-        if self._training_cpu is None and host.TrainingCpu.available():
-            self._training_cpu = host.TrainingCpu(ops.client().comm)
-        return self._training_cpu
-
     def _mark_cpu(self) -> None:
-        clock = self._cpu_clock()
-        if clock is not None:
-            self._cpu_marks.append(clock.read())
+        if not host.TrainingCpu.available():  # (then no host share: the model has no CPU bound)
+            return
+        if self._training_cpu is None:
+            self._training_cpu = host.TrainingCpu(ops.client().comm)
+        self._cpu_marks.append(self._training_cpu.read())
 
     def _train_cpu_s(self) -> float:
         """Training CPU per step: the median over the steps marked, the first left out (as the
@@ -210,9 +196,9 @@ class AutoPlanner:
             return 0.0
         return max(marks[-1][1] - marks[0][1], 0.0) / (len(marks) - 1) / moved
 
-    def _host_share(self, wire_s_per_message: float) -> HostShare | None:
+    def _host_share(self) -> HostShare | None:
         """Who shares rank 0's CPUs (the address book's machine ids), its training's CPU and
-        its sockets' CPU per byte and per message (that from the probe: ``_probe``)."""
+        its sockets' CPU per byte."""
         mine = host.machine_id()
         if not mine or len(self._cpu_marks) < 2:  # who shares it, or its training's CPU, unknown
             return None
@@ -220,7 +206,7 @@ class AutoPlanner:
         workers = sum(n.role == "worker" for n in nodes)
         servers = sum(n.role == "server" for n in nodes)
         return HostShare(host.cores(), max(workers, 1), servers, max(self._train_cpu_s(), 0.0),
-                         self._wire_s_per_byte(), wire_s_per_message)
+                         self._wire_s_per_byte())
 
     def _server_lanes(self) -> int:
         """Threads doing a server's sums, as the simulator counts them: its engine threads, or
@@ -236,11 +222,11 @@ class AutoPlanner:
     # ---- planning ---------------------------------------------------------------------
 
     def _make_plan(self) -> None:
-        round_trips, batches, message_cpu = self._probe()
+        round_trips, batches = self._probe()
         planned = [p for p in self.params if self.leave_out is None or not self.leave_out(p)]
         text = None
         if ops.rank() == 0:  # "": nothing left to plan
-            text = self._profile_json(round_trips, batches, message_cpu, planned) if planned else ""
+            text = self._profile_json(round_trips, batches, planned) if planned else ""
         text = self._broadcast(text, "PlanProfile")
         if not text:
             self._keep_planned(set())
@@ -250,18 +236,10 @@ class AutoPlanner:
         self._keep_planned({t.name for t in self.profile.tensors})
         self._start(decide(self.profile, list(self.options), self.settings.min_compress_bytes))
 
-    def _profile_json(self, round_trips, batches, message_cpu: MessageCpu | None,
-                      planned: list[torch.Tensor]) -> str:
+    def _profile_json(self, round_trips, batches, planned: list[torch.Tensor]) -> str:
         """Rank 0's profile of ``planned`` (saved to ``GRADPRESS_PLAN_FILE`` too), as JSON."""
         costs = calibrate.codec_costs(self.options)
-        fitted = fit_message(batches)
-        # a message's cost is the communication thread's CPU per round where its clock can be
-        # read: the line through the batches' times also holds the waits for the other
-        # processes on a shared host (0.21-0.46 ms where the thread spent 0.17: docs/planner.md)
-        measured = message_cpu is not None and message_cpu.comm_s > 0
-        message_s = message_cpu.comm_s if measured else fitted
-        # (what the servers reported: nothing usable, e.g. a restarted one's clock went back, is unmeasured)
-        server_message_s = message_cpu.servers_s if measured and 0 < message_cpu.servers_s < math.inf else None
+        message_s = fit_message(batches)
         link = fit_link(round_trips, ops.size(), costs["none"].add, message_s)
         s = self.settings
         profile = Profile(ops.size(), len(ops.client().book.servers), self._tensors(self._ready, planned),
@@ -269,9 +247,7 @@ class AutoPlanner:
                           statistics.median(t for _, t in self._timeline), costs, link, message_s,
                           s.partition_bytes, s.scheduling_credit, self._server_lanes(),
                           notes={"profiled_steps": len(self._timeline), "round_trips": round_trips,
-                                 "batches": batches, "message_fit_s": fitted},
-                          host=self._host_share(message_cpu.sockets_s if message_cpu is not None else 0.0),
-                          server_message_s=server_message_s)
+                                 "batches": batches}, host=self._host_share())
         text = profile.to_json()
         if s.plan_file:
             with open(s.plan_file, "w") as fh:
@@ -411,56 +387,30 @@ class AutoPlanner:
         self._last_broadcast = f"{kind}.{self.label}.{self.version}"
         return broadcast_object(text, root_rank=0, name=self._last_broadcast)
 
-    def _probe(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]], MessageCpu | None]:
+    def _probe(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
         """Median times of uncompressed push_pulls, every worker at once: one partition of a
-        few sizes (round trips), and batches of tiny ones in flight together (messages); and
-        what a message round cost over those batches (their bytes are next to nothing), or
-        None where threads' CPU clocks cannot be read."""
+        few sizes (round trips), and batches of tiny ones in flight together (messages)."""
         round_trips, batches = [], []
         for nbytes in PROBE_BYTES:
             nbytes = min(nbytes, self.settings.partition_bytes)
             tensors = [torch.zeros(nbytes // 4)]
-            seconds, _ = self._timed(tensors, f"PlanProbe.{self.label}.{self.version}.{nbytes}")
-            round_trips.append((nbytes, seconds))
-        spent = MessageCpu(0.0, 0.0, 0.0)
+            round_trips.append((nbytes, self._timed(tensors, f"PlanProbe.{self.label}.{self.version}.{nbytes}")))
         for k in probe_batches(self.settings.scheduling_credit):
             tensors = [torch.zeros(64) for _ in range(k)]
-            seconds, cpu = self._timed(tensors, f"PlanProbe.{self.label}.{self.version}.batch{k}")
-            batches.append((k, seconds))
-            spent = MessageCpu(*(a + b for a, b in zip(spent, cpu)))
-        if self._cpu_clock() is None:
-            return round_trips, batches, None
-        rounds = sum(k for k, _ in batches) * PROBE_REPEATS
-        # every worker sends the same batches at once, so the servers handled size() times these
-        return round_trips, batches, MessageCpu(spent.comm_s / rounds, spent.sockets_s / rounds,
-                                                spent.servers_s / (rounds * ops.size()))
+            batches.append((k, self._timed(tensors, f"PlanProbe.{self.label}.{self.version}.batch{k}")))
+        return round_trips, batches
 
-    def _timed(self, tensors: list[torch.Tensor], name: str) -> tuple[float, MessageCpu]:
-        """Median seconds of a push_pull of every one of ``tensors`` at once, and the CPU
-        seconds spent over the timed repeats."""
-        times, start = [], self._cpu_snapshot()
+    @staticmethod
+    def _timed(tensors: list[torch.Tensor], name: str) -> float:
+        times = []
         for r in range(PROBE_REPEATS + 1):
-            if r == 1:  # the first, untimed, declares the keys and sets the servers up
-                start = self._cpu_snapshot()
             t = time.perf_counter()
             handles = [ops.push_pull_async_inplace(x, average=False, name=f"{name}.{i}") for i, x in enumerate(tensors)]
             for h in handles:
                 ops.synchronize(h)
-            if r:
+            if r:  # the first declares the keys and sets the servers up
                 times.append(time.perf_counter() - t)
-        (comm0, sockets0, servers0), (comm1, sockets1, servers1) = start, self._cpu_snapshot()
-        # a server counts once it has acknowledged a push in both snapshots (the first timed
-        # repeat's acknowledgements all arrive before its replies, so every one that served it)
-        servers = sum(servers1[r] - servers0[r] for r in servers0 if r in servers1)
-        return statistics.median(times), MessageCpu(comm1 - comm0, sockets1 - sockets0, servers)
-
-    def _cpu_snapshot(self) -> tuple[float, float, dict[int, float]]:
-        """This worker's communication thread's and ZeroMQ's threads' CPU seconds so far
-        (zeros where threads' CPU clocks cannot be read), and each server's as it last
-        reported them (``WorkerClient.servers_cpu_s``)."""
-        clock = self._cpu_clock()
-        comm, sockets = clock.communication() if clock is not None else (0.0, 0.0)
-        return comm, sockets, ops.client().servers_cpu_s()
+        return statistics.median(times)
 
     def _apply(self, plan: Plan) -> None:
         by_name = {self.names[id(p)]: p for p in self.params}
@@ -504,7 +454,7 @@ class AutoPlanner:
     def _replan(self) -> None:
         recent = [round(1e3 * t, 1) for t in self._measured[-DRIFT_STEPS:]]
         self.version += 1
-        round_trips, _, _ = self._probe()
+        round_trips, _ = self._probe()
         text = None
         if ops.rank() == 0:
             link = fit_link(round_trips, ops.size(), self.profile.codecs["none"].add, self.profile.message_s)

@@ -113,12 +113,6 @@ class WorkerClient:
         """The declared tensor ``name`` (keys, partitions, compressor), or None."""
         return self.comm.table.tensors.get(name)
 
-    def servers_cpu_s(self) -> dict[int, float]:
-        """Each server's process CPU seconds (by rank), as its latest acknowledgement of one of
-        this worker's pushes reported them."""
-        flight = self.comm.flight
-        return dict(flight.server_cpu) if flight is not None else {}
-
     def compressor_state(self, name: str) -> Any:
         """This worker's compressor state of ``name`` (residuals, momenta, learning rates) by
         partition index, for checkpoints; None if it is uncompressed and none was loaded.

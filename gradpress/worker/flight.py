@@ -36,8 +36,6 @@ class PartitionFlight:
         self.table = table
         self._deadlines = deadlines
         self._queue = CreditQueue(settings.scheduling_credit)
-        # each server's process CPU seconds, from its latest push acknowledgement (by rank)
-        self.server_cpu: dict[int, float] = {}
 
     def start(self, job: PushPull, priority: int) -> None:
         for wk in job.tensor.keys:
@@ -133,8 +131,6 @@ class PartitionFlight:
             return
         op = self._in_flight(h)
         if h["op"] == Op.PUSH_ACK:
-            if "cpu" in h:
-                self.server_cpu[rank] = float(h["cpu"])
             if op is not None and not op.acked:
                 op.acked = True
                 self._queue.release()

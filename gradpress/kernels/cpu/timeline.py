@@ -68,7 +68,7 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
     group, prio, server, engine, by_ready = ints[0], ints[1], ints[2], ints[3], ints[4]
     payload, comp, decomp, serve = tables[0], tables[1], tables[2], tables[3]
     workers, n_servers, n_engines, credit = job[0], int(job[1]), int(job[2]), job[3]
-    bytes_per_s, alpha_s, half_message_s, server_message_s = job[4], job[5], job[6] / 2, job[7]
+    bytes_per_s, alpha_s, half_message_s = job[4], job[5], job[6] / 2
     n = ready.shape[0]
     order = np.arange(n).astype(np.float64)   # ties in every heap go to the earlier partition
     neg_prio = -prio.astype(np.float64)
@@ -114,8 +114,8 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
             work = comp[o, p] + half_message_s
             cpu += work
             busy += work
-            # a server handles each worker's push and pull of it
-            served += serve[o, p] + workers * server_message_s
+            # a server handles each worker's push and pull of it (about a message's CPU each)
+            served += serve[o, p] + workers * 2 * half_message_s
             b = payload[o, p]
             pushed += b
             up_start = max(cpu, w_out)
