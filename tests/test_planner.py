@@ -440,6 +440,17 @@ def test_a_host_share_round_trips_scales_and_is_checked():
             Profile.from_json(json.dumps(bad))
 
 
+def test_a_plans_training_cpu_is_the_median_of_its_steps():
+    # (training, sockets) CPU marks at step ends: steps of 0.16, 0.21 (a slow one after a
+    # switch) and 0.16 CPU s give 0.16, where their mean would be 0.177
+    from types import SimpleNamespace
+
+    from gradpress.torch.auto_plan import AutoPlanner
+    marks = SimpleNamespace(_cpu_marks=[(1.0, 0.0), (1.16, 0.0), (1.37, 0.0), (1.53, 0.0)])
+    assert AutoPlanner._train_cpu_s(marks) == pytest.approx(0.16)
+    assert AutoPlanner._train_cpu_s(SimpleNamespace(_cpu_marks=[(1.0, 0.0)])) == 0.0
+
+
 def test_the_trial_keeps_the_fastest_measured_and_lets_the_model_part_plans_within_its_noise():
     from gradpress.planner.decide import Plan
     from gradpress.torch.auto_plan import TRIAL_NOISE, choose
