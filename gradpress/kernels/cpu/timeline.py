@@ -153,12 +153,11 @@ def finish_iteration(group_of, land, backward_end_s, out_group_land):
     (its average is handed back as views of its buffer: nothing to copy out). Fills
     ``out_group_land`` per group."""
     out_group_land[:] = 0.0
+    t = backward_end_s
     for p in range(land.shape[0]):
         g = group_of[p]
         out_group_land[g] = max(out_group_land[g], land[p])
-    t = backward_end_s
-    for g in range(out_group_land.shape[0]):
-        t = max(t, out_group_land[g])
+        t = max(t, land[p])
     return t
 
 
