@@ -168,9 +168,12 @@ def train(system: str, model_name: str, warmup: int, iters: int, out: str, ddp_r
     finish()
 
 
-def compute_only(model_name: str, iters: int, keep_freed_memory: bool) -> float:
+def compute_only(model_name: str, iters: int, keep_freed_memory: bool, rank: int = 0, warmup: int = 2,
+                 after_backward=None) -> float:
     """Median seconds of the same loop in one process, no communication: the floor. With
-    ``keep_freed_memory``, malloc set as gradpress's workers set it (``gradpress/allocator.py``)."""
+    ``keep_freed_memory``, malloc set as gradpress's workers set it (``gradpress/allocator.py``);
+    ``rank`` picks the worker's batch; ``after_backward(params, step)``, if given, runs
+    between backward and the optimizer step and is timed with it (host_floor.py)."""
     import torch
     if keep_freed_memory:
         from gradpress.allocator import keep_freed_memory as keep
@@ -181,16 +184,19 @@ def compute_only(model_name: str, iters: int, keep_freed_memory: bool) -> float:
     spec = MODELS[model_name]
     model = spec.build()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    x, y = spec.batch(torch.Generator().manual_seed(1))
+    x, y = spec.batch(torch.Generator().manual_seed(1 + rank))
     loss_fn = torch.nn.CrossEntropyLoss()
+    params = list(model.parameters())
     times = []
-    for _ in range(2 + iters):
+    for step in range(warmup + iters):
         t = time.perf_counter()
         opt.zero_grad()
         loss_fn(model(x), y).backward()
+        if after_backward is not None:
+            after_backward(params, step)
         opt.step()
         times.append(time.perf_counter() - t)
-    return statistics.median(times[2:])
+    return statistics.median(times[warmup:])
 
 
 if __name__ == "__main__":

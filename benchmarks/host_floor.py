@@ -44,53 +44,42 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bandwidth import compute_only, python_env  # noqa: E402
 from bandwidth_models import MODELS  # noqa: E402
-from bandwidth_worker import GP_COMPRESSION, LR, NUM_WORKERS  # noqa: E402
+from bandwidth_worker import GP_COMPRESSION, NUM_WORKERS  # noqa: E402
+from bandwidth_worker import compute_only as compute_only_loop  # noqa: E402
 
-WARMUP = 3  # the first steps allocate residuals and compile nothing new (cache=True), but fault pages in
+WARMUP = 3  # the first steps allocate the residuals and sums and fault their pages in
 CODECS = ("onebit", "randomk")
 SUMMED_WHERE_VALUES_LIVE = ("randomk",)
 
 
 def worker_loop(model_name: str, codec: str, rank: int, iters: int) -> float:
-    """Median seconds of one process's step: training plus ``codec``'s per-element work."""
+    """Median seconds of one process's step: bandwidth_worker.py's loop, with ``codec``'s
+    per-element work between backward and the optimizer step."""
     import numpy as np
-    import torch
 
-    from gradpress.allocator import keep_freed_memory
     from gradpress.compressors.registry import build_compressor
     from gradpress.config import Settings
 
-    keep_freed_memory()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    spec = MODELS[model_name]
-    model = spec.build()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    x, y = spec.batch(torch.Generator().manual_seed(1 + rank))
-    loss_fn = torch.nn.CrossEntropyLoss()
+    if codec == "none":
+        return compute_only_loop(model_name, iters, True, rank=rank, warmup=WARMUP)
     min_elements = Settings.load().min_compress_bytes // 4
-    compressed = [p for p in model.parameters() if p.numel() >= min_elements] if codec != "none" else []
-    if compressed:
-        params = GP_COMPRESSION[f"gp_{codec}"]
-        worker, server = build_compressor(params, "worker"), build_compressor(params, "server")
-    serves = [i % NUM_WORKERS == rank and codec not in SUMMED_WHERE_VALUES_LIVE for i in range(len(compressed))]
-    sums = [np.empty(p.numel(), np.float32) if mine else None for p, mine in zip(compressed, serves)]
-    times = []
-    for step in range(WARMUP + iters):
-        start = time.perf_counter()
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
+    params = GP_COMPRESSION[f"gp_{codec}"]
+    worker, server = build_compressor(params, "worker"), build_compressor(params, "server")
+    sums: dict[int, np.ndarray] = {}  # key -> the float32 sum this process serves
+
+    def round_trip(model_params: list, step: int) -> None:
+        compressed = [p for p in model_params if p.numel() >= min_elements]
         for key, p in enumerate(compressed):
             g = p.grad.numpy().reshape(-1)
             header, buffers = worker.compress(g, key, step)
-            if serves[key]:
-                server.decompress(header, buffers, sums[key], key, step)
-                server.decompress_add(header, buffers, sums[key], key, step)
-                header, buffers = server.compress(sums[key], key, step)
+            if key % NUM_WORKERS == rank and codec not in SUMMED_WHERE_VALUES_LIVE:
+                acc = sums.setdefault(key, np.empty(g.size, np.float32))
+                server.decompress(header, buffers, acc, key, step)
+                server.decompress_add(header, buffers, acc, key, step)
+                header, buffers = server.compress(acc, key, step)
             worker.decompress(header, buffers, g, key, step, NUM_WORKERS)
-        opt.step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[WARMUP:])
+
+    return compute_only_loop(model_name, iters, True, rank=rank, warmup=WARMUP, after_backward=round_trip)
 
 
 def two_workers(model: str, codec: str, iters: int) -> list[float]:
