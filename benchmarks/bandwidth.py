@@ -37,7 +37,7 @@ one thread per worker (OMP_NUM_THREADS=1).
   options are not defaults: they change what a step averages, a choice left to the user).
 - ``gp_powersgd``, ``gp_acpsgd``: PowerSGD (two rounds per step) and ACP-SGD (one round,
   P and Q alternately) at rank 1, the rank ``ddp_powersgd`` uses; ``gp_acpsgd_r4`` at rank 4.
-  Factors travel as float32 sums through the servers (gradpress/torch/lowrank.py).
+  Factors travel as float32 sums through the servers (gradpress/pipeline/lowrank.py).
 - ``gp_<x>_insecure`` (any gradpress system above): the same with ``GRADPRESS_INSECURE=1``,
   sockets in the clear; every other gradpress run is authenticated and encrypted (CURVE,
   with a job secret NetnsCluster makes), so the pair measures what encryption costs.

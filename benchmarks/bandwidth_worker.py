@@ -32,7 +32,7 @@ GP_COMPRESSION = {
     "gp_auto": {"compressor": "auto", "k": 0.0015, "seed": 1},
     "gp_auto_lr": {"compressor": "auto", "k": 0.0015, "seed": 1,
                    "allowed": ["onebit", "topk", "randomk", "fp16", "none", {"compressor": "acpsgd", "rank": 1}]},
-    # low-rank factors (gradpress/torch/lowrank.py); rank 1 is what ddp_powersgd uses
+    # low-rank factors (gradpress/pipeline/lowrank.py); rank 1 is what ddp_powersgd uses
     "gp_powersgd": {"compressor": "powersgd", "rank": 1},
     "gp_acpsgd": {"compressor": "acpsgd", "rank": 1},
     "gp_acpsgd_r4": {"compressor": "acpsgd", "rank": 4},
@@ -65,13 +65,13 @@ def predicted_s(opt) -> float | None:
 def measured_plans(opt) -> list[tuple[str, float, float]]:
     """The plans the planner ran and measured before it settled (its last trial): each one's
     measured median and modelled seconds."""
-    planner = getattr(opt, "_gp_auto", None)
+    planner = opt._gradpress.planner
     return [(plan.summary(), round(s, 4), round(t, 4)) for plan, s, t in getattr(planner, "measured_plans", [])]
 
 
 def host_share(opt) -> dict | None:
     """Who the planner found sharing rank 0's CPUs, and the training's CPU it measured."""
-    profile = getattr(getattr(opt, "_gp_auto", None), "profile", None)
+    profile = getattr(opt._gradpress.planner, "profile", None)
     return vars(profile.host) if profile is not None and profile.host is not None else None
 
 

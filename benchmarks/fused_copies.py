@@ -1,6 +1,7 @@
 """What a fused group costs the training thread around its push_pull, for the transformer
-of ``bandwidth.py`` fused into one group (102 gradients, 33.6M floats): ``FusedGroup.start``
-and ``finish`` (``gradpress/torch/fusion.py``) with the push_pull replaced by nothing, when
+of ``bandwidth.py`` fused into one bucket (102 gradients, 33.6M floats): a ``Bucket``'s
+submits and ``finish`` (``gradpress/pipeline/routes/bucket.py``) with the push_pull replaced
+by nothing, the averages landing as DistributedOptimizer lands them (views), when
 every gradient is new (``zero_grad()``'s default: copied in, handed back as views) and
 when every gradient is still in its view (``zero_grad(set_to_none=False)``: no copy at
 all); next to them, a copy of the average back into each gradient's own memory, as
@@ -25,7 +26,16 @@ sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 
 from bandwidth_models import MODELS  # noqa: E402
 
-from gradpress.torch import fusion  # noqa: E402
+from gradpress.pipeline.routes.bucket import Bucket  # noqa: E402
+
+
+class NoJob:
+    """A push_pull that does nothing: the handle is the tensor."""
+    def start(self, tensor, name, **kwargs):
+        return tensor
+
+    def wait(self, handle):
+        return handle
 
 
 def main() -> int:
@@ -35,17 +45,18 @@ def main() -> int:
     torch.set_num_threads(1)
     params = list(MODELS["tfm"].build().parameters())
     fresh = [torch.randn_like(p) for p in params]
-    fusion.ops.push_pull_async_inplace = lambda tensor, **kwargs: tensor  # the handle is the buffer
-    fusion.ops.synchronize = lambda handle: handle
-    group = fusion.FusedGroup("tfm", params, None, 0, {}, views=True)  # as DistributedOptimizer's
+    group = Bucket("tfm", params, None, 0, NoJob(), views=True)  # as DistributedOptimizer's
 
     def new_gradients():
         for p, g in zip(params, fresh):
             p.grad = g
 
     def round_trip():
-        group.start({})
-        group.finish()
+        for p in params:
+            group.submit(p, p.grad)
+        out = group.finish()
+        for p in params:  # as DistributedOptimizer lands them: the views become the gradients
+            p.grad = out[id(p)]
 
     def copy_back():  # what finish did before: the average into each gradient's own memory
         flat, offset = group.buffer.numpy(), 0

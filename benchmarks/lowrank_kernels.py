@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gradpress.torch.lowrank import NumbaMath, TorchMath  # noqa: E402
+from gradpress.pipeline.lowrank_math import NumbaMath, TorchMath  # noqa: E402
 
 SHAPES = {
     "mlp": [(4096, 1024), (4096, 4096), (1024, 4096)],

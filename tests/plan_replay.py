@@ -27,30 +27,31 @@ class Shape:
 
 
 WORKER = """
-import json, os, time, torch, gradpress.torch as bps
-from gradpress.torch import auto_plan, ops
+import dataclasses, json, os, time, torch, gradpress.torch as bps
+from gradpress.torch import ops
+from gradpress.pipeline.planning import PlanTuning, planner as planning
+tuning = PlanTuning()
 # (drift is checked once a plan has settled: re-based after 2 planned steps here)
 if os.environ.get("GP_REFINE_STEPS"):
-    auto_plan.REFINE_STEPS = int(os.environ["GP_REFINE_STEPS"])
+    tuning = dataclasses.replace(tuning, refine_steps=int(os.environ["GP_REFINE_STEPS"]))
 if os.environ.get("GP_TRIALS"):  # how many alternatives to measure (besides a low-rank or plain one)
     import gradpress.planner.decide
     gradpress.planner.decide.TRIALS = int(os.environ["GP_TRIALS"])
 if os.environ.get("GP_FORCE_REPLAN"):  # every other step counts as drifted and the link as changed
-    auto_plan.DRIFT, auto_plan.DRIFT_STEPS, auto_plan.DRIFT_CHECK_STEPS = -1.0, 1, 2
-    auto_plan.LINK_CHANGE, auto_plan.REFINE_STEPS = -1.0, 1
+    tuning = dataclasses.replace(tuning, drift=-1.0, drift_steps=1, drift_check_steps=2, link_change=-1.0,
+                                 refine_steps=1)
 if os.environ.get("GP_FORCE_DRIFT"):  # drifted, but the link is as profiled: the plan must stay
-    auto_plan.DRIFT, auto_plan.DRIFT_STEPS, auto_plan.DRIFT_CHECK_STEPS = -1.0, 1, 2
-    auto_plan.LINK_CHANGE, auto_plan.REFINE_STEPS = 1e9, 1
+    tuning = dataclasses.replace(tuning, drift=-1.0, drift_steps=1, drift_check_steps=2, link_change=1e9,
+                                 refine_steps=1)
 if os.environ.get("GP_FORCE_TRIAL"):  # the decision's alternatives: its groups raw, then every tensor apart
-    import dataclasses
-    real_decide = auto_plan.decide
+    real_decide = planning.decide
     def forced(profile, options, min_bytes):
         plan = real_decide(profile, options, min_bytes)
         apart = tuple((i,) for i in range(len(profile.tensors)))
         return dataclasses.replace(plan, alternatives=(
             dataclasses.replace(plan, options=("none",) * len(plan.groups)),
             dataclasses.replace(plan, groups=apart, options=plan.options[:1] * len(apart))))
-    auto_plan.decide = forced
+    planning.decide = forced
 pause_at = int(os.environ.get("GP_PAUSE_AFTER_STEP", "-1"))  # the test changes the link meanwhile
 test_dir = os.environ["GP_TEST_DIR"]
 bps.init()
@@ -58,13 +59,14 @@ r = bps.rank()
 torch.manual_seed(0)
 model = torch.nn.Sequential(*[torch.nn.Linear({width}, {width}) for _ in range({layers})])
 opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr={lr}), named_parameters=model.named_parameters(),
-                               compression_params=json.loads(os.environ["GP_AUTO"]))
+                               compression_params=json.loads(os.environ["GP_AUTO"]), plan_tuning=tuning)
+planner = opt._gradpress.planner
 g = torch.Generator().manual_seed(100 + r)
 planned, step_groups, links, refined, keys = [], [], [], [], {{}}
 names = {{id(p): n for n, p in model.named_parameters()}}
 def groups_now():
     return [([names[id(p)] for p in grp.members], grp.name, grp.spec.compression_params if grp.spec else None)
-            for grp in opt._gp_auto.groups]
+            for grp in planner.route.groups]
 for step in range({steps}):
     x, y = torch.randn(8, {width}, generator=g), torch.randn(8, {width}, generator=g)
     planned.append(opt.gradpress_plan is not None)
@@ -72,10 +74,10 @@ for step in range({steps}):
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.step()
-    refined.append(opt._gp_auto.refined)
+    refined.append(planner.refined)
     # every key a step used (a plan left behind is released, so read them while they exist)
     keys.update({{n: [t.tensor_id, t.parts] for n, t in ops.client().tensors.items()}})
-    profile = opt._gp_auto.profile
+    profile = planner.profile
     links.append(profile.link.bytes_per_s if profile is not None else None)
     if step == pause_at:
         open(os.path.join(test_dir, f"paused{{r}}"), "w").close()
@@ -85,11 +87,11 @@ for step in range({steps}):
             time.sleep(0.05)
 plan = opt.gradpress_plan
 torch.save({{"state": model.state_dict(), "planned": planned, "groups": groups_now(), "step_groups": step_groups,
-             "keys": keys, "version": opt._gp_auto.version, "links": links, "refined": refined,
+             "keys": keys, "version": planner.version, "links": links, "refined": refined,
              "options": plan.options, "predicted": plan.predicted_s,
-             "host": vars(opt._gp_auto.profile.host) if opt._gp_auto.profile.host else None,
-             "reference": opt._gp_auto._reference_s,
-             "measured_plans": [(p.groups, p.options, m, t) for p, m, t in opt._gp_auto.measured_plans],
+             "host": vars(planner.profile.host) if planner.profile.host else None,
+             "reference": planner.reference_s,
+             "measured_plans": [(p.groups, p.options, m, t) for p, m, t in planner.measured_plans],
              "declared": sorted(n for n in ops.client().tensors if n.startswith("Plan")),
              "broadcasts": sorted(n for n in ops.client().tensors if n.startswith("Object.Plan"))}},
            os.path.join(test_dir, f"w{{r}}.pt"))

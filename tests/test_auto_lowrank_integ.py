@@ -17,15 +17,16 @@ TRIAL_STEPS = PLAN_STEPS + 2 * PER_PLAN + 2  # the plan, its alternative, 2 more
 ACPSGD = {"compressor": "acpsgd", "rank": 1}
 WORKER = f"""
 import dataclasses, json, os, torch, gradpress.torch as bps
-from gradpress.torch import auto_plan
-auto_plan.REFINE_STEPS = int(os.environ.get("GP_REFINE_STEPS", auto_plan.REFINE_STEPS))
-real_decide = auto_plan.decide
+from gradpress.pipeline.planning import PlanTuning, planner as planning
+tuning = PlanTuning()
+tuning = dataclasses.replace(tuning, refine_steps=int(os.environ.get("GP_REFINE_STEPS", tuning.refine_steps)))
+real_decide = planning.decide
 # plan as for a 1 MB/s link, where factoring pays: the job itself runs on loopback
 def decide(profile, options, min_bytes):
     plan = real_decide(profile.scaled(bytes_per_s=1e6), options, min_bytes)
     # GP_NO_TRIAL: run the decision at once (the job measures its alternatives before it)
     return dataclasses.replace(plan, alternatives=()) if os.environ.get("GP_NO_TRIAL") else plan
-auto_plan.decide = decide
+planning.decide = decide
 bps.init()
 r = bps.rank()
 client = bps.ops.client()
@@ -35,7 +36,8 @@ for label, params in json.loads(os.environ["GP_RUNS"]).items():
     model = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.ReLU(), torch.nn.Linear(48, 40))
     named = list(model.named_parameters())  # one job per run: the names seed the first factors
     opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=named,
-                                   compression_params=params)
+                                   compression_params=params, plan_tuning=tuning)
+    planner = opt._gradpress.planner
     g = torch.Generator().manual_seed(10 + r)
     pushed, factored = [], []
     for step in range(int(os.environ.get("GP_STEPS", {STEPS}))):
@@ -45,14 +47,13 @@ for label, params in json.loads(os.environ["GP_RUNS"]).items():
         torch.nn.functional.mse_loss(model(x), torch.sin(x[:, :40].repeat(1, 2)[:, :40])).backward()
         opt.step()
         pushed.append(client.bytes_pushed - before)
-        factored.append(len(opt._gp_auto.factored) if opt._gp_auto is not None else None)
+        factored.append(len(planner.route.factored if planner.route else []) if planner is not None else None)
     out = {{"state": {{n: p.detach().clone() for n, p in named}}, "pushed": pushed, "factored": factored}}
-    planner = opt._gp_auto
     if planner is not None:
         names = {{id(p): n for n, p in named}}
         out["plan"] = (planner.plan.groups, planner.plan.options, planner.plan.low_rank,
                        planner.plan.low_rank_option, planner.plan.predicted_s)
-        out["matrices"] = sorted(names[id(p)] for p in planner.factored)
+        out["matrices"] = sorted(names[id(p)] for p in planner.route.factored)
         out["refined"], out["version"] = planner.refined, planner.version
         out["notes"] = planner.profile.notes
         out["declared"] = sorted(n for n in client.tensors  # plans' groups and factors, link probes

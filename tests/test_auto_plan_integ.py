@@ -1,4 +1,4 @@
-"""compressor 'auto' in a real job (gradpress/torch/auto_plan.py, fusion.py): every worker
+"""compressor 'auto' in a real job (gradpress/pipeline/planning, routes/planned.py): every worker
 makes the same plan from rank 0's profile, and the fused groups' results are bit-identical
 to a numpy replay of the same grouping (raw, and onebit with error feedback both ways)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from plan_replay import Shape, replay, worker_script
 
-from gradpress.torch.auto_plan import TRIAL_NOISE
+from gradpress.pipeline.planning import PlanTuning
 
 REFINE_STEPS = 3  # re-based after 4 planned steps here (the job's default is longer)
 
@@ -94,7 +94,7 @@ def test_the_job_measures_the_alternatives_and_keeps_the_fastest(cluster):
         assert len(runs[k]) == len(measured[k][0])
         assert {codec or "none" for _, codec in runs[k]} == set(measured[k][1])
     # the fastest measured; among plans measured within the noise of it, the fastest modelled
-    near = [k for k in range(3) if measured[k][2] <= (1 + TRIAL_NOISE) * min(m[2] for m in measured)]
+    near = [k for k in range(3) if measured[k][2] <= (1 + PlanTuning().trial_noise) * min(m[2] for m in measured)]
     fastest = min(near, key=lambda k: (measured[k][3], measured[k][2], k))
     settled = first + 3 * per
     assert all(how(s) == runs[fastest] for s in range(settled, shape.steps)), (fastest, measured)

@@ -30,7 +30,7 @@ opt_b = bps.DistributedOptimizer(make_opt(b.parameters()),
                                  named_parameters=[("b." + n, p) for n, p in b.named_parameters()])
 bps.broadcast_optimizer_state(opt_b, root_rank=0)
 # the groups torch made in load_state_dict are where gradpress reads each parameter's lr
-assert all(opt_b._gp_group[id(p)] is g for g in opt_b.param_groups for p in g["params"])
+assert all(opt_b._groups[id(p)] is g for g in opt_b.param_groups for p in g["params"])
 sched = torch.optim.lr_scheduler.StepLR(opt_b, step_size=2, gamma=0.5)
 for step in range(6):
     x, y = batch(step)

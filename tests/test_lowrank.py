@@ -3,7 +3,6 @@ zero and rank-deficient matrices, and the torch steps (a GPU worker's) against t
 The methods against a numpy replay in real jobs: test_lowrank_integ.py."""
 from __future__ import annotations
 
-import types
 
 import numpy as np
 import pytest
@@ -12,8 +11,9 @@ import torch
 from gradpress.compressors.lowrank import LowRankParams
 from gradpress.compressors.spec import CodecSpec
 from gradpress.kernels.cpu import lowrank as kernels
-from gradpress.torch import lowrank
-from gradpress.torch.lowrank import LowRankReducer, NumbaMath, TorchMath
+from fake_comm import FakeComm
+from gradpress.pipeline.lowrank import LowRankReducer
+from gradpress.pipeline.lowrank_math import NumbaMath, TorchMath
 
 
 @pytest.mark.parametrize("params,message", [
@@ -108,19 +108,15 @@ def test_kernels_and_torch_ops_agree():
 
 
 @pytest.mark.parametrize("method", ["powersgd", "acpsgd"])
-def test_one_worker_steps_agree_between_numba_and_torch(monkeypatch, method):
+def test_one_worker_steps_agree_between_numba_and_torch(method):
     """A whole reducer, one worker (a push_pull is the identity), a few steps: the torch path (what
     a GPU worker runs) and the Numba path give the same gradients; with one worker and a rank as
     large as the matrix, the error feedback loses nothing: sum of outputs = sum of inputs - E."""
-    fake = types.SimpleNamespace(client=lambda: types.SimpleNamespace(tracer=_NoTrace()), size=lambda: 1,
-                                 push_pull_inplace=lambda t, **_: t, push_pull_async_inplace=lambda t, **_: 0,
-                                 synchronize=lambda h: None)
-    monkeypatch.setattr(lowrank, "ops", fake)
     shapes = {"w": (12, 10), "conv": (6, 2, 2, 2), "b": (5,)}
     outs = []
     for math in (NumbaMath, TorchMath):
         tensors = {n: torch.zeros(s) for n, s in shapes.items()}
-        r = LowRankReducer(list(tensors.items()), LowRankParams(method, 2, 1, 0.5, 3), "t.")
+        r = LowRankReducer(list(tensors.items()), LowRankParams(method, 2, 1, 0.5, 3), "t.", comm=FakeComm(size=1))
         r.math = math
         g = torch.Generator().manual_seed(5)
         steps = []
@@ -133,12 +129,6 @@ def test_one_worker_steps_agree_between_numba_and_torch(monkeypatch, method):
         for x, y in zip(a, b):
             assert torch.allclose(x, y, rtol=1e-4, atol=1e-5)
     assert outs[0][1].step == 5 and all(m.error is not None for m in outs[0][1].matrices)
-
-
-class _NoTrace:
-    def span(self, *_a, **_k):
-        import contextlib
-        return contextlib.nullcontext()
 
 
 def test_reachable_from_the_job_file_and_rules(tmp_path):

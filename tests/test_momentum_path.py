@@ -7,7 +7,7 @@ import torch
 
 from cluster import LocalCluster
 from gradpress.compressors.spec import CodecSpec
-from gradpress.torch.momentum_path import floored_denominator, momentum_codec_problem
+from gradpress.optim.momentum_codecs import floored_denominator, momentum_codec_problem
 
 ONEBIT = {"compressor": "onebit", "scaling": "l2", "ef": "vanilla"}
 CARRIED = {  # name -> compression_params the momentum path accepts ("none": the uncompressed baseline)
@@ -133,12 +133,12 @@ def test_only_trainable_parameters_need_a_name():
     """As in BytePS: frozen parameters may be left out of named_parameters (fine-tuning);
     a trainable one left out, or a name given twice, is refused."""
     from gradpress.compressors.policy import CompressionPolicy
-    from gradpress.torch.momentum_path import ParameterTable
+    from gradpress.pipeline import ParameterTable
     frozen, a, b = (torch.nn.Parameter(torch.zeros(n)) for n in (2, 3, 4))
     frozen.requires_grad_(False)
     table = ParameterTable([frozen, a, b], [("a", a), ("b", b)], CompressionPolicy())
     assert table.names[id(a)] == "a" and table.names[id(b)] == "b"
-    missing = r"1 trainable parameter\(s\) missing from named_parameters \(shapes \[\(4,\)\]"
+    missing = r"1 trainable parameter\(s\) of the optimizer are missing from named_parameters \(shapes \[\(4,\)\]"
     with pytest.raises(ValueError, match=missing):
         ParameterTable([frozen, a, b], [("a", a)], CompressionPolicy())
     with pytest.raises(ValueError, match="parameter names must be unique"):

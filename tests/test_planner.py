@@ -336,7 +336,7 @@ def test_factor_costs_re_based_on_what_the_job_measured():
 
 def test_low_rank_options_of_auto_are_checked():
     from gradpress.compressors import auto
-    from gradpress.torch.momentum_path import momentum_codec_problem
+    from gradpress.optim.momentum_codecs import momentum_codec_problem
     assert auto.low_rank(auto.options({"compressor": "auto", "allowed": ["onebit", "acpsgd"]}))[0] == "acpsgd"
     assert auto.low_rank(auto.options({"compressor": "auto"})) is None, "low-rank is not a default option"
     for allowed, match in ((["acpsgd", "powersgd"], "second low-rank codec"),
@@ -443,17 +443,19 @@ def test_a_host_share_round_trips_scales_and_is_checked():
 def test_a_plans_training_cpu_is_the_median_of_its_steps():
     # (training, sockets) CPU marks at step ends: steps of 0.16, 0.21 (a slow one after a
     # switch) and 0.16 CPU s give 0.16, where their mean would be 0.177
-    from types import SimpleNamespace
-
-    from gradpress.torch.auto_plan import AutoPlanner
-    marks = SimpleNamespace(_cpu_marks=[(1.0, 0.0), (1.16, 0.0), (1.37, 0.0), (1.53, 0.0)])
-    assert AutoPlanner._train_cpu_s(marks) == pytest.approx(0.16)
-    assert AutoPlanner._train_cpu_s(SimpleNamespace(_cpu_marks=[(1.0, 0.0)])) == 0.0
+    from gradpress.pipeline.planning.clock import train_cpu_s
+    assert train_cpu_s([(1.0, 0.0), (1.16, 0.0), (1.37, 0.0), (1.53, 0.0)]) == pytest.approx(0.16)
+    assert train_cpu_s([(1.0, 0.0)]) == 0.0
 
 
 def test_the_trial_keeps_the_fastest_measured_and_lets_the_model_part_plans_within_its_noise():
     from gradpress.planner.decide import Plan
-    from gradpress.torch.auto_plan import TRIAL_NOISE, choose
+    from gradpress.pipeline.planning import PlanTuning
+    from gradpress.pipeline.planning.profiling import choose as choose_within
+    TRIAL_NOISE = PlanTuning().trial_noise
+
+    def choose(trials):
+        return choose_within(trials, TRIAL_NOISE)
     light = CodecCost(LinearCost(0, 1 / 4e9), LinearCost(0, 1 / 8e9), LinearCost(0, 1 / 8e9), 1 / 32)
     heavy = replace(light, compress=LinearCost(0, 1 / 1e9))
     base = profile([(16 * MB, 0.05 * (i + 1)) for i in range(4)], workers=2, servers=2, rate=1e9, backward=0.2,

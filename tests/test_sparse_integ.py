@@ -150,15 +150,16 @@ for step in range(6):
         ids, bag_ids, offsets, y = batch(step, k)
         (((reference(ids, bag_ids, offsets, (step, k) != (3, 1)) - y) ** 2).mean() / n).backward()
     ref_opt.step()
-routed = opts["dense-rows"]._gp_rows.decided
+routed = opts["dense-rows"]._gradpress._vote.decided
 assert sorted(routed.values()) == [True, True], routed  # both tables go row-sparse (the 1-row head is not a candidate)
 if AUTO:  # the planner left the tables to the rows path and planned the head alone
     for label, opt in opts.items():
         assert opt.gradpress_plan is not None, label
-        planned = sorted(opt._gp_auto.names[id(p)] for p in opt._gp_auto.params)
+        planner = opt._gradpress.planner
+        planned = sorted(opt._gradpress.table.names[id(p)] for p in planner.params)
         assert planned == [label + ".head.bias", label + ".head.weight"], planned
-        assert all(".head." in g.name for g in opt._gp_auto.groups), [g.name for g in opt._gp_auto.groups]
-    assert solo_opt._gp_auto.params == [] and solo_opt.gradpress_plan is None
+        assert all(".head." in g.name for g in planner.route.groups), [g.name for g in planner.route.groups]
+    assert solo_opt._gradpress.planner.params == [] and solo_opt.gradpress_plan is None
 assert torch.allclose(solo.weight, solo_ref.weight, rtol=1e-5, atol=1e-6), (solo.weight - solo_ref.weight).abs().max()
 digest = {}
 for label, model in (("sparse", sparse_model), ("dense-rows", dense_rows_model)):

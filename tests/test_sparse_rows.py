@@ -226,10 +226,10 @@ def test_init_key_checks_the_layout_and_its_agreement():
 
 def run_rounds(layout, pushes_per_round, workers):
     """Push every round into both shares' states; land the replies as a worker does."""
-    from gradpress.worker.jobs import PartitionOp, PushPull, Tensor
+    from gradpress.worker.jobs import PartitionOp, PushPull
+    from gradpress.worker.keys import Tensor, WorkerKey
     states = [make_state(s, workers)[0] for s in range(SERVERS)]
     tensor = Tensor("emb", SERVERS, "float32", 5, layout.declared_parts(), list(range(SERVERS)), None, layout)
-    from gradpress.worker.keys import WorkerKey
     tensor.keys = [WorkerKey((5 << 16) | s, tensor, s, s, tensor.parts[s], 0) for s in range(SERVERS)]
     results, encodings = [], []
     for rnd, pushes in enumerate(pushes_per_round):
@@ -265,8 +265,8 @@ def test_replies_become_bitmaps_over_known_rows_where_smaller_and_decode_exactly
 
 def test_a_bitmap_over_other_known_rows_is_refused():
     layout = RowLayout(ROWS, WIDTH, 7, SERVERS)
-    from gradpress.worker.jobs import PartitionOp, PushPull, Tensor
-    from gradpress.worker.keys import WorkerKey
+    from gradpress.worker.jobs import PartitionOp, PushPull
+    from gradpress.worker.keys import Tensor, WorkerKey
     tensor = Tensor("emb", SERVERS, "float32", 5, layout.declared_parts(), [0, 1], None, layout)
     wk = WorkerKey(5 << 16, tensor, 0, 0, tensor.parts[0], 0)
     job = PushPull(tensor, None, SparseResult(layout, "float32", 1), 1, None, 2)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cluster import LocalCluster
-from gradpress.torch.zero_one_schedule import ZeroOneSchedule
+from gradpress.optim.zero_one_schedule import ZeroOneSchedule
 from replay_codecs import TwoWayEF
 
 LR, BETAS, EPS, WD, FLOOR, STEPS = 0.01, (0.9, 0.999), 1e-8, 0.01, 0.1, 16
@@ -251,7 +251,7 @@ def test_checkpoint_in_each_phase_resumes_bit_for_bit(first_job, cluster, k):
     second.start(RESUME_WORKER, worker_env={"GP_STEPS": str(STEPS), "GP_FROM": str(k),
                                             "GP_CODEC": json.dumps(CODECS["onebit"])}).assert_success()
     for r in range(2):
-        ckpt = torch.load(first_job.tmp / f"ckpt{r}_{k}.pt")["opt"]["zero_one"]
+        ckpt = torch.load(first_job.tmp / f"ckpt{r}_{k}.pt")["opt"]["zero_one"]["momentum"]
         assert ckpt["worker_residuals"] and ckpt["server_residuals"], "the checkpoint holds no residuals"
         a = torch.load(first_job.tmp / f"w{r}.pt")["params"]
         b = torch.load(second.tmp / f"resumed{r}.pt")

@@ -5,7 +5,7 @@ more dimensions is viewed as an n x m matrix (first dimension by the rest) and r
 factors P (n x r) and Q (m x r) that travel as ordinary float32 tensors. The servers' sum
 of the workers' factors is exact, so servers neither decompress nor keep error feedback:
 everything else (error buffers, orthonormalisation, warm start) happens on the workers, in
-``gradpress.torch.lowrank``. This module checks the ``compression_params`` once.
+``gradpress.pipeline.lowrank``. This module checks the ``compression_params`` once.
 
 - ``powersgd`` (Vogels et al., PyTorch's hook): two rounds per step, P then Q.
 - ``acpsgd`` (arXiv 2306.08881): one round per step, P and Q alternately.

@@ -39,7 +39,7 @@ class CodecSpec:
         try:
             if codec == auto.AUTO:  # the planner picks per tensor among these options
                 auto.options(compression_params)
-            elif codec in lowrank.CODECS:  # whole matrices, factored on the workers (torch/lowrank.py)
+            elif codec in lowrank.CODECS:  # whole matrices, factored on the workers (pipeline/lowrank.py)
                 lowrank.LowRankParams.parse(compression_params)
             else:  # the worker's chain (Momentum(ErrorFeedback(codec))) reads every key a server reads
                 build_compressor(compression_params, "worker")

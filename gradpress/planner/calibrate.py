@@ -125,7 +125,7 @@ def measure(params: dict[str, Any]) -> CodecCost:
 
 def measure_low_rank(params: LowRankParams) -> CodecCost:
     """A low-rank option's work per step on the training thread, per matrix byte, as
-    ``torch/lowrank.py`` does it on a CPU: the factor products with the error update
+    ``pipeline/lowrank.py`` does it on a CPU: the factor products with the error update
     (ACP-SGD: the mean of a P step and a Q step; PowerSGD: both), and the reconstruction.
     The servers only sum the factors (the raw path's cost)."""
     rng = np.random.default_rng(0)

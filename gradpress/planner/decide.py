@@ -20,7 +20,7 @@ MergeComp's fusion (arXiv 2103.15195):
 3. A low-rank option (``planner/low_rank.py``) is one more candidate: every matrix it can
    factor travels as factors, and the rest is planned as above on the derived profile; the
    faster of the two plans is chosen.
-4. The plan's ``alternatives``, for the job to run and measure (``torch/auto_plan.py``
+4. The plan's ``alternatives``, for the job to run and measure (``pipeline/planning/planner.py``
    keeps the fastest rank 0 measured; of plans measured within its noise, the fastest
    modelled): the best plan of the other kind (factoring or
    not), the chosen plan with every tensor apart where it fuses any (each keeps its

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from . import ops
+from .dtypes import wire_dtype
 from .objects import MAX_OBJECT_BYTES, bytes_to_float16, float16_to_bytes
 
-_WIRE = {torch.float16: torch.float16, torch.float32: torch.float32, torch.float64: torch.float64}
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
@@ -37,7 +37,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     row_elems = 1
     for d in row_shape:
         row_elems *= d
-    wire = _WIRE.get(tensor.dtype, torch.float32 if tensor.dtype == torch.bfloat16 else torch.float64)
+    wire = wire_dtype(tensor.dtype) or torch.float64
     total = sum(rows)
     buffer = torch.zeros(total * row_elems, dtype=wire)
     start = sum(rows[:rank]) * row_elems

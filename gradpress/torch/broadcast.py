@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from . import ops
+from .dtypes import dtype_name
 from .objects import MAX_OBJECT_BYTES, broadcast_bytes
 
 _EXT_TUPLE, _EXT_NDARRAY, _EXT_TENSOR = 1, 2, 3
@@ -53,7 +54,7 @@ def _unnamed(position: int, t) -> str:
     if not torch.is_tensor(t):
         return f"param.{position}"  # (refused by the caller, by this name)
     shape = "x".join(str(d) for d in t.shape) or "scalar"
-    return f"param.{position}.{shape}.{str(t.dtype).replace('torch.', '')}"
+    return f"param.{position}.{shape}.{dtype_name(t.dtype)}"
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
@@ -88,7 +89,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     layout = None
     if is_root:
         layout = {"param_groups": sd["param_groups"],
-                  "state": {pid: {k: (["tensor", list(v.shape), str(v.dtype).replace("torch.", "")]
+                  "state": {pid: {k: (["tensor", list(v.shape), dtype_name(v.dtype)]
                                       if torch.is_tensor(v) else ["value", v])
                                   for k, v in st.items()}
                             for pid, st in sd["state"].items()}}

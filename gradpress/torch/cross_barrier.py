@@ -41,21 +41,21 @@ class _CrossBarrier:
         if ops.settings().enable_async:
             raise ValueError("CrossBarrier overlaps gradient push_pulls: it cannot run with BYTEPS_ENABLE_ASYNC=1")
         self._model, self._opt = model, opt
+        self._pipeline = opt._gradpress
         self._step, self._final_step = 0, num_steps
-        params = opt._gp_params
+        params = self._pipeline.table.trainable
         self._forward_order = {id(p): i for i, p in enumerate(params)}
         self._ready = {id(p): threading.Event() for p in params}
         for event in self._ready.values():
             event.set()
         self._error: BaseException | None = None
-        base = opt._gp_base
-        group_of = opt._gp_group
+        base = type(opt).__bases__[1]  # the wrapped optimizer's class (DistributedOptimizer's second base)
         self._single = {}
         for p in params:  # one-parameter optimizers sharing the wrapped one's state
-            single = base([{**{k: v for k, v in group_of[id(p)].items() if k != "params"}, "params": [p]}])
+            single = base([{**self._hyper(p), "params": [p]}])
             single.state = opt.state
             self._single[id(p)] = single
-        opt._gp_listener = self._started
+        self._pipeline.listener = self._started
         self._hooks = [m.register_forward_pre_hook(self._before_forward)
                        for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
         self._work: queue.Queue = queue.Queue()
@@ -67,7 +67,11 @@ class _CrossBarrier:
 
     # ---- the training thread ------------------------------------------------
 
-    def _started(self, p: torch.Tensor, handle: int, ctx) -> None:
+    def _hyper(self, p: torch.Tensor) -> dict:
+        """``p``'s group's hyper-parameters as they are now."""
+        return {k: v for k, v in self._opt._groups[id(p)].items() if k != "params"}
+
+    def _started(self, p: torch.Tensor) -> None:
         self._ready[id(p)].clear()
 
     def _before_forward(self, module: torch.nn.Module, inputs) -> None:
@@ -89,14 +93,13 @@ class _CrossBarrier:
         if self._error is not None:
             raise JobError(f"CrossBarrier: updating the parameters failed: {self._error!r}") from self._error
         loss = closure() if closure is not None else None
-        opt = self._opt
-        opt._gp_start_missing()
-        batch = sorted(opt._gp_handles.values(), key=lambda item: self._forward_order[id(item[0])])
+        pipeline = self._pipeline
+        pipeline.flush()
+        batch = sorted(pipeline.submitted(), key=lambda p: self._forward_order[id(p)])
         # hyper-parameters as of this step: an LR scheduler may change them before the updater runs
-        hyper = {id(p): {k: v for k, v in opt._gp_group[id(p)].items() if k != "params"} for p, _, _ in batch}
-        opt._gp_handles.clear()
-        for p in opt._gp_params:
-            opt._gp_delay[id(p)] = opt.backward_passes_per_step
+        hyper = {id(p): self._hyper(p) for p in batch}
+        pipeline.next_step()
+        self._opt.set_backward_passes_per_step(self._opt.backward_passes_per_step)
         self._work.put((batch, hyper))
         self._step += 1
         if self._step >= self._final_step:
@@ -118,18 +121,20 @@ class _CrossBarrier:
     def _update_loop(self) -> None:
         while (item := self._work.get()) is not _STOP:
             batch, hyper = item
-            for p, handle, ctx in batch:
+            for p in batch:
                 try:
                     if self._error is None:
-                        self._update(p, handle, ctx, hyper[id(p)])
+                        self._update(p, hyper[id(p)])
                 except BaseException as e:  # surfaced in the training thread at its next wait
                     log.exception("CrossBarrier: updating a parameter failed")
                     self._error = e
                 finally:
                     self._ready[id(p)].set()
 
-    def _update(self, p: torch.Tensor, handle: int, ctx, hyper: dict) -> None:
-        self._opt._gp_finish(p, handle, ctx)
+    def _update(self, p: torch.Tensor, hyper: dict) -> None:
+        out = self._pipeline.finish_one(p)
+        if out is not p.grad:
+            p.grad = out
         single = self._single[id(p)]
         single.param_groups[0].update(hyper)
         single.state = self._opt.state  # load_state_dict (broadcast_optimizer_state) replaces it

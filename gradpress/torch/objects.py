@@ -36,8 +36,9 @@ def float16_to_bytes(values: torch.Tensor) -> bytes:
 
 
 def broadcast_bytes(payload: bytes | None, error: str | None, root_rank: int, name: str,
-                    max_bytes: int = MAX_OBJECT_BYTES) -> bytes:
+                    max_bytes: int = MAX_OBJECT_BYTES, made: list[str] | None = None) -> bytes:
     """The root's ``payload`` on every worker (the root passes it, or ``error``; others None).
+    ``made``, when given, gets the names of the tensors the broadcast pushed.
 
     Raises:
         ObjectError: the root sent an error, or the length is over ``max_bytes``.
@@ -46,6 +47,8 @@ def broadcast_bytes(payload: bytes | None, error: str | None, root_rank: int, na
     key = (ops.job_epoch(), name)
     base = f"Object.{name}.{_calls[key]}"
     _calls[key] += 1
+    if made is not None:
+        made += [base + ".length", base + ".data"]
     frame = b""
     if is_root:
         if error is None and len(payload) > max_bytes:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import itertools
 import threading
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -21,28 +20,17 @@ from ..compressors.spec import CodecSpec
 from ..config import Settings
 from ..errors import JobError, RegistrationRefused
 from ..worker import WorkerClient
-from ..worker.future import Future
-from . import failures, modes, sparse
+from . import failures, handles, modes, sparse
 from .compression import Compression
+from .dtypes import dtype_name, wire_dtype
 
-_WIRE = {torch.float16: torch.float16, torch.float32: torch.float32, torch.float64: torch.float64,
-         torch.bfloat16: torch.float32}
 
 _client: WorkerClient | None = None
 _settings: Settings | None = None
 _lock = threading.Lock()
-_handles: dict[int, "_Pending"] = {}
-_handle_ids = itertools.count(1)
 _noname = itertools.count()
 _epoch = 0  # how many jobs this process joined (resume() joins another): per-job counters key on it
 _atexit_registered = False
-
-
-@dataclass
-class _Pending:
-    future: Future
-    output: torch.Tensor
-    finish: Callable[[], None] | None  # copies a staging buffer back into output
 
 
 def init(lazy: bool = True) -> None:
@@ -209,37 +197,14 @@ def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: str | No
                                                compression_params=compression_params, lr=lr))
 
 
-def deferred(output: torch.Tensor, what: str) -> tuple[int, Future]:
-    """A handle for an average computed another way (low-rank factors): ``synchronize`` waits
-    until the returned future is set, then returns ``output``, as for any push_pull."""
-    future = Future(what)
-    handle = next(_handle_ids)
-    _handles[handle] = _Pending(future, output, None)
-    return handle, future
-
-
 def poll(handle: int) -> bool:
     """True once the push_pull behind ``handle`` has finished (or failed)."""
-    return _lookup(handle).future.done()
+    return handles.lookup(handle).future.done()
 
 
 def synchronize(handle: int) -> torch.Tensor:
     """Wait for the push_pull behind ``handle`` and return its output tensor."""
-    pending = _lookup(handle)
-    try:
-        pending.future.result(_settings.op_timeout_s + 5)
-        if pending.finish is not None:
-            pending.finish()
-        return pending.output
-    finally:
-        _handles.pop(handle, None)
-
-
-def _lookup(handle: int) -> _Pending:
-    try:
-        return _handles[handle]
-    except KeyError:
-        raise ValueError(f"unknown push_pull handle {handle} (already synchronized?)") from None
+    return handles.wait(handle, _settings.op_timeout_s + 5)
 
 
 def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str | None,
@@ -254,7 +219,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
         raise ValueError(f"push_pull of {name!r}: compressor {spec.codec!r} factors a model's gradient matrices "
                          f"across steps; use it through DistributedOptimizer (compression_params)")
     if spec is not None:
-        spec.check_dtype(str(tensor.dtype).replace("torch.", ""), f"push_pull of {name!r}")
+        spec.check_dtype(dtype_name(tensor.dtype), f"push_pull of {name!r}")
     divisor = client.size if average else 1
     if sparse.is_row_sparse(tensor):  # its rows travel, hashed over the servers; the result is a new tensor
         if spec is not None:
@@ -263,8 +228,8 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
         return _start_rows(client, tensor, sparse.rows_of_coo(tensor, name), name, divisor, priority, None)
     contiguous = tensor.is_contiguous() and output.is_contiguous()
     on_gpu = spec is not None and tensor.is_cuda and output.is_cuda and contiguous
-    direct = (tensor.device.type == "cpu" and output.device.type == "cpu" and tensor.dtype in _WIRE
-              and _WIRE[tensor.dtype] == tensor.dtype and contiguous)
+    direct = (tensor.device.type == "cpu" and output.device.type == "cpu" and wire_dtype(tensor.dtype) == tensor.dtype
+              and contiguous)
     finish: Callable[[], None] | None = None
     if on_gpu:  # CUDA kernels compress straight from device memory
         src = tensor.detach().reshape(-1)
@@ -275,7 +240,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
         out = src if output is tensor else output.detach().numpy().reshape(-1)
         future = client.push_pull_async(name, src, out, divisor, priority, spec, lr)
     else:
-        wire = _WIRE.get(tensor.dtype, torch.float64)  # integers: exact below 2**53
+        wire = wire_dtype(tensor.dtype) or torch.float64  # integers: exact below 2**53
         staging = tensor.detach().to("cpu", wire, copy=True).contiguous().reshape(-1)
         arr = staging.numpy()
         # an integer average is the sum floor-divided, as BytePS's floor_divide_ gives it
@@ -288,9 +253,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
                 summed = staging.view(output.shape)
                 output.copy_(torch.floor_divide(summed, floor_by) if floor_by > 1 else summed)
         finish = copy_back
-    handle = next(_handle_ids)
-    _handles[handle] = _Pending(future, output, finish)
-    return handle
+    return handles.register(handles.Pending(future, output, finish))
 
 
 def _integral(dtype: torch.dtype) -> bool:
@@ -310,11 +273,9 @@ def push_pull_rows_async_inplace(tensor: torch.Tensor, average: bool = True, nam
 def _start_rows(client: WorkerClient, tensor: torch.Tensor, rows, name: str, divisor: int, priority: int,
                 dense_out: torch.Tensor | None) -> int:
     future, result = sparse.start(client, tensor, rows, name, divisor, priority, _settings.sparse_seed, dense_out)
-    pending = _Pending(future, tensor, None)
+    pending = handles.Pending(future, tensor, None)
 
     def finish() -> None:
         pending.output = result()
     pending.finish = finish
-    handle = next(_handle_ids)
-    _handles[handle] = pending
-    return handle
+    return handles.register(pending)

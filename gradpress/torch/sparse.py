@@ -25,9 +25,8 @@ from ..row_placement import RowLayout
 from ..worker import WorkerClient
 from ..worker.future import Future
 from ..worker.sparse import SparseRows, coalesce, extract
+from .dtypes import wire_dtype
 
-_WIRE = {torch.float16: torch.float16, torch.float32: torch.float32, torch.float64: torch.float64,
-         torch.bfloat16: torch.float32}
 
 
 def is_row_sparse(tensor: torch.Tensor) -> bool:
@@ -40,10 +39,11 @@ def layout_of(tensor: torch.Tensor, client: WorkerClient, seed: int) -> RowLayou
 
 
 def _wire(tensor: torch.Tensor, name: str) -> torch.dtype:
-    if tensor.dtype not in _WIRE:
+    wire = wire_dtype(tensor.dtype)
+    if wire is None:
         raise ValueError(f"push_pull of {name!r}: a row-sparse {tensor.dtype} tensor; "
                          f"float16, bfloat16, float32 or float64 expected")
-    return _WIRE[tensor.dtype]
+    return wire
 
 
 def rows_of_coo(tensor: torch.Tensor, name: str) -> SparseRows:
@@ -94,46 +94,3 @@ def start(client: WorkerClient, tensor: torch.Tensor, rows: SparseRows, name: st
             return torch.sparse_coo_tensor(indices.unsqueeze(0), values, tuple(tensor.shape),
                                            is_coalesced=True, check_invariants=False).to(tensor.device)
     return future, result
-
-
-class RowRouting:
-    """Which gradients a ``DistributedOptimizer`` sends row-sparse.
-
-    A sparse COO gradient always travels as rows. A dense gradient of 2+ dimensions does
-    from the second step on when its fraction of non-zero rows, averaged over every
-    worker on the first step (one tiny push_pull, so that every worker decides alike),
-    is below ``GRADPRESS_SPARSE_DENSITY``; until then, and otherwise, it travels dense.
-    """
-
-    def __init__(self, threshold: float, push_pull_async: Callable, synchronize: Callable):
-        self.threshold = threshold
-        self._push_pull_async, self._synchronize = push_pull_async, synchronize
-        self._probes: dict[int, tuple[str, int]] = {}  # id(p) -> (name, handle of its density's push_pull)
-        self.decided: dict[int, bool] = {}              # id(p) -> travels row-sparse
-        self._coo: set[int] = set()                     # parameters whose gradients came sparse
-
-    def route(self, p: torch.Tensor, name: str, grad: torch.Tensor) -> tuple[str | None, torch.Tensor]:
-        """"coo", "rows" or None (dense) for this step's gradient of ``p``, and the gradient to send."""
-        if is_row_sparse(grad):
-            self._coo.add(id(p))
-            return "coo", grad
-        if id(p) in self._coo:  # a sparse parameter backward did not reach: the zeros stood in for it
-            return "coo", grad.to_sparse(1)
-        if self.threshold <= 0 or grad.dim() < 2 or grad.shape[0] < 2 or grad.dtype not in _WIRE:
-            return None, grad
-        if id(p) in self.decided:
-            return ("rows" if self.decided[id(p)] else None), grad
-        if id(p) not in self._probes:
-            local = torch.tensor([rows_of_dense(grad, name).indices.shape[0] / grad.shape[0]], dtype=torch.float64)
-            self._probes[id(p)] = (name, self._push_pull_async(local, average=True, name="SparseDensity." + name))
-        return None, grad
-
-    def sends_rows(self, p: torch.Tensor) -> bool:
-        """Whether ``p``'s gradient travels row-sparse (known from the second step on)."""
-        return id(p) in self._coo or self.decided.get(id(p), False)
-
-    def settle(self) -> None:
-        """Decide from the densities pushed this step (every worker got the same mean)."""
-        probes, self._probes = self._probes, {}
-        for key, (_, handle) in probes.items():
-            self.decided[key] = float(self._synchronize(handle)[0]) < self.threshold

@@ -22,8 +22,8 @@ from ..trace import Tracer
 from . import commands as cmd
 from .comm import CommunicationThread
 from .future import Future
-from .jobs import PushPull, Tensor
-from .keys import by_key, check_server_states
+from .jobs import PushPull
+from .keys import Tensor, by_key, check_server_states
 from .sparse import SparseResult, SparseRows, SparseShares
 
 # numpy builds ``dtype.name`` afresh on every access (11% of the backward hooks' time, in

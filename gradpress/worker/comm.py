@@ -27,8 +27,7 @@ from . import commands as cmd
 from .deadlines import Deadlines
 from .flight import PartitionFlight
 from .future import Future
-from .jobs import Tensor
-from .keys import KeyTable, StateRequest
+from .keys import KeyTable, StateRequest, Tensor
 from .stages import PartitionStages
 
 log = logging.getLogger(__name__)

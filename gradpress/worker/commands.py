@@ -12,7 +12,8 @@ import numpy as np
 
 from ..compressors.spec import CodecSpec
 from .future import Future
-from .jobs import PushPull, Tensor
+from .jobs import PushPull
+from .keys import Tensor
 
 
 @dataclass(frozen=True)

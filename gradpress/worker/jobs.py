@@ -1,39 +1,12 @@
-"""What the worker's communication thread works on: tensors, push_pull jobs, partition ops."""
+"""What the worker's communication thread works on: push_pull jobs and their partition ops."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 
-from ..compressors.spec import CodecSpec
-from ..row_placement import RowLayout
 from .future import Future
-
-if TYPE_CHECKING:
-    from .keys import WorkerKey
-
-
-@dataclass
-class Tensor:
-    """A declared tensor: its id, its partitions (one ``WorkerKey`` each) and its compressor."""
-    name: str
-    count: int
-    dtype: str
-    tensor_id: int
-    parts: list[int]
-    servers: list[int]
-    spec: CodecSpec | None = None        # None: uncompressed
-    layout: RowLayout | None = None      # a row-sparse tensor: partition s is server s's hash share
-    offsets: list[int] = field(init=False)
-    keys: list["WorkerKey"] = field(init=False, default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.offsets = [int(o) for o in np.cumsum([0] + self.parts[:-1])]
-        # Momentum(ErrorFeedback(codec)); its state is kept per partition key
-        self.compressor = self.spec.build("worker") if self.spec else None
-        # per share, the rows its server has published (sparse.py: replies may be bitmaps over them)
-        self.known = [np.empty(0, self.layout.index_dtype) for _ in self.parts] if self.layout else []
+from .keys import Tensor, WorkerKey
 
 
 @dataclass
@@ -52,7 +25,7 @@ class PushPull:
 class PartitionOp:
     """One partition of a push_pull on its way through the stages."""
     job: PushPull
-    wkey: "WorkerKey"
+    wkey: WorkerKey
     round: int = -1
     sent_us: float = 0.0
     acked: bool = False   # the server took the push: its credit is free again

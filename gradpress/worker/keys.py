@@ -1,5 +1,5 @@
-"""``WorkerKey``: one partition key as this worker sees it, like the server's ``KeyState``;
-``KeyTable``: every tensor and key of the worker.
+"""``Tensor``: a declared tensor; ``WorkerKey``: one partition key as this worker sees it, like
+the server's ``KeyState``; ``KeyTable``: every tensor and key of the worker.
 
 Everything the communication thread tracks per key lives here: its next round,
 whether the server has its INIT_KEY, the shared-memory push view, a checkpointed
@@ -12,15 +12,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from ..compressors.spec import CodecSpec
 from ..placement import make_key
+from ..row_placement import RowLayout
 from .future import Future
-
-if TYPE_CHECKING:
-    from .jobs import PartitionOp, Tensor
 
 
 @dataclass
@@ -38,6 +37,28 @@ class StateRequest:
 
 
 @dataclass
+class Tensor:
+    """A declared tensor: its id, its partitions (one ``WorkerKey`` each) and its compressor."""
+    name: str
+    count: int
+    dtype: str
+    tensor_id: int
+    parts: list[int]
+    servers: list[int]
+    spec: CodecSpec | None = None        # None: uncompressed
+    layout: RowLayout | None = None      # a row-sparse tensor: partition s is server s's hash share
+    offsets: list[int] = field(init=False)
+    keys: list["WorkerKey"] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.offsets = [int(o) for o in np.cumsum([0] + self.parts[:-1])]
+        # Momentum(ErrorFeedback(codec)); its state is kept per partition key
+        self.compressor = self.spec.build("worker") if self.spec else None
+        # per share, the rows its server has published (sparse.py: replies may be bitmaps over them)
+        self.known = [np.empty(0, self.layout.index_dtype) for _ in self.parts] if self.layout else []
+
+
+@dataclass
 class WorkerKey:
     key: int
     tensor: "Tensor"
@@ -51,7 +72,7 @@ class WorkerKey:
     push_region: Any = None                   # ... and its shm.Region, freed when the tensor is released
     state_to_load: tuple[np.ndarray, float | None] | None = None  # sent just before the next push
     state_request: StateRequest | None = None
-    in_flight: "PartitionOp | None" = None
+    in_flight: Any = None                     # the PartitionOp of the round in flight (jobs.py)
     held: deque = field(default_factory=deque)  # ops of later rounds, waiting for in_flight
 
     def describe(self) -> str:
@@ -124,8 +145,8 @@ class KeyTable:
 
     def release(self, names: list[str]) -> list["Tensor"]:
         """Forget the declared tensors among ``names`` (with their compressor states; none may
-        have a push_pull under way: ``PartitionFlight.busy``); the others are skipped."""
-        tensors = [self.tensors[n] for n in names if n in self.tensors]
+        have a push_pull under way: ``PartitionFlight.busy``); the others, and repeats, are skipped."""
+        tensors = [self.tensors[n] for n in dict.fromkeys(names) if n in self.tensors]
         for t in tensors:
             del self.tensors[t.name]
             for wk in t.keys:

@@ -19,29 +19,16 @@ from __future__ import annotations
 
 import collections
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 
 from ...compressors.policy import CompressionPolicy
-from ...compressors.spec import CodecSpec
+from ...pipeline import GradientPipeline, ParameterTable, gradient_or_zeros
 from .. import ops
 from ..broadcast import broadcast_parameters
 from ..compression import Compression
 
 _made: collections.Counter = collections.Counter()  # job epoch -> DistributedDataParallel objects made
-
-
-@dataclass
-class Bucket:
-    """Parameters whose gradients travel together in one flat tensor."""
-    name: str
-    params: list[torch.Tensor]
-    spec: CodecSpec | None
-    priority: int
-    ready: int = 0
-    handle: tuple[int, object] | None = field(default=None)  # (push_pull handle, compression ctx)
-    flat: torch.Tensor | None = None
 
 
 class DistributedDataParallel(torch.nn.Module):
@@ -79,42 +66,22 @@ class DistributedDataParallel(torch.nn.Module):
         instance = _made[ops.job_epoch()]
         _made[ops.job_epoch()] += 1
         self._prefix = "" if instance == 0 else f"ddp{instance}."
-        self._buckets = self._make_buckets(named, bucket_cap_mb, compression_params, compression_rules)
-        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        table = ParameterTable([p for _, p in named], named,
+                               CompressionPolicy.for_job(ops.settings(), compression_params, compression_rules))
+        for p in table.trainable:
+            spec = table.spec[id(p)] or table.rule[id(p)]
+            corrected = spec is not None and spec.compression_params.get("ef") == "corrected"
+            if spec is not None and (spec.is_auto or spec.is_lowrank or corrected):
+                raise ValueError(f"DistributedDataParallel: parameter {table.names[id(p)]!r}: compression {spec} needs "
+                                 f"the optimizer (learning rate, step times, a step's matrices); use "
+                                 f"DistributedOptimizer")
+        self._gradpress = GradientPipeline(table, f"Gradient.{self._prefix}", compression=compression,
+                                           bucket_bytes=bucket_cap_mb * (1 << 20), fill=gradient_or_zeros,
+                                           owner="DistributedDataParallel")
+        self._param = {id(p): p for p in table.trainable}
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
         if module.state_dict():
             broadcast_parameters(module.state_dict(), root_rank=0, prefix=f"Parameter.{self._prefix}")
-
-    def _make_buckets(self, named, cap_mb: float, default, rules) -> list[Bucket]:
-        policy = CompressionPolicy.for_job(ops.settings(), default, rules)
-        order = {id(p): i for i, (_, p) in enumerate(named)}
-        buckets: list[Bucket] = []
-        current: list[tuple[str, torch.Tensor]] = []
-        current_spec, size = None, 0
-
-        def close() -> None:
-            if current:
-                params = [p for _, p in current]
-                name = (f"Gradient.{self._prefix}{current[0][0]}" if len(current) == 1
-                        else f"Gradient.{self._prefix}bucket.{len(buckets)}")
-                # the bucket holding the parameters nearest the input goes first, as in the optimizer
-                buckets.append(Bucket(name, params, current_spec, -min(order[id(p)] for p in params)))
-        for pname, p in reversed(named):
-            nbytes = p.numel() * p.element_size()
-            spec = policy.for_tensor(pname, nbytes, str(p.dtype).replace("torch.", ""))
-            needs_optimizer = spec is not None and (spec.is_auto or spec.is_lowrank
-                                                    or spec.compression_params.get("ef") == "corrected")
-            if needs_optimizer:
-                raise ValueError(f"DistributedDataParallel: parameter {pname!r}: compression {spec} needs the "
-                                 f"optimizer (learning rate, step times, a step's matrices); use DistributedOptimizer")
-            same = current and spec == current_spec and p.dtype == current[0][1].dtype
-            if not same or size + nbytes > cap_mb * (1 << 20):
-                close()
-                current, current_spec, size = [], spec, 0
-            current.append((pname, p))
-            size += nbytes
-        close()
-        return buckets
 
     def forward(self, *inputs, **kwargs):
         if self.broadcast_buffers:
@@ -135,39 +102,15 @@ class DistributedDataParallel(torch.nn.Module):
     def _on_grad(self, p: torch.Tensor) -> None:
         if not self._sync:
             return
-        bucket = self._bucket_of[id(p)]
-        bucket.ready += 1
-        if bucket.ready == len(bucket.params):
-            self._push(bucket)
-            if all(b.handle is not None for b in self._buckets):
-                self.synchronize()  # the last gradient of this backward: finish before it returns
-
-    def _push(self, bucket: Bucket) -> None:
-        for p in bucket.params:
-            if p.grad is None:  # not used by this forward: every worker must still take part
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.detach().reshape(-1) for p in bucket.params])
-        compressed, ctx = self._compression.compress(flat)
-        spec = bucket.spec if bucket.spec is not None and bucket.spec.accepts(
-            str(compressed.dtype).replace("torch.", "")) else None
-        bucket.flat = compressed
-        bucket.handle = (ops.push_pull_async_inplace(compressed, average=True, name=bucket.name,
-                                                     priority=bucket.priority, compression_params=spec), ctx)
+        pipeline = self._gradpress
+        pipeline.submit(p, p.grad)
+        if len(pipeline.submitted()) == len(pipeline.table.trainable):
+            self.synchronize()  # the last gradient of this backward: finish before it returns
 
     def synchronize(self) -> None:
-        """Finish every bucket's push_pull (pushing those this backward did not complete)."""
-        for bucket in self._buckets:
-            if bucket.handle is None:
-                self._push(bucket)
-        try:
-            for bucket in self._buckets:
-                handle, ctx = bucket.handle
-                flat = self._compression.decompress(ops.synchronize(handle), ctx)
-                at = 0
+        """Finish every gradient's push_pull (pushing those this backward did not reach)."""
+        for pid, out in self._gradpress.finish().items():
+            p = self._param[pid]
+            if out is not p.grad:
                 with torch.no_grad():
-                    for p in bucket.params:
-                        p.grad.copy_(flat[at:at + p.numel()].view_as(p.grad))
-                        at += p.numel()
-        finally:
-            for bucket in self._buckets:
-                bucket.ready, bucket.handle, bucket.flat = 0, None, None
+                    p.grad.copy_(out)

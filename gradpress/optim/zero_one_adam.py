@@ -9,7 +9,7 @@ kind of every step):
   ``v = b2 v + (1 - b2) g^2``;
 - ``momentum`` step: each worker's ``m_i = b1 m + (1 - b1) g_i`` travels compressed with
   error feedback on workers and servers (the 1-bit Adam momentum path, any codec it can
-  carry: see ``momentum_path``); the pulled average is everyone's ``m``;
+  carry: see ``momentum_codecs``); the pulled average is everyone's ``m``;
 - after ``var_freeze_step``, ``local`` steps: ``m = b1 m + (1 - b1) g_i`` with the worker's
   own gradient and a local update, no communication; and ``sync`` steps: the same, then the
   worker's update since the last sync, ``(p - anchor) * denom`` (momentum units, as in
@@ -42,8 +42,10 @@ from typing import Iterable
 import torch
 
 from ..compressors.policy import CompressionPolicy
-from . import momentum_path as mp
-from . import ops
+from ..pipeline.planning import PlanTuning
+from ..torch import ops
+from . import momentum_codecs as mc
+from .compressed_adam import CompressedAdam
 from .zero_one_schedule import ZeroOneSchedule
 
 GRAD_PREFIX = "ZeroOneAdam.grad."
@@ -51,7 +53,7 @@ MOMENTUM_PREFIX = "ZeroOneAdam.momentum."
 DELTA_PREFIX = "ZeroOneAdam.delta."
 
 
-class ZeroOneAdam(torch.optim.Optimizer):
+class ZeroOneAdam(CompressedAdam):
     """0/1 Adam for data-parallel training: sparse variance updates, compressed momentum, local steps.
 
     Args:
@@ -68,7 +70,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         bias_correction: divide m by 1 - b1^t and v by 1 - b2^(variance updates).
         compression_params: BytePS ``compression_params`` for the momentum path (default:
             onebit, L2 scale, vanilla error feedback); topk, randomk, dithering or any
-            registered codec it can carry (see ``momentum_path``).
+            registered codec it can carry (see ``momentum_codecs``), or ``{"compressor": "auto"}``: planned.
         named_parameters: ``model.named_parameters()``; names must agree across workers.
         compression_rules: ``[(pattern, params), ...]`` by parameter name, first match wins.
         variance_floor: ``sqrt(v_hat)`` is at least this fraction of the tensor's mean; 0 disables.
@@ -76,6 +78,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
             (uncompressed, the default) or ``{"compressor": "fp16"}``, what DeepSpeed's
             variance steps send when training in fp16; no other codec (v needs the gradient's
             own magnitudes).
+        plan_tuning: the planner's constants (``compressor: auto``).
     Raises:
         ValueError: bad arguments (a freeze before the first variance update, a scaler
             below 1, a codec the momentum path cannot carry), before the first step.
@@ -86,23 +89,21 @@ class ZeroOneAdam(torch.optim.Optimizer):
                  var_update_scaler: int = 16, local_step_scaler: int = 32678, local_step_clipper: int = 16,
                  bias_correction: bool = True, compression_params: dict | None = None,
                  named_parameters: Iterable | None = None, compression_rules: list[tuple[str, dict]] | None = None,
-                 variance_floor: float = 0.1, variance_compression_params: dict | None = None):
-        mp.check_adam_args(lr, betas, eps, weight_decay, variance_floor)
+                 variance_floor: float = 0.1, variance_compression_params: dict | None = None,
+                 plan_tuning: PlanTuning | None = None):
         if variance_compression_params not in (None, {"compressor": "none"}, {"compressor": "fp16"}):
             raise ValueError(f"ZeroOneAdam: variance_compression_params={variance_compression_params!r}: the "
                              "variance needs the gradient at full precision: None or {'compressor': 'fp16'}")
         self.schedule = ZeroOneSchedule(var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper)
-        policy = mp.momentum_policy(compression_params, compression_rules, "ZeroOneAdam")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        super().__init__(params, lr, betas, eps, weight_decay, variance_floor, compression_params,
+                         compression_rules, named_parameters, plan_tuning)
         self.bias_correction = bias_correction
-        self.variance_floor = variance_floor
         self.last_kind: str | None = None  # the kind of the last step taken
-        all_params = [p for group in self.param_groups for p in group["params"]]
-        named_parameters = None if named_parameters is None else list(named_parameters)  # read twice
-        self._table = mp.ParameterTable(all_params, named_parameters, policy)
         # the job file's rules are for the momentum path: the variance's codec is this argument alone
-        variance_policy = CompressionPolicy(variance_compression_params, None, ops.settings().min_compress_bytes)
-        self._variance_table = mp.ParameterTable(all_params, named_parameters, variance_policy)
+        self._variance = self._pipeline(GRAD_PREFIX, CompressionPolicy(
+            variance_compression_params, None, ops.settings().min_compress_bytes))
+        self._momenta = self._pipeline(MOMENTUM_PREFIX, self.momentum_policy)
+        self._deltas = self._pipeline(DELTA_PREFIX, self.momentum_policy)
 
     @property
     def in_sync(self) -> bool:
@@ -113,13 +114,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        params = [(group, p) for group in self.param_groups for p in group["params"] if p.requires_grad]
-        for _, p in params:
-            mp.ensure_state(self.state[p], p)
+        loss, params = self._begin(closure)
         kind = self.schedule.next_kind()
         t = self.schedule.step + 1
         var_updates = self.schedule.var_updates + (kind == "variance")
@@ -133,17 +128,14 @@ class ZeroOneAdam(torch.optim.Optimizer):
 
     def _shared_momentum_step(self, params: list, kind: str, t: int, var_updates: int) -> None:
         """Variance or momentum step: every worker ends with the same m and parameters."""
-        pending = []
+        if kind == "variance":  # the gradient itself stays the worker's own
+            pipeline, sent = self._variance, [(p, p.grad.detach().clone()) for _, p in params]
+        else:
+            pipeline = self._momenta
+            sent = [(p, self._local_momentum(group, p)) for group, p in params]
+        averages = self._average(pipeline, sent)
         for group, p in params:
-            if kind == "variance":
-                buf = p.grad.detach().clone()  # the gradient itself stays the worker's own
-                pending.append(self._variance_table.push_pull(buf, p, GRAD_PREFIX, group["lr"], compressed=True))
-            else:
-                beta1 = group["betas"][0]
-                buf = torch.mul(self.state[p]["exp_avg"], beta1).add_(p.grad, alpha=1 - beta1)
-                pending.append(self._table.push_pull(buf, p, MOMENTUM_PREFIX, group["lr"], compressed=True))
-        for (group, p), handle in zip(params, pending):
-            out = ops.synchronize(handle)
+            out = averages[id(p)]
             st = self.state[p]
             st["step"] += 1
             beta1, beta2 = group["betas"]
@@ -152,12 +144,13 @@ class ZeroOneAdam(torch.optim.Optimizer):
                 st["exp_avg_sq"].mul_(beta2).addcmul_(out, out, value=1 - beta2)
             else:
                 st["exp_avg"].copy_(out)  # the average of every worker's momentum
-            self._update(group, p, st, self._denominator(group, st, var_updates), t)
+            self._apply(group, p, st, self._denominator(group, st, var_updates), self._bias1(group, t))
+        pipeline.after_step(0.0)
 
     def _local_step(self, params: list, sync: bool, t: int, var_updates: int) -> None:
         """After the freeze: a local Adam step with the worker's own gradient; on a sync step,
         the update since the last sync is averaged (compressed) and replaces the local one."""
-        pending = []
+        sent, denoms = [], {}
         for group, p in params:
             st = self.state[p]
             if "anchor" not in st:  # the first step after the freeze: parameters are identical now
@@ -167,18 +160,21 @@ class ZeroOneAdam(torch.optim.Optimizer):
             st["exp_avg"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
             st["lrs"] += group["lr"]
             denom = self._denominator(group, st, var_updates)
-            self._update(group, p, st, denom, t)
+            self._apply(group, p, st, denom, self._bias1(group, t))
             if sync:
-                buf = (p.detach() - st["anchor"]).mul_(denom)  # momentum units, as DeepSpeed sends
-                pending.append((denom, self._table.push_pull(buf, p, DELTA_PREFIX, group["lr"], compressed=True)))
-        for (group, p), (denom, handle) in zip(params, pending):
-            avg = ops.synchronize(handle)
-            st = self.state[p]
-            p.copy_(st["anchor"] + avg / denom)
+                denoms[id(p)] = denom
+                sent.append((p, (p.detach() - st["anchor"]).mul_(denom)))  # momentum units, as DeepSpeed sends
+        if not sync:
+            return
+        averages = self._average(self._deltas, sent)
+        for group, p in params:
+            avg, st = averages[id(p)], self.state[p]
+            p.copy_(st["anchor"] + avg / denoms[id(p)])
             m_hat = avg / -st["lrs"] if st["lrs"] > 0 else torch.zeros_like(avg)
             st["exp_avg"].copy_(m_hat * self._bias1(group, t))
             st["anchor"].copy_(p)
             st["lrs"] = 0.0
+        self._deltas.after_step(0.0)
 
     def _bias1(self, group: dict, t: int) -> float:
         return 1 - group["betas"][0] ** t if self.bias_correction else 1.0
@@ -187,45 +183,31 @@ class ZeroOneAdam(torch.optim.Optimizer):
         v_hat = st["exp_avg_sq"]
         if self.bias_correction:
             v_hat = v_hat / (1 - group["betas"][1] ** var_updates)
-        return mp.floored_denominator(v_hat, self.variance_floor, group["eps"])
-
-    def _update(self, group: dict, p: torch.Tensor, st: dict, denom: torch.Tensor, t: int) -> None:
-        update = st["exp_avg"] / self._bias1(group, t) / denom
-        if group["weight_decay"]:
-            update.add_(p, alpha=group["weight_decay"])
-        p.add_(update, alpha=-group["lr"])
+        return mc.floored_denominator(v_hat, self.variance_floor, group["eps"])
 
     # ---- checkpoints ----------------------------------------------------------
 
-    def _compressed_tensors(self) -> dict[str, str]:
-        names = self._table.names.values()
-        return {label + n: prefix + n for label, prefix in (("momentum.", MOMENTUM_PREFIX), ("delta.", DELTA_PREFIX))
-                for n in names}
-
     def state_dict(self) -> dict:
         """torch's optimizer state (moments, anchor, lr sum) plus ``zero_one``: the schedule,
-        the floor, the last step's kind and both sides' residuals of both compressed tensors."""
+        the floor, the last step's kind and each path's state (both sides' residuals of the
+        compressed momentum and delta, low-rank state, a plan's residuals)."""
         sd = super().state_dict()
-        workers, servers = mp.save_residuals(self._compressed_tensors())
         sd["zero_one"] = {"schedule": self.schedule.state(), "variance_floor": self.variance_floor,
                           "bias_correction": self.bias_correction, "last_kind": self.last_kind,
-                          "worker_residuals": workers, "server_residuals": servers,
-                          "lowrank": self._table.lowrank_state(),
-                          "variance_lowrank": self._variance_table.lowrank_state()}
+                          "momentum": self._momenta.state_dict(residuals=True),
+                          "delta": self._deltas.state_dict(residuals=True),
+                          "variance": self._variance.state_dict()}
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore ``state_dict()``: schedule, moments, anchor and (if present) both sides' residuals."""
-        state_dict = dict(state_dict)
-        extra = state_dict.pop("zero_one", None)
-        super().load_state_dict(state_dict)
-        mp.steps_as_ints(self)
+        """Restore ``state_dict()``: schedule, moments, anchor and (if present) every path's state."""
+        extra = self._restore(state_dict, "zero_one")
         if extra is None:
             return
         self.schedule = ZeroOneSchedule.from_state(extra["schedule"])
         self.variance_floor = extra["variance_floor"]
         self.bias_correction = extra["bias_correction"]
         self.last_kind = extra["last_kind"]
-        mp.load_residuals(self._compressed_tensors(), extra["worker_residuals"], extra.get("server_residuals", {}))
-        self._table.load_lowrank_state(extra.get("lowrank", {}))
-        self._variance_table.load_lowrank_state(extra.get("variance_lowrank", {}))
+        self._momenta.load_state_dict(extra["momentum"])
+        self._deltas.load_state_dict(extra["delta"])
+        self._variance.load_state_dict(extra["variance"])

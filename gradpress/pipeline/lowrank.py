@@ -21,7 +21,8 @@ factor just summed and the one kept, identical on every worker.
 The first factor Q is drawn from a generator seeded by (seed, the tensor's name): every
 worker starts from the same one. Before ``start_step`` every tensor is averaged uncompressed.
 On CPU the products and the error update run in Numba kernels that pass over M and E once
-per product (``kernels/cpu/lowrank.py``); on other devices the same steps run as torch ops.
+per product (``kernels/cpu/lowrank.py``); on other devices the same steps run as torch ops
+(``lowrank_math``).
 """
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ import numpy as np
 import torch
 
 from ..compressors.lowrank import LowRankParams
-from ..kernels.cpu import lowrank as kernels
-from . import ops
+from ..torch.dtypes import dtype_name
+from .comm import OPS, Comm
+from .lowrank_math import NumbaMath, TorchMath
+from .routes.bucket import Bucket
 
 
 @dataclass
@@ -59,23 +62,26 @@ class LowRankReducer:
         prefix: names the fused tensors (``prefix + "LowRank.P"`` ...): unique per reducer.
         min_bytes: matrices smaller than this travel uncompressed (BYTEPS_MIN_COMPRESS_BYTES).
         priority: of the push_pulls.
+        comm: the job's push_pulls (a fake in tests).
     Raises:
         ValueError: a tensor that is not float32 (naming it).
     """
 
     def __init__(self, entries: list[tuple[str, torch.Tensor]], params: LowRankParams, prefix: str,
-                 min_bytes: int = 0, priority: int = 0):
+                 min_bytes: int = 0, priority: int = 0, comm: Comm = OPS):
         self.params = params
+        self.comm = comm
         self.prefix = prefix
         self.priority = priority
         self.step = 0  # steps reduced so far (compressed or not)
         self.matrices: list[_Matrix] = []
         self.raw: list[tuple[str, int, int]] = []  # (name, tensor id, numel), fused uncompressed
+        raw_members = []
         device = None
         p_len = q_len = 0
         for name, t in entries:
             if t.dtype != torch.float32:
-                raise ValueError(f"compressor {params.method!r}: {name!r} is {str(t.dtype).replace('torch.', '')}; "
+                raise ValueError(f"compressor {params.method!r}: {name!r} is {dtype_name(t.dtype)}; "
                                  f"low-rank compression takes float32 tensors (exempt it with a rule "
                                  f"{{'compressor': 'none'}})")
             device = device or t.device
@@ -86,10 +92,11 @@ class LowRankReducer:
                 p_len, q_len = p_len + rows * r, q_len + r * cols
             else:
                 self.raw.append((name, id(t), t.numel()))
+                raw_members.append(t)
         self.device = device or torch.device("cpu")
         self.p = torch.zeros(p_len, dtype=torch.float32, device=self.device)
         self.q = torch.zeros(q_len, dtype=torch.float32, device=self.device)
-        self.raw_buffer = torch.zeros(sum(n for _, _, n in self.raw), dtype=torch.float32, device=self.device)
+        self.raw_bucket = Bucket(f"{prefix}LowRank.raw", raw_members, None, priority, comm) if raw_members else None
         self.factors_ready = False  # Q (and, for ACP-SGD after a P step, P) hold a step's factors
         # the last compressed step's seconds of factor work (rounds left out) and of
         # reconstruction: what the planner re-bases its low-rank costs on
@@ -109,49 +116,36 @@ class LowRankReducer:
                   [m.name for m in self.matrices if m.tensor_id not in tensors]
         if missing:
             raise ValueError(f"{self.prefix}LowRank: no tensor for {missing[:5]}")
-        tracer = ops.client().tracer
-        handles = [self._start_raw(tensors)]
+        comm = self.comm
+        if self.raw_bucket is not None:
+            for t in self.raw_bucket.members:
+                self.raw_bucket.submit(t, tensors[id(t)])
+        handles = []
         if not self.compressing:
-            handles += [(ops.push_pull_async_inplace(tensors[m.tensor_id], average=True, priority=self.priority,
-                                                     name=f"{self.prefix}LowRank.full.{m.name}"), None)
-                        for m in self.matrices]
+            handles = [comm.start(tensors[m.tensor_id], f"{self.prefix}LowRank.full.{m.name}", priority=self.priority)
+                       for m in self.matrices]
         elif self.matrices:
-            with tracer.span(f"{self.params.method} factors", step=self.step):
+            with comm.span(f"{self.params.method} factors", step=self.step):
                 views = {m.tensor_id: _matrix_view(tensors[m.tensor_id], m) for m in self.matrices}
-                self._compressed_step(views, tracer)
+                self._compressed_step(views)
                 for m in self.matrices:
                     out = views[m.tensor_id]
                     if out.data_ptr() != tensors[m.tensor_id].data_ptr():
                         tensors[m.tensor_id].copy_(out.view_as(tensors[m.tensor_id]))
-        for handle, finish in handles:
-            if handle is None:
-                continue
-            ops.synchronize(handle)
-            if finish is not None:
-                finish()
+        for handle in handles:
+            comm.wait(handle)
+        if self.raw_bucket is not None:
+            self.raw_bucket.finish()
         self.step += 1
 
-    def _start_raw(self, tensors: dict[int, torch.Tensor]):
-        if not self.raw:
-            return None, None
-        offset = 0
-        with torch.no_grad():
-            for _, i, n in self.raw:
-                self.raw_buffer[offset:offset + n].copy_(tensors[i].reshape(-1))
-                offset += n
-        handle = ops.push_pull_async_inplace(self.raw_buffer, average=True, priority=self.priority,
-                                             name=f"{self.prefix}LowRank.raw")
+    def key_names(self) -> list[str]:
+        """The names of every tensor this reducer pushes (what releasing it frees)."""
+        names = [f"{self.prefix}LowRank.{which}" for which in ("P", "Q")]
+        names += [f"{self.prefix}LowRank.full.{m.name}" for m in self.matrices]
+        return names + ([self.raw_bucket.name] if self.raw_bucket is not None else [])
 
-        def finish() -> None:
-            at = 0
-            with torch.no_grad():
-                for _, i, n in self.raw:
-                    tensors[i].copy_(self.raw_buffer[at:at + n].view_as(tensors[i]))
-                    at += n
-        return handle, finish
-
-    def _compressed_step(self, grads: dict[int, torch.Tensor], tracer) -> None:
-        math, workers = self.math, ops.size()
+    def _compressed_step(self, grads: dict[int, torch.Tensor]) -> None:
+        math, workers = self.math, self.comm.size()
         start, self._in_sums = time.perf_counter(), 0.0
         if not self.factors_ready:
             self._seed_q()
@@ -162,35 +156,36 @@ class LowRankReducer:
         if self.params.method == "powersgd":
             for m in self.matrices:  # round 1: P_i = X_i Q, and E_i holds X_i until round 2
                 math.factor_rows(grads[m.tensor_id], m.error, self._qt(m), self._p(m), True, False)
-            self._sum(self.p, "P", tracer)
+            self._sum(self.p, "P")
             math.orthonormalize(self.p, self._layout(by_rows=False), False)
             for m in self.matrices:  # round 2: Q_i = X_i^T P, E_i = X_i - P Q_i^T
                 math.factor_cols(None, m.error, self._p(m), self._qt(m), False)
                 math.subtract_product(None, m.error, self._p(m), self._qt(m), False)
-            self._sum(self.q, "Q", tracer)
+            self._sum(self.q, "Q")
         elif k % 2 == 0:  # ACP-SGD, P step
             math.orthonormalize(self.q, self._layout(by_rows=True), True)
             for m in self.matrices:
                 math.factor_rows(grads[m.tensor_id], m.error, self._qt(m), self._p(m), True, True)
-            self._sum(self.p, "P", tracer)
+            self._sum(self.p, "P")
         else:  # ACP-SGD, Q step
             math.orthonormalize(self.p, self._layout(by_rows=False), False)
             for m in self.matrices:
                 math.factor_cols(grads[m.tensor_id], m.error, self._p(m), self._qt(m), True)
                 math.subtract_product(grads[m.tensor_id], m.error, self._p(m), self._qt(m), True)
-            self._sum(self.q, "Q", tracer)
+            self._sum(self.q, "Q")
         rebuild = time.perf_counter()
-        with tracer.span(f"{self.params.method} reconstruct", step=self.step):
+        with self.comm.span(f"{self.params.method} reconstruct", step=self.step):
             for m in self.matrices:
                 math.reconstruct(self._p(m), self._qt(m), 1.0 / workers, grads[m.tensor_id])
         self.work_s = rebuild - start - self._in_sums
         self.rebuild_s = time.perf_counter() - rebuild
 
-    def _sum(self, flat: torch.Tensor, which: str, tracer) -> None:
+    def _sum(self, flat: torch.Tensor, which: str) -> None:
         """Every worker's factor summed, exactly, in place (uncompressed float32 push_pull)."""
         start = time.perf_counter()
-        with tracer.span(f"{self.params.method} round {which}", step=self.step):
-            ops.push_pull_inplace(flat, average=False, priority=self.priority, name=f"{self.prefix}LowRank.{which}")
+        with self.comm.span(f"{self.params.method} round {which}", step=self.step):
+            self.comm.wait(self.comm.start(flat, f"{self.prefix}LowRank.{which}", priority=self.priority,
+                                           average=False))
         self._in_sums += time.perf_counter() - start
 
     def _seed_q(self) -> None:
@@ -250,72 +245,3 @@ def _matrix_view(t: torch.Tensor, m: _Matrix) -> torch.Tensor:
     return t.detach().reshape(m.rows, m.cols).contiguous()
 
 
-class NumbaMath:
-    """The steps on CPU tensors, through the Numba kernels (one pass over M and E per product)."""
-
-    @staticmethod
-    def factor_rows(m, e, qt, p, add_m: bool, subtract: bool) -> None:
-        kernels.factor_rows(_np(m if m is not None else e), _np(e), _np(qt), _np(p), add_m, subtract)
-
-    @staticmethod
-    def factor_cols(m, e, p, qt, add_m: bool) -> None:
-        kernels.factor_cols(_np(m if m is not None else e), _np(e), _np(p), _np(qt), add_m)
-
-    @staticmethod
-    def subtract_product(m, e, p, qt, add_m: bool) -> None:
-        kernels.subtract_product(_np(m if m is not None else e), _np(e), _np(p), _np(qt), add_m)
-
-    @staticmethod
-    def reconstruct(p, qt, scale: float, out) -> None:
-        kernels.reconstruct(_np(p), _np(qt), scale, _np(out))
-
-    @staticmethod
-    def orthonormalize(flat, layout, by_rows: bool) -> None:
-        kernels.orthonormalize(_np(flat), *layout, by_rows)
-
-
-class TorchMath:
-    """The same steps as torch ops, on the tensors' own device (a GPU worker's)."""
-
-    @staticmethod
-    def factor_rows(m, e, qt, p, add_m: bool, subtract: bool) -> None:
-        if add_m:
-            e.add_(m)
-        torch.mm(e, qt.t(), out=p)
-        if subtract:
-            e.addmm_(p, qt, alpha=-1)
-
-    @staticmethod
-    def factor_cols(m, e, p, qt, add_m: bool) -> None:
-        torch.mm(p.t(), e + m if add_m else e, out=qt)
-
-    @staticmethod
-    def subtract_product(m, e, p, qt, add_m: bool) -> None:
-        if add_m:
-            e.add_(m)
-        e.addmm_(p, qt, alpha=-1)
-
-    @staticmethod
-    def reconstruct(p, qt, scale: float, out) -> None:
-        torch.mm(p, qt, out=out)
-        out.mul_(scale)
-
-    @staticmethod
-    def orthonormalize(flat, layout, by_rows: bool) -> None:
-        """Modified Gram-Schmidt per matrix, as the kernel: zero or dependent vectors become zero."""
-        for base, n, r in zip(*layout):
-            base, n, r = int(base), int(n), int(r)
-            block = flat[base:base + n * r]
-            vectors = block.view(r, n) if by_rows else block.view(n, r).t()
-            for k in range(r):
-                v = vectors[k]
-                before = torch.linalg.vector_norm(v.double())
-                for j in range(k):
-                    v.sub_(torch.dot(v.double(), vectors[j].double()).float() * vectors[j])
-                norm = torch.linalg.vector_norm(v.double())
-                keep = (norm > 0) & (norm > kernels.DEPENDENT * before)
-                v.copy_(torch.where(keep, v * torch.where(keep, 1.0 / norm, 0.0).float(), torch.zeros_like(v)))
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().numpy()

@@ -9,7 +9,7 @@ Two phases, as in the paper and DeepSpeed's ``OnebitAdam``:
   worker updates its momentum with its own gradient, ``m_i = beta1 * m + (1 - beta1) * g_i``,
   and the average of the ``m_i`` is pushed and pulled compressed (by default onebit, L2
   scale, with error feedback on workers and servers; any codec the momentum path can carry,
-  see ``momentum_path``). Every worker pulls the same bytes, so ``m`` and
+  see ``momentum_codecs``). Every worker pulls the same bytes, so ``m`` and
   the parameters stay identical everywhere. The update is
   ``p -= lr * (m / (1 - beta1**t) / (sqrt(v) + eps) + weight_decay * p)``
   (weight decay decoupled, as DeepSpeed's 1-bit Adam and AdamW do).
@@ -36,14 +36,15 @@ from typing import Iterable
 
 import torch
 
-from . import momentum_path as mp
-from . import ops
+from ..pipeline.planning import PlanTuning
+from . import momentum_codecs as mc
+from .compressed_adam import CompressedAdam
 
 GRAD_PREFIX = "OneBitAdam.grad."
 MOMENTUM_PREFIX = "OneBitAdam.momentum."
 
 
-class OneBitAdam(torch.optim.Optimizer):
+class OneBitAdam(CompressedAdam):
     """Adam for data-parallel training whose momentum travels compressed after a warm-up.
 
     Args:
@@ -53,14 +54,15 @@ class OneBitAdam(torch.optim.Optimizer):
         freeze_step: steps of uncompressed Adam before the variance is frozen.
         compression_params: BytePS ``compression_params`` for the momentum (default:
             onebit, L2 scale, vanilla error feedback); topk, randomk, dithering or any
-            registered codec the momentum path can carry (``momentum_path`` says which
+            registered codec the momentum path can carry (``momentum_codecs`` says which
             combinations it cannot, e.g. topk without ``ef``), or ``{"compressor": "auto"}``:
-            the planner picks each momentum's codec and fusion (``momentum_auto``).
+            the planner picks each momentum's codec and fusion.
         named_parameters: ``model.named_parameters()``; names must agree across workers.
         compression_rules: ``[(pattern, params), ...]`` by parameter name, first match
             wins (``{"compressor": "none"}`` sends that momentum uncompressed).
         variance_floor: after the freeze, ``sqrt(v)`` is at least this fraction of the
             tensor's mean ``sqrt(v)`` (see the module docstring); 0 disables.
+        plan_tuning: the planner's constants (``compressor: auto``).
     Raises:
         ValueError: bad arguments, or a codec the momentum path cannot carry.
     """
@@ -68,39 +70,32 @@ class OneBitAdam(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, freeze_step: int = 100,
                  compression_params: dict | None = None, named_parameters: Iterable | None = None,
-                 compression_rules: list[tuple[str, dict]] | None = None, variance_floor: float = 0.1):
-        mp.check_adam_args(lr, betas, eps, weight_decay, variance_floor)
+                 compression_rules: list[tuple[str, dict]] | None = None, variance_floor: float = 0.1,
+                 plan_tuning: PlanTuning | None = None):
         if freeze_step < 1:
             raise ValueError(f"freeze_step={freeze_step}: at least one step of Adam must fill the variance")
-        policy = mp.momentum_policy(compression_params, compression_rules, "OneBitAdam", auto_ok=True)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        super().__init__(params, lr, betas, eps, weight_decay, variance_floor, compression_params,
+                         compression_rules, named_parameters, plan_tuning)
         self.freeze_step = freeze_step
-        self.variance_floor = variance_floor
-        self._table = mp.ParameterTable([p for group in self.param_groups for p in group["params"]],
-                                        named_parameters, policy)
-        self._planned = self._momentum_planner(policy)
+        self._grads = self._pipeline(GRAD_PREFIX, None)
+        self._momenta = self._pipeline(MOMENTUM_PREFIX, self.momentum_policy)
 
     # ---- the step -----------------------------------------------------------
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        params = [(group, p) for group in self.param_groups for p in group["params"] if p.requires_grad]
-        for _, p in params:
-            mp.ensure_state(self.state[p], p)
+        loss, params = self._begin(closure)
         frozen = self.frozen
-        handles = [self._start(group, p, frozen) for group, p in params]
-        planned = self._planned if frozen else None
-        if planned is not None:
-            planned.wait()
+        if frozen:  # this worker's momentum travels; the average is everyone's
+            sent = [(p, self._local_momentum(group, p)) for group, p in params]
+        else:  # the gradient itself stays the worker's own
+            sent = [(p, p.grad.detach().clone()) for _, p in params]
+        pipeline = self._momenta if frozen else self._grads
+        averages = self._average(pipeline, sent)
         update_s = 0.0
-        for (group, p), (handle, out) in zip(params, handles):
-            if handle is not None:
-                ops.synchronize(handle)
+        for group, p in params:
             started = time.perf_counter()
+            out = averages[id(p)]
             st = self.state[p]
             st["step"] += 1
             beta1, beta2 = group["betas"]
@@ -113,8 +108,8 @@ class OneBitAdam(torch.optim.Optimizer):
                     self._freeze(st, beta2)
             self._update(group, p, st, beta1)
             update_s += time.perf_counter() - started
-        if planned is not None:
-            planned.after_step(update_s)
+        if frozen:
+            pipeline.after_step(update_s)
         return loss
 
     @property
@@ -123,39 +118,11 @@ class OneBitAdam(torch.optim.Optimizer):
         steps = [st["step"] for st in self.state.values() if "step" in st]
         return bool(steps) and max(steps) >= self.freeze_step
 
-    def _start(self, group: dict, p: torch.Tensor, frozen: bool) -> tuple[int, torch.Tensor]:
-        if not frozen:
-            buf = p.grad.detach().clone()  # the gradient itself stays the worker's own
-            return self._table.push_pull(buf, p, GRAD_PREFIX, group["lr"], compressed=False), buf
-        beta1 = group["betas"][0]
-        if self._planned is not None and self._planned.manages(p):
-            buf = self._planned.momentum(p)
-            torch.mul(self.state[p]["exp_avg"], beta1, out=buf).add_(p.grad, alpha=1 - beta1)
-            return self._planned.send(p), buf
-        buf = torch.mul(self.state[p]["exp_avg"], beta1).add_(p.grad, alpha=1 - beta1)  # this worker's momentum
-        return self._table.push_pull(buf, p, MOMENTUM_PREFIX, group["lr"], compressed=True), buf
-
-    def _momentum_planner(self, policy):
-        """The planner of the momenta whose compression is ``auto`` (with their small ones), or None."""
-        table = self._table
-        specs = {id(p): spec for group in self.param_groups for p in group["params"]
-                 if (spec := policy.rule_for(table.names[id(p)])) is not None and spec.is_auto}
-        if not specs:
-            return None
-        if len({str(s) for s in specs.values()}) > 1:
-            raise ValueError("OneBitAdam: compressor 'auto' plans every momentum it manages together; give "
-                             f"them one compression_params (got {sorted({str(s) for s in specs.values()})})")
-        params = [p for group in self.param_groups for p in group["params"] if id(p) in specs]
-        lr_of = {id(p): group["lr"] for group in self.param_groups for p in group["params"]}
-        from .momentum_auto import PlannedMomentum
-        return PlannedMomentum(params, table.names, table.priority, lr_of,
-                               next(iter(specs.values())).compression_params, MOMENTUM_PREFIX)
-
     def _freeze(self, st: dict, beta2: float) -> None:
         """Bias-correct v once and floor sqrt(v): the denominator of every later step."""
         v = st["exp_avg_sq"]
         v.div_(1 - beta2 ** self.freeze_step)
-        v.copy_(mp.floored_denominator(v, self.variance_floor, 0.0).square_())
+        v.copy_(mc.floored_denominator(v, self.variance_floor, 0.0).square_())
 
     def _update(self, group: dict, p: torch.Tensor, st: dict, beta1: float) -> None:
         t = st["step"]
@@ -163,46 +130,27 @@ class OneBitAdam(torch.optim.Optimizer):
             denom = st["exp_avg_sq"].sqrt().add_(group["eps"])  # frozen, already bias-corrected
         else:
             denom = (st["exp_avg_sq"] / (1 - group["betas"][1] ** t)).sqrt_().add_(group["eps"])
-        update = st["exp_avg"] / (1 - beta1 ** t) / denom
-        if group["weight_decay"]:
-            update.add_(p, alpha=group["weight_decay"])
-        p.add_(update, alpha=-group["lr"])
+        self._apply(group, p, st, denom, 1 - beta1 ** t)
 
     # ---- checkpoints ----------------------------------------------------------
 
-    def _momentum_tensors(self) -> dict[str, str]:
-        return {name: MOMENTUM_PREFIX + name for name in self._table.names.values()}
-
     def state_dict(self) -> dict:
-        """torch's optimizer state plus ``onebit``: freeze_step and both sides' EF residuals."""
+        """torch's optimizer state plus ``onebit``: freeze_step, the floor, and the momentum
+        path's state (both sides' residuals, low-rank state, a plan's residuals)."""
         sd = super().state_dict()
-        workers, servers = mp.save_residuals(self._momentum_tensors())
         sd["onebit"] = {"freeze_step": self.freeze_step, "variance_floor": self.variance_floor,
-                        "worker_residuals": workers, "server_residuals": servers,
-                        "lowrank": self._table.lowrank_state()}
-        if self._planned is not None:
-            sd["onebit"]["planned_residuals"] = self._planned.residuals(self._table.names)
+                        **self._momenta.state_dict(residuals=True)}
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore ``state_dict()``: phase, moments and (if present) both sides' residuals.
+        """Restore ``state_dict()``: phase, moments and (if present) the momentum path's state.
 
         The worker installs its residuals when the momentum is (or was) declared, and sends
         the servers' residuals back just ahead of each key's next push.
         """
-        state_dict = dict(state_dict)
-        extra = state_dict.pop("onebit", None)
-        super().load_state_dict(state_dict)
-        mp.steps_as_ints(self)
+        extra = self._restore(state_dict, "onebit")
         if extra is None:
             return
         self.freeze_step = extra["freeze_step"]
         self.variance_floor = extra["variance_floor"]
-        mp.load_residuals(self._momentum_tensors(), extra["worker_residuals"], extra.get("server_residuals", {}))
-        self._table.load_lowrank_state(extra.get("lowrank", {}))
-        planned = extra.get("planned_residuals") or {}
-        if planned and self._planned is None:
-            raise ValueError("the checkpoint holds residuals of a planned momentum path (compressor 'auto'); "
-                             "this OneBitAdam has no 'auto' compression to take them")
-        if planned:
-            self._planned.load_residuals(self._table.names, planned)
+        self._momenta.load_state_dict(extra)

@@ -1,0 +1,84 @@
+"""``CompressedAdam``: what ``OneBitAdam`` and ``ZeroOneAdam`` share: Adam's arguments checked,
+the parameter table and the pipelines built on it, the step's prologue, the update, and the
+pipelines' checkpoints."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from ..compressors.policy import CompressionPolicy
+from ..pipeline import GradientPipeline, ParameterTable
+from ..pipeline.planning import PlanTuning
+from . import momentum_codecs as mc
+
+
+class CompressedAdam(torch.optim.Optimizer):
+    """An Adam whose momentum path travels through gradient pipelines.
+
+    Args (besides Adam's lr, betas, eps and decoupled weight_decay):
+        variance_floor: ``sqrt(v)`` is at least this fraction of the tensor's mean ``sqrt(v)``.
+        compression_params / compression_rules: the momentum path's codec (``momentum_codecs``
+            says what it can carry; ``{"compressor": "auto"}``: planned).
+        named_parameters: names must agree across workers.
+        plan_tuning: the planner's constants (``compressor: auto``).
+    """
+
+    def __init__(self, params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+                 variance_floor: float, compression_params: dict | None, compression_rules: list | None,
+                 named_parameters: Iterable | None, plan_tuning: PlanTuning | None):
+        mc.check_adam_args(lr, betas, eps, weight_decay, variance_floor)
+        self.momentum_policy = mc.momentum_policy(compression_params, compression_rules, type(self).__name__)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        self.variance_floor = variance_floor
+        self.plan_tuning = plan_tuning
+        self._table = ParameterTable([p for group in self.param_groups for p in group["params"]], named_parameters)
+        self._index_groups()
+
+    def _pipeline(self, prefix: str, policy: CompressionPolicy | None) -> GradientPipeline:
+        """A pipeline of every trainable parameter, named ``prefix + name``, under ``policy``."""
+        return GradientPipeline(self._table.with_policy(policy), prefix, lr_of=lambda p: self._groups[id(p)]["lr"],
+                                tuning=self.plan_tuning, owner=type(self).__name__)
+
+    def _index_groups(self) -> None:
+        self._groups = {id(p): group for group in self.param_groups for p in group["params"]}
+
+    def _begin(self, closure) -> tuple[object, list[tuple[dict, torch.Tensor]]]:
+        """The closure's loss, and the (group, parameter) pairs to step, each with Adam's state."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = [(group, p) for group in self.param_groups for p in group["params"] if p.requires_grad]
+        for _, p in params:
+            mc.ensure_state(self.state[p], p)
+        return loss, params
+
+    def _local_momentum(self, group: dict, p: torch.Tensor) -> torch.Tensor:
+        """This worker's momentum ``beta1 * m + (1 - beta1) * g``, in a new tensor (what travels)."""
+        beta1 = group["betas"][0]
+        return torch.mul(self.state[p]["exp_avg"], beta1).add_(p.grad, alpha=1 - beta1)
+
+    @staticmethod
+    def _average(pipeline: GradientPipeline, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+        """Every worker's average of each (parameter, tensor), by parameter id."""
+        for p, t in tensors:
+            pipeline.submit(p, t)
+        return pipeline.finish()
+
+    @staticmethod
+    def _apply(group: dict, p: torch.Tensor, st: dict, denom: torch.Tensor, bias1: float) -> None:
+        """``p -= lr * (m / bias1 / denom + weight_decay * p)``."""
+        update = st["exp_avg"] / bias1 / denom
+        if group["weight_decay"]:
+            update.add_(p, alpha=group["weight_decay"])
+        p.add_(update, alpha=-group["lr"])
+
+    def _restore(self, state_dict: dict, extra_key: str) -> dict | None:
+        """torch's part of ``state_dict`` loaded; returns this optimizer's own part (or None)."""
+        state_dict = dict(state_dict)
+        extra = state_dict.pop(extra_key, None)
+        super().load_state_dict(state_dict)
+        mc.steps_as_ints(self)
+        self._index_groups()
+        return extra

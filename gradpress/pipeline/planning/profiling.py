@@ -1,0 +1,121 @@
+"""Rank 0's profile of a job, made from what the ``StepClock`` measured, and its re-basing on
+the steps measured under a plan; ``choose`` keeps one of the plans a trial measured."""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import torch
+
+from ... import host
+from ...planner import calibrate, low_rank
+from ...planner.decide import Plan
+from ...planner.profile import HostShare, Profile, TensorProfile, fit_link, fit_message
+from ...planner.simulate import predict
+from ...server.engine import engine_count, local_engine_count
+from ..comm import Comm
+from .clock import StepClock
+
+
+def first_profile(clock: StepClock, params: list[torch.Tensor], names: dict[int, str], priority: dict[int, int],
+                  options: dict[str, dict], round_trips, batches, comm: Comm) -> Profile:
+    """The profile of ``params`` from the profiled steps, the probe's times and the codecs'
+    costs on this host (saved to ``GRADPRESS_PLAN_FILE`` too)."""
+    costs = calibrate.codec_costs(options)
+    message_s = fit_message(batches)
+    link = fit_link(round_trips, comm.size(), costs["none"].add, message_s)
+    s = comm.settings
+    moved = 2 * sum(p.numel() * p.element_size() for p in params)
+    profile = Profile(comm.size(), len(comm.client.book.servers), tensors(clock, params, names, priority),
+                      statistics.median(b for b, _ in clock.timeline),
+                      statistics.median(t for _, t in clock.timeline), costs, link, message_s,
+                      s.partition_bytes, s.scheduling_credit, server_lanes(comm),
+                      notes={"profiled_steps": len(clock.timeline), "round_trips": round_trips, "batches": batches},
+                      host=host_share(clock, comm, moved))
+    if s.plan_file:
+        with open(s.plan_file, "w") as fh:
+            fh.write(profile.to_json())
+    return profile
+
+
+def tensors(clock: StepClock, params: list[torch.Tensor], names: dict[int, str],
+            priority: dict[int, int]) -> tuple[TensorProfile, ...]:
+    """``params`` in the order they became ready (median times: a pause between two steps,
+    an evaluation say, is one step's outlier)."""
+    typical = {id(p): statistics.median(clock.ready[id(p)] or [0.0]) for p in params}
+    order = sorted(params, key=lambda p: (typical[id(p)], -priority[id(p)]))
+    return tuple(TensorProfile(names[id(p)], 4 * p.numel(), typical[id(p)], priority[id(p)],
+                               p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1) for p in order)
+
+
+def host_share(clock: StepClock, comm: Comm, moved_per_step: int) -> HostShare | None:
+    """Who shares rank 0's CPUs (the address book's machine ids), its training's CPU and its
+    sockets' CPU per byte; None where either is unknown."""
+    mine = host.machine_id()
+    if not mine or len(clock.cpu_marks) < 2:
+        return None
+    nodes = comm.client.book.sharing(mine)
+    workers = sum(n.role == "worker" for n in nodes)
+    servers = sum(n.role == "server" for n in nodes)
+    return HostShare(host.cores(), max(workers, 1), servers, max(clock.train_cpu_s(), 0.0),
+                     clock.wire_s_per_byte(moved_per_step))
+
+
+def server_lanes(comm: Comm) -> int:
+    """Threads doing a server's sums, as the simulator counts them: its engine threads, or 1
+    for the I/O thread where it has none. A server on rank 0's machine shares its cores and
+    follows the same rule as it (engine_count); one elsewhere is taken to have cores enough
+    for the default (its cores are not in the address book)."""
+    book, mine = comm.client.book, host.machine_id()
+    setting = comm.settings.server_engine_threads
+    threads = [local_engine_count(setting, book) if mine and n.machine == mine
+               else engine_count(setting, float("inf"), 1) for n in book.servers]
+    return max(min(threads, default=1), 1)
+
+
+def rebased(profile: Profile, plan: Plan, clock: StepClock, names: dict[int, str],
+            params: list[torch.Tensor]) -> Profile:
+    """``profile`` re-based on the steps measured under ``plan`` (each list's first left out:
+    it declared the plan's keys): the backward timeline, the step, the factor work and the
+    training CPU, with the measured iteration time in its notes."""
+    ready = {pid: times[1:] for pid, times in clock.ready.items()}
+    timeline = clock.timeline[1:]
+    by_name = {names[id(p)]: id(p) for p in params}
+    # the decision's order kept: the plans' groups index it
+    tensors_now = tuple(dataclasses.replace(t, ready_s=statistics.median(ready[by_name[t.name]] or [0.0]))
+                        for t in profile.tensors)
+    out = dataclasses.replace(profile, tensors=tensors_now,
+                              backward_end_s=statistics.median(b for b, _ in timeline),
+                              step_s=statistics.median(t for _, t in timeline),
+                              notes=dict(profile.notes, refined_steps=len(timeline),
+                                         measured_s=statistics.median(clock.measured[1:])))
+    plan_cpu_s = 0.0  # the plan's own work on the training thread (factors)
+    if plan.low_rank and len(clock.factors) > 1:  # (the first also seeds Q)
+        factors = clock.factors[1:]
+        work_s, rebuild_s = statistics.median(w for w, _ in factors), statistics.median(r for _, r in factors)
+        out = low_rank.measured(out, plan.low_rank_option, plan.low_rank, work_s, rebuild_s)
+        plan_cpu_s = work_s + rebuild_s
+    if out.host is not None:
+        out = dataclasses.replace(out, host=dataclasses.replace(
+            out.host, train_cpu_s=max(clock.train_cpu_s() - plan_cpu_s, 0.0)))
+    return out
+
+
+def choose(trials: list[tuple[Plan, Profile, float]], trial_noise: float) -> tuple[int, list[float]]:
+    """Which measured plan to keep, and each one's modelled time: (plan, its re-based profile,
+    its measured median s) per plan. The fastest measured, unless others measured within
+    ``trial_noise`` of it: then, of those, the one the model puts fastest. The model runs
+    each plan on its own measured timeline but on one training CPU for all (the median of
+    theirs: training's CPU does not depend on the plan, and its noise would otherwise
+    decide). A trial's median of 8 steps can move 5-10% between two measurements of one plan
+    on a shared host; the codecs' CPU, which the model sees, tells such plans apart."""
+    fastest = min(m for _, _, m in trials)
+    trains = [p.host.train_cpu_s for _, p, _ in trials if p.host is not None]
+    train = statistics.median(trains) if trains else 0.0
+    modelled = []
+    for plan, profile, _ in trials:
+        if profile.host is not None:
+            profile = dataclasses.replace(profile, host=dataclasses.replace(profile.host, train_cpu_s=train))
+        modelled.append(predict(*plan.simulated(profile)))
+    near = [i for i, (_, _, m) in enumerate(trials) if m <= fastest * (1 + trial_noise)]
+    return min(near, key=lambda i: (modelled[i], trials[i][2], i)), modelled

@@ -1,0 +1,145 @@
+"""``bucket``: consecutive tensors flattened into one buffer and push_pulled as one.
+
+The one fusion mechanism: DDP's buckets, the planner's groups (MergeComp: consecutive in
+backward order) and a low-rank reducer's uncompressed tensors all use it. When the last
+member's tensor is submitted, the tensors are copied into the bucket's flat buffer (made
+once, on the members' device, in their dtype) and the buffer travels; ``finish`` copies the
+average back into each submitted tensor. A bucket of one sends its tensor in place.
+
+``views`` (DistributedOptimizer's gradients, as DDP's ``gradient_as_bucket_view``): the
+averages come back as slices of the buffer instead of copies, and a tensor that is still
+its slice when the bucket next starts (``zero_grad(set_to_none=False)``, backward adding
+into it) is not copied in either. Host float32 members are copied with one numpy call:
+a torch op per member costs several times more for many small tensors, and each one
+releases the GIL to the communication thread.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ...compressors.spec import CodecSpec
+from ...torch.compression import Compression
+from ...torch.dtypes import dtype_name
+from ..comm import Comm
+from . import Route
+
+
+class Bucket(Route):
+    """Members' tensors fused into one push_pull named ``name``.
+
+    Args:
+        spec: the buffer's codec (None: uncompressed).
+        lr_of: a member's learning rate (the first member's travels with a compressed push).
+        carry: error feedback handed over from a previous plan, by member id: added to that
+            member's next tensor, once (shared with the other buckets of the plan).
+    """
+    kind = "bucket"
+
+    def __init__(self, name: str, members: list[torch.Tensor], spec: CodecSpec | None, priority: int,
+                 comm: Comm, lr_of: Callable[[torch.Tensor], float] | None = None, views: bool = False,
+                 compression=Compression.none, carry: dict[int, torch.Tensor] | None = None):
+        super().__init__(members)
+        self.name, self.spec, self.priority = name, spec, priority
+        self.comm, self.lr_of, self.views, self.compression = comm, lr_of, views, compression
+        self.carry = carry if carry is not None else {}
+        self.buffer: torch.Tensor | None = None
+        self._given: dict[int, torch.Tensor] = {}
+        self._handle: tuple[int, object] | None = None   # (push_pull handle, compression ctx)
+
+    @property
+    def fused(self) -> bool:
+        return len(self.members) > 1
+
+    @property
+    def started(self) -> bool:
+        return self._handle is not None
+
+    def submit(self, p: torch.Tensor, tensor: torch.Tensor) -> None:
+        self._given[id(p)] = tensor
+        if len(self._given) == len(self.members):
+            self._start()
+
+    def flush(self) -> None:
+        if not self.started:
+            self._start()
+
+    def _start(self) -> None:
+        missing = [p for p in self.members if id(p) not in self._given]
+        if missing:
+            raise RuntimeError(f"bucket {self.name!r}: {len(missing)} member(s) have no tensor this step")
+        tensors = [self._given[id(p)] for p in self.members]
+        with torch.no_grad():
+            for p, t in zip(self.members, tensors):
+                extra = self.carry.pop(id(p), None)
+                if extra is not None:
+                    t.add_(extra.to(t.device, t.dtype).view_as(t))
+            flat = tensors[0] if not self.fused else self._fill(tensors)
+        sent, ctx = self.compression.compress(flat)
+        spec = self.spec if self.spec is not None and self.spec.accepts(dtype_name(sent.dtype)) else None
+        lr = self.lr_of(self.members[0]) if spec is not None and self.lr_of is not None else None
+        self._handle = (self.comm.start(sent, self.name, priority=self.priority, spec=spec, lr=lr), ctx)
+
+    def _fill(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        if self.buffer is None:
+            self.buffer = torch.empty(sum(t.numel() for t in tensors), dtype=tensors[0].dtype,
+                                      device=tensors[0].device)
+        if self.views and self._in_views(tensors):
+            return self.buffer  # backward accumulated into the buffer itself
+        if _host_float32(tensors) and self.buffer.device.type == "cpu":
+            np.concatenate([t.numpy().reshape(-1) for t in tensors], out=self.buffer.numpy())
+        else:
+            offset = 0
+            for t in tensors:
+                self.buffer[offset:offset + t.numel()].copy_(t.reshape(-1))
+                offset += t.numel()
+        return self.buffer
+
+    def finish(self, p: torch.Tensor | None = None) -> dict[int, torch.Tensor]:
+        (handle, ctx), self._handle = self._handle, None
+        given, self._given = self._given, {}
+        out = self.compression.decompress(self.comm.wait(handle), ctx)
+        if not self.fused:
+            return {id(self.members[0]): out}
+        tensors = [given[id(q)] for q in self.members]
+        if self.views and out is self.buffer and all(q.is_contiguous() for q in self.members):
+            return dict(zip((id(q) for q in self.members), self.split(out)))
+        if _host_float32(tensors) and out.device.type == "cpu" and out.dtype == torch.float32:
+            flat, offset = out.numpy(), 0
+            for t in tensors:
+                view = t.numpy()  # the tensor's own memory, strided or not
+                np.copyto(view, flat[offset:offset + view.size].reshape(view.shape))
+                offset += view.size
+        else:
+            with torch.no_grad():
+                for t, part in zip(tensors, self.split(out)):
+                    t.copy_(part)
+        return {id(q): t for q, t in zip(self.members, tensors)}
+
+    def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """A tensor laid out like the buffer, as its members' parts (views, in their shapes)."""
+        parts, offset = [], 0
+        for q in self.members:
+            parts.append(flat[offset:offset + q.numel()].view(q.shape))
+            offset += q.numel()
+        return parts
+
+    def clear(self) -> None:
+        self._given, self._handle = {}, None
+
+    def _in_views(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether every tensor is still the slice of the buffer that ``finish`` handed out."""
+        base, offset, size = self.buffer.data_ptr(), 0, self.buffer.element_size()
+        for t in tensors:
+            if t.dtype != self.buffer.dtype or not t.is_contiguous() or t.data_ptr() != base + size * offset:
+                return False
+            offset += t.numel()
+        return True
+
+
+def _host_float32(tensors: list[torch.Tensor]) -> bool:
+    """Whether numpy can copy these tensors: float32, strided, in host memory."""
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.layout == torch.strided
+               and not t.requires_grad for t in tensors)

@@ -1,0 +1,46 @@
+"""``lowrank``: a step's matrices factored together (PowerSGD, ACP-SGD; ``pipeline.lowrank``).
+
+The reducer needs every member's tensor of the step at once, so the route holds them until
+``flush`` (the end of backward, or the momentum path's last submit) and reduces them there,
+in place.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..lowrank import LowRankReducer
+from . import Route
+
+
+class LowRankRoute(Route):
+    kind = "lowrank"
+
+    def __init__(self, members: list[torch.Tensor], reducer: LowRankReducer,
+                 carry: dict[int, torch.Tensor] | None = None):
+        super().__init__(members)
+        self.reducer = reducer
+        self.carry = carry if carry is not None else {}   # residuals handed over from a previous plan
+        self._given: dict[int, torch.Tensor] = {}
+        self._reduced = False
+
+    def submit(self, p: torch.Tensor, tensor: torch.Tensor) -> None:
+        self._given[id(p)] = tensor
+
+    def flush(self) -> None:
+        if self._reduced:
+            return
+        with torch.no_grad():
+            for pid, t in self._given.items():
+                extra = self.carry.pop(pid, None)
+                if extra is not None:
+                    t.add_(extra.to(t.device, t.dtype).view_as(t))
+            self.reducer.reduce(self._given)
+        self._reduced = True
+
+    def finish(self, p: torch.Tensor | None = None) -> dict[int, torch.Tensor]:
+        self.flush()
+        given, self._given, self._reduced = self._given, {}, False
+        return given
+
+    def clear(self) -> None:
+        self._given, self._reduced = {}, False

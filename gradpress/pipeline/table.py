@@ -1,0 +1,80 @@
+"""``ParameterTable``: each parameter's name (the same on every worker), priority and spec.
+
+Every front end (``DistributedOptimizer``, ``OneBitAdam``, ``ZeroOneAdam``, DDP) builds one,
+so names, priorities and the checks on ``named_parameters`` live here alone.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Iterable
+
+import torch
+
+from ..compressors.policy import CompressionPolicy
+from ..compressors.spec import CodecSpec
+from ..torch.dtypes import dtype_name
+
+
+class ParameterTable:
+    """Names, priorities and compression specs of an optimizer's parameters.
+
+    Args:
+        params: every parameter, in the optimizer's order: earlier ones get higher priority
+            (the next forward pass needs them first).
+        named_parameters: ``model.named_parameters()``, or None (named ``param.<i>``).
+        policy: the job's compression policy, or None (nothing compressed).
+    Raises:
+        ValueError: a malformed ``named_parameters``, a name given twice, or a trainable
+            parameter without a name (frozen ones need none: they never travel, as in BytePS).
+    """
+
+    def __init__(self, params: list[torch.Tensor], named_parameters: Iterable | None = None,
+                 policy: CompressionPolicy | None = None):
+        if named_parameters is not None:
+            named = list(named_parameters)
+            if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+                raise ValueError("named_parameters must be a sequence of (name, parameter) tuples, "
+                                 "as model.named_parameters() gives")
+            names = [n for n, _ in named]
+            dups = sorted({n for n in names if names.count(n) > 1})
+            if dups:
+                raise ValueError(f"parameter names must be unique; duplicated: {', '.join(dups)}")
+            by_id = {id(p): n for n, p in named}
+            unnamed = [tuple(p.shape) for p in params if id(p) not in by_id and p.requires_grad]
+            if unnamed:
+                raise ValueError(f"{len(unnamed)} trainable parameter(s) of the optimizer are missing from "
+                                 f"named_parameters (shapes {unnamed[:5]})")
+        else:
+            by_id = {id(p): f"param.{i}" for i, p in enumerate(params)}
+        self.params = list(params)
+        self.trainable = [p for p in params if p.requires_grad]
+        self.names = {id(p): by_id.get(id(p), f"frozen.{i}") for i, p in enumerate(params)}
+        self.priority = {id(p): -i for i, p in enumerate(params)}
+        self._apply(policy or CompressionPolicy())
+
+    def _apply(self, policy: CompressionPolicy) -> None:
+        params = self.params
+        # the rule that names a parameter (auto and low-rank take every tensor it names, small
+        # ones included: they fuse those), and the codec its tensor gets on its own
+        self.rule: dict[int, CodecSpec | None] = {id(p): policy.rule_for(self.names[id(p)]) for p in params}
+        self.spec: dict[int, CodecSpec | None] = {
+            id(p): policy.for_tensor(self.names[id(p)], p.numel() * p.element_size(), dtype_name(p.dtype))
+            for p in params}
+
+    def with_policy(self, policy: CompressionPolicy | None) -> "ParameterTable":
+        """The same parameters and names under another policy (an optimizer's second path)."""
+        other = copy.copy(self)
+        other._apply(policy or CompressionPolicy())
+        return other
+
+    def name(self, p: torch.Tensor) -> str:
+        return self.names[id(p)]
+
+    def lowrank(self) -> list[torch.Tensor]:
+        """The trainable parameters a powersgd / acpsgd rule names (reduced together)."""
+        return [p for p in self.trainable if (r := self.rule[id(p)]) is not None and r.is_lowrank]
+
+    def planned(self) -> list[torch.Tensor]:
+        """The trainable float32 parameters an ``auto`` rule names (the planner's)."""
+        return [p for p in self.trainable if p.dtype == torch.float32
+                and (r := self.rule[id(p)]) is not None and r.is_auto]

@@ -1,0 +1,157 @@
+"""The job's members: who may register, who did, their ranks and the address book.
+
+A worker or server registers once; the job starts when DMLC_NUM_WORKER machines'
+worth of workers (BYTEPS_LOCAL_SIZE each) and DMLC_NUM_SERVER servers did. A
+registration with wrong numbers, or one that clashes with a member already kept,
+is refused with the reason before anything is kept.
+No sockets here: the scheduler sends what the roster decides.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .. import logs
+from ..net import transport
+
+# Worker processes on one machine, at most (a machine has a few GPUs).
+MAX_LOCAL_SIZE = 1024
+# A machine id (host.machine_id: a boot id and a cgroup path), at most this long.
+MAX_MACHINE_ID = 512
+
+
+@dataclass
+class Member:
+    identity: bytes
+    role: str
+    host: str
+    port: int
+    worker_id: int
+    local_rank: int
+    local_size: int
+    pid: int
+    machine: str = ""
+    rank: int = -1
+    last_seen: float = field(default_factory=time.monotonic)
+    finished: bool = False
+
+    @property
+    def name(self) -> str:
+        return transport.node_name(self.role, self.rank)
+
+
+class Roster:
+    def __init__(self, num_worker: int, num_server: int):
+        self.num_worker = num_worker  # machines, each with local_size worker processes
+        self.num_server = num_server
+        self.members: dict[bytes, Member] = {}  # in registration order: ranks are assigned in it
+        self.registered = False  # every member registered and ranked: registration is closed
+
+    def workers(self) -> list[Member]:
+        return [m for m in self.members.values() if m.role == "worker"]
+
+    def servers(self) -> list[Member]:
+        return [m for m in self.members.values() if m.role == "server"]
+
+    # ---- registration ---------------------------------------------------
+
+    def refusal(self, identity: bytes, h: dict) -> str:
+        """Why this REGISTER is refused ('' if it is not)."""
+        if self.registered or identity in self.members:
+            return "registration is closed (the job is already running)"
+        role = h["role"]
+        if role not in ("worker", "server"):
+            return f"role {logs.peer(role)} cannot register; expected worker or server"
+        wrong = registration_problem(h)
+        if wrong:
+            return wrong
+        return self._worker_clash(h) if role == "worker" else ""
+
+    def _worker_clash(self, h: dict) -> str:
+        """What a worker's REGISTER contradicts among the workers already kept ('' if nothing)."""
+        workers = self.workers()
+        if workers and h["local_size"] != workers[0].local_size:
+            return (f"BYTEPS_LOCAL_SIZE={h['local_size']} differs from "
+                    f"{workers[0].local_size} of the workers already registered")
+        if h["worker_id"] >= self.num_worker:
+            return f"DMLC_WORKER_ID={h['worker_id']} >= DMLC_NUM_WORKER={self.num_worker}"
+        slot = (h["worker_id"], h["local_rank"])
+        if h["worker_id"] >= 0 and any((m.worker_id, m.local_rank) == slot for m in workers):
+            return f"DMLC_WORKER_ID={slot[0]} BYTEPS_LOCAL_RANK={slot[1]} is already taken"
+        return ""
+
+    def add(self, identity: bytes, h: dict) -> Member:
+        """Keep a REGISTER that refusal() let through."""
+        member = Member(identity, h["role"], h["host"], h["port"], h["worker_id"],
+                        h["local_rank"], h["local_size"], h["pid"], h.get("machine", ""))
+        self.members[identity] = member
+        return member
+
+    def complete(self) -> bool:
+        workers = self.workers()
+        if not workers:
+            return False
+        return len(workers) == self.num_worker * workers[0].local_size and len(self.servers()) == self.num_server
+
+    def assign_ranks(self) -> None:
+        """Workers take DMLC_WORKER_ID * BYTEPS_LOCAL_SIZE + local rank; those without an id, the ranks left."""
+        workers = self.workers()
+        local_size = workers[0].local_size
+        taken = {m.worker_id * local_size + m.local_rank for m in workers if m.worker_id >= 0}
+        free = iter(r for r in range(len(workers)) if r not in taken)
+        for m in workers:  # dict order is registration order
+            m.rank = m.worker_id * local_size + m.local_rank if m.worker_id >= 0 else next(free)
+        for rank, m in enumerate(self.servers()):
+            m.rank = rank
+        self.registered = True
+
+    def address_book(self) -> list[dict]:
+        return [{"role": m.role, "rank": m.rank, "host": m.host, "port": m.port, "machine": m.machine}
+                for m in self.members.values()]
+
+    def missing_summary(self) -> str:
+        workers = sum(m.role == "worker" for m in self.members.values())
+        servers = sum(m.role == "server" for m in self.members.values())
+        return (f"{workers} worker process(es) of {self.num_worker} machine(s) and "
+                f"{servers} of {self.num_server} server(s) registered")
+
+    # ---- a failed worker ------------------------------------------------
+
+    def failed_worker(self, sender: Member | None, h: dict) -> tuple[Member | None, int]:
+        """The worker an ABORT reports, if registered, and its rank (-1 if unknown).
+
+        The sender is the failed worker itself (registered or not), or its launcher, which
+        names the worker by pid, DMLC_WORKER_ID and local rank.
+        """
+        failed = sender if sender is not None and sender.role == "worker" and "pid" not in h else None
+        if failed is None and "pid" in h:
+            failed = next((m for m in self.workers() if m.pid == h["pid"]), None)
+        if failed is None and h.get("worker_id", -1) >= 0:
+            slot = (h["worker_id"], h.get("local_rank", 0))
+            failed = next((m for m in self.workers() if (m.worker_id, m.local_rank) == slot), None)
+        if failed is not None and failed.rank >= 0:
+            rank = failed.rank
+        elif h.get("worker_id", -1) >= 0:
+            # not ranked yet (the job had not started): the rank its DMLC_WORKER_ID would have given it
+            rank = h["worker_id"] * (failed.local_size if failed else 1) + h.get("local_rank", 0)
+        else:
+            rank = -1
+        return failed, rank
+
+
+def registration_problem(h: dict) -> str:
+    """What is wrong with a REGISTER's numbers ('' if nothing): checked before anything is kept."""
+    if not 0 <= h["port"] <= 65535:
+        return f"port {h['port']} is not a port number"
+    if not 1 <= h["local_size"] <= MAX_LOCAL_SIZE:
+        return f"BYTEPS_LOCAL_SIZE={h['local_size']} is not in [1, {MAX_LOCAL_SIZE}]"
+    if not 0 <= h["local_rank"] < h["local_size"]:
+        return f"BYTEPS_LOCAL_RANK={h['local_rank']} is not in [0, BYTEPS_LOCAL_SIZE={h['local_size']})"
+    if h["worker_id"] < -1:
+        return f"DMLC_WORKER_ID={h['worker_id']} is negative"
+    if h["pid"] < 0:
+        return f"pid {h['pid']} is negative"
+    if len(h.get("machine", "")) > MAX_MACHINE_ID:
+        return (f"machine id of {len(h['machine'])} characters (at most {MAX_MACHINE_ID}): the address book "
+                f"repeats every node's to every node")
+    return ""

@@ -1,0 +1,19 @@
+"""The two dtype facts torch-facing modules share: a dtype's name, and what its values travel as."""
+from __future__ import annotations
+
+import torch
+
+# What a floating-point tensor's values travel as. bfloat16 has no numpy dtype: its values
+# widen to float32, exactly, and narrow back once the sum lands.
+WIRE = {torch.float16: torch.float16, torch.float32: torch.float32, torch.float64: torch.float64,
+        torch.bfloat16: torch.float32}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``: the name messages, specs and the wire use."""
+    return str(dtype).removeprefix("torch.")
+
+
+def wire_dtype(dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype ``dtype``'s values travel as, or None for one that has no floating wire form."""
+    return WIRE.get(dtype)

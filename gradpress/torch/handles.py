@@ -1,0 +1,45 @@
+"""Handles: what the asynchronous push_pulls return, and what ``synchronize`` waits on."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..worker.future import Future
+
+_handles: dict[int, "Pending"] = {}
+_ids = itertools.count(1)
+
+
+@dataclass
+class Pending:
+    future: Future
+    output: torch.Tensor
+    finish: Callable[[], None] | None  # lands the result in output (a staging copy back, a sparse union)
+
+
+def register(pending: Pending) -> int:
+    handle = next(_ids)
+    _handles[handle] = pending
+    return handle
+
+
+def lookup(handle: int) -> Pending:
+    try:
+        return _handles[handle]
+    except KeyError:
+        raise ValueError(f"unknown push_pull handle {handle} (already synchronized?)") from None
+
+
+def wait(handle: int, timeout_s: float) -> torch.Tensor:
+    """Wait up to ``timeout_s`` for the push_pull behind ``handle``; its output tensor."""
+    pending = lookup(handle)
+    try:
+        pending.future.result(timeout_s)
+        if pending.finish is not None:
+            pending.finish()
+        return pending.output
+    finally:
+        _handles.pop(handle, None)

@@ -1,0 +1,107 @@
+"""Which route each parameter takes (gradpress/pipeline/pipeline.py), decided once when a
+pipeline is built, for the settings of each front end: none, fp16, a codec, rules,
+row-sparse, low-rank and auto; and the moves allowed at a step boundary."""
+import pytest
+import torch
+
+from fake_comm import FakeComm
+from gradpress.compressors.policy import CompressionPolicy
+from gradpress.pipeline import GradientPipeline, ParameterTable
+from gradpress.pipeline.routes.planned import PlannedRoute
+from gradpress.torch.compression import Compression
+
+ONEBIT = {"compressor": "onebit", "scaling": True, "ef": "vanilla"}
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 300), torch.nn.Linear(300, 4))
+
+
+def routes(params=None, rules=None, min_bytes=4096, **kwargs):
+    m = model()
+    table = ParameterTable(list(m.parameters()), list(m.named_parameters()),
+                           CompressionPolicy(params, rules, min_bytes))
+    pipe = GradientPipeline(table, comm=FakeComm(), **kwargs)
+    return pipe, m, {name: pipe.route_of(p) for name, p in m.named_parameters()}
+
+
+NAMES = ["0.weight", "1.weight", "1.bias", "2.weight", "2.bias"]
+
+
+@pytest.mark.parametrize("params,rules,kwargs,want", [
+    (None, None, {}, ["direct"] * 5),                                                   # none
+    (None, None, {"compression": Compression.fp16}, ["direct"] * 5),                    # Compression.fp16
+    (ONEBIT, None, {}, ["direct"] * 5),                                                 # a codec (small ones raw)
+    (ONEBIT, [("0.*", {"compressor": "acpsgd"}), ("2.*", {"compressor": "acpsgd"})], {},  # rules: low-rank for two
+     ["lowrank", "direct", "direct", "lowrank", "lowrank"]),
+    ({"compressor": "powersgd"}, None, {}, ["lowrank"] * 5),                             # low-rank: every tensor
+    ({"compressor": "auto"}, [("1.*", {"compressor": "none"})], {},                     # auto: direct until planned
+     ["direct"] * 5),
+    (None, None, {"bucket_bytes": 64 << 20}, ["bucket"] * 5),                           # DDP's buckets
+    (None, None, {"bucket_bytes": 0}, ["direct"] * 5),                                  # bucket_cap_mb=0
+])
+def test_each_setting_gives_each_parameter_one_route(params, rules, kwargs, want):
+    pipe, _, table = routes(params, rules, **kwargs)
+    assert [table[n] for n in NAMES] == want, table
+
+
+def test_specs_of_a_codec_follow_size_and_rules():
+    pipe, m, _ = routes(ONEBIT, [("2.*", {"compressor": "none"})])
+    spec = {n: pipe.table.spec[id(p)] for n, p in m.named_parameters()}
+    assert spec["1.weight"] is not None and spec["1.bias"] is None and spec["2.weight"] is None
+
+
+def test_the_planner_manages_the_auto_parameters_only():
+    pipe, m, _ = routes({"compressor": "auto"}, [("1.*", {"compressor": "none"})])
+    planned = {pipe.table.names[id(p)] for p in pipe.planner.params}
+    assert planned == {"0.weight", "2.weight", "2.bias"}
+
+
+def test_a_plan_moves_its_parameters_at_a_step_boundary_and_nothing_else_moves():
+    pipe, m, before = routes({"compressor": "auto"})
+    planned = pipe.planner.params
+    route = PlannedRoute.__new__(PlannedRoute)   # (an empty route: only the table is under test)
+    route.kind = "planned"
+    pipe._install(route, planned[:2])
+    after = {n: pipe.route_of(p) for n, p in m.named_parameters()}
+    assert [after[pipe.table.names[id(p)]] for p in planned[:2]] == ["planned", "planned"]
+    assert sum(v == "planned" for v in after.values()) == 2
+
+
+def test_row_sparse_routes_move_at_the_step_boundary_or_with_a_sparse_tensor():
+    pipe, m, _ = routes(sparse_density=0.5)
+    emb, lin = m[0].weight, m[1].weight
+    g_emb = torch.zeros(50, 8)
+    g_emb[3] = 1.0                      # 1 row of 50: row-sparse
+    grads = {id(p): torch.ones_like(p) for p in m.parameters()}
+    grads[id(emb)] = g_emb
+    for p in m.parameters():
+        pipe.submit(p, grads[id(p)])
+    assert pipe.route_of(emb) == "direct", "decided at the step's end, not during it"
+    pipe.finish()
+    assert pipe.route_of(emb) == "rows" and pipe.route_of(lin) == "direct"
+    pipe2, m2, _ = routes()
+    pipe2.submit(m2[0].weight, torch.zeros(50, 8).to_sparse(1))   # a sparse COO gradient: rows at once
+    assert pipe2.route_of(m2[0].weight) == "rows"
+
+
+def test_a_sparse_tensor_in_a_bucket_is_refused_by_name():
+    pipe, m, _ = routes(bucket_bytes=64 << 20)
+    with pytest.raises(ValueError, match="'0.weight' has a sparse gradient, but it travels bucket"):
+        pipe.submit(m[0].weight, torch.zeros(50, 8).to_sparse(1))
+
+
+@pytest.mark.parametrize("params,rules,message", [
+    ({"compressor": "acpsgd"}, [("2.*", {"compressor": "acpsgd", "rank": 2})], "same compression_params"),
+    ({"compressor": "auto"}, [("2.*", {"compressor": "auto", "allowed": ["onebit"]})], "one compression_params"),
+])
+def test_low_rank_and_auto_parameters_share_one_spec(params, rules, message):
+    with pytest.raises(ValueError, match=message):
+        routes(params, rules)
+
+
+@pytest.mark.parametrize("params", [{"compressor": "acpsgd"}, {"compressor": "auto"}])
+def test_low_rank_and_auto_refuse_a_tensor_level_compression(params):
+    with pytest.raises(ValueError, match="leave compression=Compression.none"):
+        routes(params, compression=Compression.fp16)

@@ -1,0 +1,246 @@
+"""Each route of the gradient pipeline alone (gradpress/pipeline/routes), against a fake job
+(fake_comm.FakeComm: one worker of two, the other's pushes drawn from a seeded generator).
+The averages a route hands back equal a numpy replay of the same sums; with tensors on
+``meta`` (a device that is not the host's) every buffer a route makes and everything it
+sends stays on that device. Real jobs run the same routes in the *_integ tests."""
+import numpy as np
+import pytest
+import torch
+
+from fake_comm import FakeComm
+from gradpress.compressors.lowrank import LowRankParams
+from gradpress.compressors.spec import CodecSpec
+from gradpress.pipeline.lowrank import LowRankReducer
+from gradpress.pipeline.routes.bucket import Bucket
+from gradpress.pipeline.routes.direct import DirectRoute
+from gradpress.pipeline.routes.lowrank import LowRankRoute
+from gradpress.pipeline.routes.planned import PlannedRoute
+from gradpress.pipeline.routes.rows import DensityVote, RowsRoute
+from gradpress.planner.decide import Plan
+from gradpress.planner.synthetic import synthetic_profile
+from gradpress.torch.compression import Compression
+
+ONEBIT = {"compressor": "onebit", "scaling": True, "ef": "vanilla"}
+
+
+def replay(comm: FakeComm, name: str, sent: np.ndarray, round_: int = 0) -> np.ndarray:
+    """What the job averages from this worker's ``sent`` (float64 sums, as the fake does)."""
+    return ((sent.astype(np.float64) + comm.peers(name, round_, sent.size)) / comm.size()).astype(sent.dtype)
+
+
+def _members(dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(7)
+    a = torch.nn.Parameter(torch.zeros(3, 4, dtype=dtype, device=device))
+    b = torch.nn.Parameter(torch.zeros(5, dtype=dtype, device=device))
+    c = torch.nn.Parameter(torch.zeros(3, 4, dtype=dtype, device=device))
+    grads = [torch.randn(3, 4, generator=gen, dtype=dtype), torch.randn(5, generator=gen, dtype=dtype),
+             torch.randn(4, 3, generator=gen, dtype=dtype).t()]  # the last strided: not contiguous
+    for p, g in zip((a, b, c), grads):
+        p.grad = g.to(device)
+    return [a, b, c]
+
+
+# ---- bucket ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,views", [(torch.float32, True), (torch.float32, False), (torch.float64, True)])
+def test_a_bucket_sends_members_in_order_and_hands_back_their_averages(dtype, views):
+    comm = FakeComm()
+    members = _members(dtype)
+    carry = {id(members[1]): torch.full((5,), 2.0, dtype=dtype)}  # a residual handed over
+    bucket = Bucket("g", members, None, 3, comm, views=views, carry=carry)
+    held = [p.grad for p in members]
+    flat = torch.cat([p.grad.reshape(-1) for p in members]).numpy().copy()
+    flat[12:17] += 2.0
+    for p in members:
+        bucket.submit(p, p.grad)
+    assert bucket.started and not carry, "the carried residual is added once"
+    assert np.array_equal(comm.sent[0].tensor.numpy(), flat) and comm.sent[0].priority == 3
+    out = bucket.finish()
+    want = replay(comm, "g", flat)
+    got = np.concatenate([out[id(p)].reshape(-1).numpy() for p in members])
+    assert np.array_equal(got, want)
+    if views:  # slices of the buffer: nothing copied out
+        assert [_offset(bucket, out[id(p)]) for p in members] == [0, 12, 17]
+        assert all(out[id(p)].shape == p.shape for p in members)
+    else:  # written into each tensor's own memory
+        assert all(out[id(p)] is g for p, g in zip(members, held))
+        assert not out[id(members[2])].is_contiguous()
+
+
+def _offset(bucket, t):
+    start = bucket.buffer.data_ptr()
+    end = start + bucket.buffer.numel() * bucket.buffer.element_size()
+    return (t.data_ptr() - start) // t.element_size() if start <= t.data_ptr() < end else None
+
+
+def test_tensors_left_in_their_views_are_not_copied_in(monkeypatch):
+    comm = FakeComm()
+    members = [torch.nn.Parameter(torch.zeros(n)) for n in (12, 5, 7)]
+    bucket = Bucket("g", members, None, 0, comm, views=True)
+    for p in members:
+        bucket.submit(p, torch.ones(p.shape))
+    views = bucket.finish()
+    for v in views.values():  # zero_grad(set_to_none=False), then backward adds into them
+        v.zero_().add_(3.0)
+
+    concatenate = np.concatenate
+
+    def no_copy(*args, **kwargs):
+        if "out" in kwargs:  # (the fake job draws its peers with numpy too)
+            raise AssertionError("copied tensors that were already in the buffer")
+        return concatenate(*args, **kwargs)
+    monkeypatch.setattr(np, "concatenate", no_copy)
+    for p in members:
+        bucket.submit(p, views[id(p)])
+    assert torch.equal(comm.sent[1].tensor, torch.full((24,), 3.0))
+    bucket.finish()
+
+
+def test_a_bucket_of_one_sends_its_tensor_in_place_with_its_codec_and_lr():
+    comm = FakeComm()
+    p = torch.nn.Parameter(torch.zeros(40000))
+    spec = CodecSpec.from_params(ONEBIT)
+    bucket = Bucket("one", [p], spec, 0, comm, lr_of=lambda q: 0.5)
+    g = torch.randn(40000)
+    bucket.submit(p, g)
+    assert comm.sent[0].spec == spec and comm.sent[0].lr == 0.5
+    assert bucket.finish()[id(p)] is g and bucket.buffer is None
+
+
+def test_a_bucket_refuses_to_start_without_every_member():
+    bucket = Bucket("g", _members(), None, 0, FakeComm())
+    with pytest.raises(RuntimeError, match="1 member"):
+        bucket.submit(bucket.members[0], torch.zeros(3, 4)) or bucket.submit(bucket.members[1], torch.zeros(5)) \
+            or bucket.flush()
+
+
+# ---- direct ------------------------------------------------------------------------------
+
+def test_direct_sends_each_tensor_apart_with_its_own_spec():
+    comm = FakeComm()
+    a, b, c = (torch.nn.Parameter(torch.zeros(20000)) for _ in range(3))
+    spec = CodecSpec.from_params(ONEBIT)
+    auto = CodecSpec.from_params({"compressor": "auto"})
+    names = {id(a): "G.a", id(b): "G.b", id(c): "G.c"}
+    route = DirectRoute([a, b, c], names, {id(a): 0, id(b): -1, id(c): -2}, {id(a): spec, id(b): None, id(c): auto},
+                        lambda p: 0.1, comm)
+    grads = {id(p): torch.randn(20000) for p in (a, b, c)}
+    sent = {pid: g.numpy().copy() for pid, g in grads.items()}
+    for p in (a, b, c):
+        route.submit(p, grads[id(p)])
+    assert [(s.name, s.spec, s.lr) for s in comm.sent] == [("G.a", spec, 0.1), ("G.b", None, None), ("G.c", None, None)]
+    assert set(route.finish(b)) == {id(b)}   # one member alone
+    out = {id(b): grads[id(b)], **route.finish()}
+    for p in (a, b, c):
+        want = replay(comm, names[id(p)], sent[id(p)])
+        assert out[id(p)] is grads[id(p)] and np.array_equal(out[id(p)].numpy(), want)
+
+
+def test_direct_with_compression_fp16_sends_half_and_no_codec():
+    comm = FakeComm()
+    p = torch.nn.Parameter(torch.zeros(30000))
+    spec = CodecSpec.from_params(ONEBIT)
+    route = DirectRoute([p], {id(p): "G.p"}, {id(p): 0}, {id(p): spec}, lambda q: 0.1, comm, Compression.fp16)
+    g = torch.randn(30000)
+    route.submit(p, g)
+    assert comm.sent[0].tensor.dtype == torch.float16 and comm.sent[0].spec is None
+    out = route.finish()[id(p)]
+    assert out.dtype == torch.float32
+    half = g.to(torch.float16).numpy()
+    assert np.array_equal(out.numpy(), replay(comm, "G.p", half).astype(np.float32))
+
+
+# ---- rows --------------------------------------------------------------------------------
+
+def test_the_density_vote_and_the_rows_route():
+    comm = FakeComm(size=1)
+    sparse, dense = torch.nn.Parameter(torch.zeros(10, 3)), torch.nn.Parameter(torch.zeros(10, 3))
+    names = {id(sparse): "s", id(dense): "d"}
+    vote = DensityVote(0.25, names, comm)
+    g_sparse = torch.zeros(10, 3)
+    g_sparse[4] = 1.0
+    vote.consider(sparse, g_sparse)
+    vote.consider(dense, torch.ones(10, 3))
+    vote.consider(sparse, g_sparse)   # once per parameter
+    assert [s.name for s in comm.sent] == ["SparseDensity.s", "SparseDensity.d"]
+    assert vote.settle() == [id(sparse)] and vote.decided == {id(sparse): True, id(dense): False}
+    route = RowsRoute({id(sparse): "Gradient.s"}, {id(sparse): 0}, comm)
+    route.add(sparse, coo=False)
+    route.submit(sparse, g_sparse)
+    assert comm.sent[-1].name == "SparseGradient.s"
+    assert route.finish()[id(sparse)] is g_sparse
+
+
+# ---- lowrank -----------------------------------------------------------------------------
+
+def test_lowrank_before_its_start_step_averages_every_tensor_uncompressed():
+    comm = FakeComm()
+    w, b = torch.nn.Parameter(torch.zeros(64, 64)), torch.nn.Parameter(torch.zeros(64))
+    reducer = LowRankReducer([("w", w), ("b", b)], LowRankParams("acpsgd", 2, 5, 2.0, 0), "L.", comm=comm)
+    route = LowRankRoute([w, b], reducer)
+    gw, gb = torch.randn(64, 64), torch.randn(64)
+    sw, sb = gw.numpy().copy(), gb.numpy().copy()
+    route.submit(w, gw)
+    route.submit(b, gb)
+    assert comm.sent == [], "held until every member is in"
+    out = route.finish()
+    assert np.array_equal(out[id(w)].numpy().reshape(-1), replay(comm, "L.LowRank.full.w", sw.reshape(-1)))
+    assert np.array_equal(out[id(b)].numpy(), replay(comm, "L.LowRank.raw", sb))
+    assert sorted(reducer.key_names()) == ["L.LowRank.P", "L.LowRank.Q", "L.LowRank.full.w", "L.LowRank.raw"]
+
+
+# ---- planned -----------------------------------------------------------------------------
+
+def _planned(comm, device="cpu", views=False):
+    profile = synthetic_profile(4)
+    params = [torch.nn.Parameter(torch.zeros(t.nbytes // 4, device=device)) for t in profile.tensors]
+    names = {id(p): t.name for p, t in zip(params, profile.tensors)}
+    priority = {id(p): t.priority for p, t in zip(params, profile.tensors)}
+    plan = Plan(((0, 1), (2,)), ("onebit", "none"), 0.1, 1.0, low_rank=(3,), low_rank_option="acpsgd")
+    options = {"onebit": ONEBIT, "none": {"compressor": "none"}, "acpsgd": {"compressor": "acpsgd", "rank": 2}}
+    route = PlannedRoute(plan, profile, params, names, priority, lambda p: 0.2, options, 3, "lab", comm, views, 0)
+    return route, params
+
+
+def test_a_planned_route_sends_its_groups_and_factors_as_the_plan_says():
+    comm = FakeComm()
+    route, params = _planned(comm)
+    assert [g.name for g in route.groups] == ["Plan3.0.t0", "Plan3.1.t2"]
+    assert route.groups[0].spec == CodecSpec.from_params(ONEBIT) and route.groups[1].spec is None
+    assert route.factored == [params[3]] and route.reducer.prefix == "Plan3.lab."
+    grads = {id(p): torch.randn(p.shape) for p in params}
+    raw = grads[id(params[2])].numpy().copy()
+    for p in params:
+        route.submit(p, grads[id(p)])
+    out = route.finish()
+    assert set(out) == {id(p) for p in params}
+    assert np.array_equal(out[id(params[2])].numpy(), replay(comm, "Plan3.1.t2", raw))
+    assert {g.name for g in route.groups} | set(route.reducer.key_names()) == set(route.key_names())
+
+
+# ---- every route on the tensors' own device ------------------------------------------------
+
+def test_every_route_allocates_and_sends_on_the_tensors_device():
+    meta = torch.device("meta")
+    comm = FakeComm()
+    members = _members(device="meta")
+    bucket = Bucket("g", members, None, 0, comm, carry={id(members[0]): torch.ones(12)})
+    for p in members:
+        bucket.submit(p, p.grad)
+    bucket.finish()
+    assert bucket.buffer.device == meta
+    w, b = torch.nn.Parameter(torch.zeros(64, 64, device=meta)), torch.nn.Parameter(torch.zeros(64, device=meta))
+    lowrank = LowRankRoute([w, b], LowRankReducer([("w", w), ("b", b)], LowRankParams("acpsgd", 2, 0, 2.0, 0), "L.",
+                                                  comm=comm), carry={id(w): torch.ones(64 * 64)})
+    for p in (w, b):
+        lowrank.submit(p, torch.zeros(p.shape, device=meta))
+    lowrank.finish()
+    reducer = lowrank.reducer
+    assert reducer.p.device == meta and reducer.matrices[0].error.device == meta
+    route, params = _planned(comm, device="meta")
+    for p in params:
+        route.submit(p, torch.zeros(p.shape, device=meta))
+    route.finish()
+    assert all(g.buffer is None or g.buffer.device == meta for g in route.groups)
+    assert route.reducer.p.device == meta and all(m.error.device == meta for m in route.reducer.matrices)
+    assert {s.device for s in comm.sent} == {meta}, [(s.name, s.device) for s in comm.sent if s.device != meta]
