@@ -4,7 +4,11 @@
   imported, or when one of its functions runs; ``TYPE_CHECKING`` imports excluded);
 - the roles (scheduler, server, worker) never import each other;
 - kernels never import codecs: ``gradpress.kernels`` sits below ``gradpress.compressors``;
-- networking never imports a role.
+- networking never imports a role;
+- the planner's model (``gradpress.planner``) never imports torch, and the byteps.torch API
+  modules (``gradpress.torch``) reach the gradient pipeline only through its surface: no
+  route, planner or codec strategy lives in or is reached into from them;
+- no module is over 300 lines.
 """
 from __future__ import annotations
 
@@ -106,3 +110,28 @@ def test_roles_never_import_each_other(role):
     bad = [(m, i) for m, deps in GRAPH.items() if m.startswith(role)
            for i in deps if any(i.startswith(o) for o in others)]
     assert not bad, ", ".join(f"{m} imports {i}" for m, i in bad)
+
+
+def test_the_planners_model_is_free_of_torch():
+    users = [m for m in MODULES if m.startswith("gradpress.planner")
+             and any(isinstance(n, (ast.Import, ast.ImportFrom)) and "torch" in ast.unparse(n).split()[1].split(".")
+                     for n in ast.walk(ast.parse(MODULES[m].read_text())))]
+    assert not users, f"gradpress.planner imports torch in {users}"
+
+
+# what the byteps.torch API may use of the pipeline: its surface, and the planner's tuning
+PIPELINE_SURFACE = {"gradpress.pipeline", "gradpress.pipeline.pipeline", "gradpress.pipeline.table",
+                    "gradpress.pipeline.async_params", "gradpress.pipeline.planning",
+                    "gradpress.pipeline.planning.tuning"}
+
+
+def test_the_byteps_api_reaches_the_pipeline_only_through_its_surface():
+    bad = [(m, i) for m, deps in GRAPH.items() if m.startswith("gradpress.torch")
+           for i in deps if (i.startswith("gradpress.pipeline") and i not in PIPELINE_SURFACE)
+           or i.startswith("gradpress.planner")]
+    assert not bad, ", ".join(f"{m} imports {i}" for m, i in bad)
+
+
+def test_no_module_is_over_300_lines():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 300}
+    assert not long, f"modules over 300 lines: {long}"
