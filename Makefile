@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean images
+.PHONY: setup demo test bench clean images gpu-check
 
 setup: $(STAMP)
 
@@ -31,6 +31,13 @@ test: setup
 bench: setup
 	$(BIN)/python benchmarks/pushpull.py
 	$(BIN)/python benchmarks/kernels.py --quick
+
+# On a machine with a CUDA GPU (../shared/gpu/README.md: no setup there, the caller's
+# PYTHONPATH carries the wheels it lacks): the GPU tests, then the GPU benchmark's quick run.
+# Where torch sees no GPU, both say so and measure nothing.
+gpu-check:
+	$(PY) -m pytest -q -p no:cacheprovider -m gpu tests/gpu
+	$(PY) benchmarks/gpu.py --quick
 
 # The CPU image (deploy/docker/Dockerfile.cpu) with podman or buildah; BASE=IMAGE picks the
 # base, else one is made with mmdebstrap. Prints the image's name and size (docs/deploy.md).

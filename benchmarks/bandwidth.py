@@ -41,6 +41,8 @@ one thread per worker (OMP_NUM_THREADS=1).
 - ``gp_<x>_insecure`` (any gradpress system above): the same with ``GRADPRESS_INSECURE=1``,
   sockets in the clear; every other gradpress run is authenticated and encrypted (CURVE,
   with a job secret NetnsCluster makes), so the pair measures what encryption costs.
+- ``gp_<x>_auth``: the same with ``GRADPRESS_SECURITY=auth``: members prove the job secret,
+  the data travels unencrypted (docs/deploy.md, "Security levels").
 - ``ddp``: ``torch.distributed`` gloo DDP.
 - ``ddp_powersgd``: the same with PyTorch's PowerSGD hook (rank 1, one gradient
   bucket: with gloo the hook deadlocks with several buckets; its first 2 iterations
@@ -82,9 +84,15 @@ from bandwidth_worker import (AUTO_MAX_EXTRA_WARMUP, DDP_SYSTEMS, GP_COMPRESSION
 from gradpress.testing import netns  # noqa: E402
 
 SYSTEMS = list(GP_COMPRESSION) + DDP_SYSTEMS
-# A gradpress system with this suffix runs with GRADPRESS_INSECURE=1 (no CURVE).
+# A gradpress system with this suffix runs with GRADPRESS_INSECURE=1 (no CURVE); with AUTH,
+# GRADPRESS_SECURITY=auth (the secret proved at connection, data unencrypted).
 INSECURE = "_insecure"
-KNOWN_SYSTEMS = SYSTEMS + [s + INSECURE for s in GP_COMPRESSION]
+AUTH = "_auth"
+KNOWN_SYSTEMS = SYSTEMS + [s + suffix for s in GP_COMPRESSION for suffix in (INSECURE, AUTH)]
+
+
+def base_system(system: str) -> str:
+    return system.removesuffix(INSECURE).removesuffix(AUTH)
 NUM_SERVERS = 2
 BASE_PORT = 9100
 IFACE = "eth0"
@@ -110,7 +118,7 @@ def run_once(cluster: netns.NetnsCluster, model: str, system: str, warmup: int, 
     """One job of ``system`` training ``model`` on the cluster as shaped now; returns each worker's record."""
     procs: dict[str, tuple] = {}
     tag = f"{cluster.rate}_{model}_{system}"
-    insecure, system = system.endswith(INSECURE), system.removesuffix(INSECURE)
+    insecure, auth, system = system.endswith(INSECURE), system.endswith(AUTH), base_system(system)
     worker_cmd = [sys.executable, str(WORKER), "_train", system, model, str(warmup), str(iters)]
     try:
         if system.startswith("gp_"):
@@ -119,6 +127,8 @@ def run_once(cluster: netns.NetnsCluster, model: str, system: str, warmup: int, 
             if insecure:  # in the clear; otherwise NetnsCluster hands every process its job secret
                 passed = {k: v for k, v in passed.items() if not k.startswith("GRADPRESS_JOB_SECRET")}
                 passed["GRADPRESS_INSECURE"] = "1"
+            elif auth:
+                passed["GRADPRESS_SECURITY"] = "auth"
             common = dict(**passed)
             common.update(DMLC_PS_ROOT_URI=cluster.addr("sched"), DMLC_PS_ROOT_PORT=str(port),
                           DMLC_NUM_WORKER=str(NUM_WORKERS), DMLC_NUM_SERVER=str(NUM_SERVERS),
@@ -180,7 +190,7 @@ def tails(procs: dict, lines: int = 15) -> str:
 
 def iterations(rate: str, system: str, args) -> tuple[int, int]:
     """(warm-up, timed) iterations: few where an iteration takes many seconds."""
-    slow = system.removesuffix(INSECURE) in ("gp_none", "ddp") and netns.rate_bits(rate) < 5e8
+    slow = base_system(system) in ("gp_none", "ddp") and netns.rate_bits(rate) < 5e8
     # (--quick: 6 timed iterations, as the medians of 3 swung by 25% between runs on this VM)
     iters = args.iters or ((2 if slow else 6) if args.quick else (3 if slow else 8))
     warmup = args.warmup if args.warmup is not None else (1 if slow or args.quick else 2)
@@ -195,7 +205,7 @@ def deadline(rate: str, model: str, system: str, warmup: int, iters: int) -> flo
     gp_auto pushes uncompressed while it profiles, for up to AUTO_MAX_EXTRA_WARMUP more iterations.
     """
     per_iter = 2 * MODELS[model].params * 4 * 8 / netns.rate_bits(rate)
-    extra = AUTO_MAX_EXTRA_WARMUP + warmup if system.removesuffix(INSECURE).startswith("gp_auto") else 0
+    extra = AUTO_MAX_EXTRA_WARMUP + warmup if base_system(system).startswith("gp_auto") else 0
     return 120 + 3 * per_iter * (warmup + iters + extra)
 
 
@@ -442,6 +452,14 @@ def encryption_cost(rows: list[dict]) -> None:
         if curve is not None:
             print(f"encryption {plain['rate']} {plain['model']} {system}: CURVE / insecure s/iter = "
                   f"{curve['s_per_iter'] / plain['s_per_iter']:.3f}")
+    for auth in (r for r in rows if r["system"].endswith(AUTH) and r["s_per_iter"]):
+        system, key = base_system(auth["system"]), (auth["rate"], auth["model"])
+        for other, label in ((system + INSECURE, "auth / off"), ("ddp", "auth / ddp")):
+            peer = next((r for r in rows if (r["rate"], r["model"], r["system"]) == (*key, other)
+                         and r["s_per_iter"]), None)
+            if peer is not None:
+                print(f"security {auth['rate']} {auth['model']} {system}: {label} s/iter = "
+                      f"{auth['s_per_iter'] / peer['s_per_iter']:.3f}")
 
 
 # the systems issue 10's "at most 1.05x the fastest" goal names

@@ -65,13 +65,13 @@ def predicted_s(opt) -> float | None:
 def measured_plans(opt) -> list[tuple[str, float, float]]:
     """The plans the planner ran and measured before it settled (its last trial): each one's
     measured median and modelled seconds."""
-    planner = opt._gradpress.planner
+    planner = getattr(getattr(opt, "_gradpress", None), "planner", None)
     return [(plan.summary(), round(s, 4), round(t, 4)) for plan, s, t in getattr(planner, "measured_plans", [])]
 
 
 def host_share(opt) -> dict | None:
     """Who the planner found sharing rank 0's CPUs, and the training's CPU it measured."""
-    profile = getattr(opt._gradpress.planner, "profile", None)
+    profile = getattr(getattr(getattr(opt, "_gradpress", None), "planner", None), "profile", None)
     return vars(profile.host) if profile is not None and profile.host is not None else None
 
 

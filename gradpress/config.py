@@ -57,7 +57,9 @@ class Settings:
     log_level: str = _setting("WARNING", "BYTEPS_LOG_LEVEL", "logging level: DEBUG, INFO, WARNING, ERROR")
     job_secret: str = _setting("", "GRADPRESS_JOB_SECRET", "the job's shared secret (at least 32 characters): members derive their CURVE keys from it; gradpress-launch --local makes one", secret=True)
     job_secret_file: str = _setting("", "GRADPRESS_JOB_SECRET_FILE", "file holding the job secret (surrounding whitespace ignored); instead of GRADPRESS_JOB_SECRET, not with it")
-    insecure: bool = _setting(False, "GRADPRESS_INSECURE", "1: run without a job secret: no authentication, no encryption (logs a warning)")
+    insecure: bool = _setting(False, "GRADPRESS_INSECURE", "1: run without a job secret: no authentication, no encryption (logs a warning); the same as GRADPRESS_SECURITY=off")
+    io_threads: int = _setting(-1, "GRADPRESS_IO_THREADS", "ZeroMQ I/O threads per process (each connection's bytes are encrypted on one of them); -1: with curve, one per core this process may use, 2 to 16; otherwise 2")
+    security: str = _setting("curve", "GRADPRESS_SECURITY", "curve: members prove the job secret and every byte is encrypted (CURVE); auth: members prove the job secret when they connect, data travels unencrypted (a trusted fabric: no per-byte cost); off: neither (logs a warning)")
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -92,8 +94,17 @@ class Settings:
             raise ValueError(f"BYTEPS_MIN_COMPRESS_BYTES={self.min_compress_bytes}: must be >= 0")
         if self.job_secret and self.job_secret_file:
             raise ValueError("GRADPRESS_JOB_SECRET and GRADPRESS_JOB_SECRET_FILE are both set: set only one")
-        if self.insecure and (self.job_secret or self.job_secret_file):
-            raise ValueError("GRADPRESS_INSECURE=1 and a job secret are both set: unset GRADPRESS_INSECURE "
+        if self.io_threads == 0 or self.io_threads < -1:
+            raise ValueError(f"GRADPRESS_IO_THREADS={self.io_threads}: a count of at least 1, or -1 for the default")
+        if self.security not in ("curve", "auth", "off"):
+            raise ValueError(f"GRADPRESS_SECURITY={self.security!r}: expected curve, auth or off")
+        if self.insecure and self.security == "auth":
+            raise ValueError("GRADPRESS_INSECURE=1 and GRADPRESS_SECURITY=auth contradict each other: set one")
+        off = "GRADPRESS_INSECURE=1" if self.insecure else "GRADPRESS_SECURITY=off"
+        if self.insecure:  # the older spelling of off
+            object.__setattr__(self, "security", "off")
+        if self.security == "off" and (self.job_secret or self.job_secret_file):
+            raise ValueError(f"{off} and a job secret are both set: unset {off.split('=')[0]} "
                              "to use the secret, or the secret to run insecure")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"BYTEPS_LOG_LEVEL={self.log_level!r}: expected DEBUG, INFO, WARNING or ERROR")

@@ -30,6 +30,9 @@ def test_a_short_secret_is_refused_by_length():
 @pytest.mark.parametrize("values, message", [
     (dict(job_secret=SECRET, job_secret_file="/x"), "both set: set only one"),
     (dict(job_secret=SECRET, insecure=True), "GRADPRESS_INSECURE=1 and a job secret"),
+    (dict(job_secret=SECRET, security="off"), "GRADPRESS_SECURITY=off and a job secret"),
+    (dict(job_secret=SECRET, security="tls"), "GRADPRESS_SECURITY='tls': expected curve, auth or off"),
+    (dict(insecure=True, security="auth"), "contradict each other"),
 ])
 def test_contradicting_settings_are_refused(values, message):
     with pytest.raises(ValueError, match=message):
@@ -115,3 +118,41 @@ def test_a_training_script_without_a_secret_fails_at_init_saying_what_to_set():
     from gradpress.worker import WorkerClient
     with pytest.raises(auth.JobSecretError, match="GRADPRESS_JOB_SECRET"):
         WorkerClient(Settings(role="worker"))
+
+
+def test_insecure_is_security_off_and_auth_derives_a_token_not_the_secret():
+    assert Settings(insecure=True).security == "off"
+    keys = auth.job_keys(Settings(job_secret=SECRET, security="auth"))
+    assert keys.mode == "auth" and keys.token and SECRET.encode() not in keys.token
+    assert keys.token != auth.JobKeys.from_secret(b"w" * 40, "auth").token, "the token depends on the secret"
+    assert keys.token not in (keys.public, keys.secret) and keys.token.decode() not in repr(keys)
+
+
+def test_under_auth_a_member_is_heard_and_outsiders_are_not(caplog):
+    """A PLAIN client with the job's token is admitted; no credentials, another secret's
+    token, and a curve client are refused (the ZAP handler logs the refusal)."""
+    router, port = transport.router(transport.context(),
+                                    Settings(job_secret=SECRET, security="auth", node_host="127.0.0.1"), 0)
+    ctx = transport.context()
+    member = transport.dealer(ctx, Settings(job_secret=SECRET, security="auth"), "127.0.0.1", port, b"member")
+    plain = ctx.socket(zmq.DEALER)
+    wrong = transport.dealer(ctx, Settings(job_secret="w" * 40, security="auth"), "127.0.0.1", port, b"wrong")
+    curve = transport.dealer(ctx, Settings(job_secret=SECRET), "127.0.0.1", port, b"curve")
+    try:
+        with caplog.at_level(logging.WARNING, logger="gradpress.net.auth"):
+            plain.setsockopt(zmq.LINGER, 0)
+            plain.connect(f"tcp://127.0.0.1:{port}")
+            for sock in (plain, wrong, curve):
+                try:
+                    sock.send_multipart([b"x"], zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            transport.send(member, Op.HEARTBEAT, "member")
+            assert router.poll(5000), "the member's message never arrived"
+            identity, header, _ = transport.recv(router, routed=True)
+            assert (identity, header["from"]) == (b"member", "member")
+            assert not router.poll(500), f"an outsider got through: {transport.recv(router, routed=True)}"
+        assert "refused a connection from 127.0.0.1 (PLAIN" in caplog.text, caplog.text
+    finally:
+        for sock in (router, member, plain, wrong, curve):
+            sock.close(linger=0)

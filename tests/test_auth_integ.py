@@ -8,6 +8,10 @@ aggregate, push into a round, abort the job.
 - leaked public key: knows the job's public key, but not its secret key (the ZAP
   handler must refuse it).
 
+Every drill runs twice: under ``GRADPRESS_SECURITY=curve`` (the default) and ``auth`` (PLAIN
+with a token from the secret, data unencrypted), where the wrong secret presents another
+secret's token and the leaked public key is presented as the password.
+
 A member sending the same PULL gets the aggregate, so the outsiders' silence is the
 authentication at work and not a wrong key or round. Also: roles started by hand
 without a secret refuse to start, GRADPRESS_INSECURE=1 warns, nothing listens on
@@ -58,10 +62,10 @@ bps.shutdown()
 """
 
 
-def _outsiders(secret: str) -> dict[str, callable]:
+def _outsiders(secret: str, mode: str) -> dict[str, callable]:
     """Each kind of outsider: a function that readies a fresh DEALER socket."""
-    member = auth.JobKeys.from_secret(secret.encode())
-    stranger = auth.JobKeys.from_secret(os.urandom(32).hex().encode())
+    member = auth.JobKeys.from_secret(secret.encode(), mode)
+    stranger = auth.JobKeys.from_secret(os.urandom(32).hex().encode(), mode)
     own_public, own_secret = zmq.curve_keypair()
 
     def plain(sock):
@@ -71,6 +75,10 @@ def _outsiders(secret: str) -> dict[str, callable]:
         auth.make_client(sock, stranger)
 
     def leaked_public_key(sock):
+        if mode == "auth":  # the public key as the password: the token is not derivable from it
+            sock.setsockopt(zmq.PLAIN_USERNAME, auth.PLAIN_USER)
+            sock.setsockopt(zmq.PLAIN_PASSWORD, member.public)
+            return
         sock.setsockopt(zmq.CURVE_SERVERKEY, member.public)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, own_public)
         sock.setsockopt(zmq.CURVE_SECRETKEY, own_secret)
@@ -137,16 +145,18 @@ def _listening(pid: int) -> list[str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def attacked(tmp_path_factory):
+@pytest.fixture(scope="module", params=["curve", "auth"])
+def attacked(tmp_path_factory, request):
     """A job attacked by every kind of outsider; yields (cluster, what the outsiders received,
     what a member received, the addresses the scheduler and server listened on)."""
-    c = LocalCluster(tmp_path_factory.mktemp("auth"), workers=2, servers=1, env={"GRADPRESS_SHM": "0"})
+    mode = request.param
+    c = LocalCluster(tmp_path_factory.mktemp("auth"), workers=2, servers=1,
+                     env={"GRADPRESS_SHM": "0", "GRADPRESS_SECURITY": mode})
     ctx = zmq.Context()
     heard: dict[str, list] = {}
     try:
         c.start_scheduler()
-        kinds = _outsiders(c.secret)
+        kinds = _outsiders(c.secret, mode)
         socks = {}
         for name, ready in kinds.items():  # (a) register first, claiming worker 0's slot
             socks[name] = _dealer(ctx, ready, "127.0.0.1", c.port, name)
@@ -171,12 +181,12 @@ def attacked(tmp_path_factory):
             heard[f"{name} at the server"] = _answers(at_server)
             heard[f"{name} at the scheduler"] += _answers(socks[name], 0)
             at_server.close()
-        member = transport.dealer(ctx, Settings(job_secret=c.secret), host, port, b"member-control")
+        member = transport.dealer(ctx, Settings(job_secret=c.secret, security=mode), host, port, b"member-control")
         transport.send(member, Op.PULL, "worker 0", key=KEY, round=0)
         member_got = _answers(member, 10)[:1]
         member.close()
         long_name = b"x" * 250   # a member gone wrong, with a long name and a malformed message
-        noisy = transport.dealer(ctx, Settings(job_secret=c.secret), host, port, long_name)
+        noisy = transport.dealer(ctx, Settings(job_secret=c.secret, security=mode), host, port, long_name)
         noisy.send(b"\x00not msgpack")
         time.sleep(0.2)
         noisy.close()

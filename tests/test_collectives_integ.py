@@ -59,3 +59,51 @@ def test_allgather_autograd_push_pull_and_broadcast_object(cluster):
     c.start(COLLECTIVES).assert_success()
     for w in range(3):
         assert "OK collectives" in c.log(f"worker {w}"), c.logs()
+
+
+BYTEPS_ALLGATHER = """
+import itertools, torch, gradpress.torch as bps
+bps.init()
+r, n = bps.rank(), bps.size()
+
+def made(seed, shape, dtype):
+    if dtype == torch.bool:
+        return torch.ones(shape, dtype=dtype)
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+for same_shape in (True, False):  # BytePS's bccl test cases: 1-3 dimensions, bool and float32
+    for it, (dtype, dim) in enumerate(itertools.product((torch.bool, torch.float32), (1, 2, 3))):
+        shape = [10] * dim
+        mine = shape if same_shape else [shape[0] + r] + shape[1:]
+        got = bps.allgather(made(r, mine, dtype), same_shape=same_shape, name=f"ag.{same_shape}.{it}")
+        want = torch.cat([made(w, shape if same_shape else [shape[0] + w] + shape[1:], dtype) for w in range(n)])
+        assert got.dtype == dtype and torch.equal(got, want), (same_shape, dtype, dim)
+        summed = bps.push_pull(made(r, shape, torch.float32), average=False, name=f"ar.{same_shape}.{it}")
+        assert torch.allclose(summed, sum(made(w, shape, torch.float32) for w in range(n))), "push_pull beside it"
+    # autograd: each worker's gradient is its own slice of the averaged output gradient
+    x = made(r, [10] if same_shape else [10 + r], torch.float32).requires_grad_()
+    y = bps.allgather(x, same_shape=same_shape, name=f"ag.grad.{same_shape}")
+    (y * y).backward(torch.ones_like(y))
+    assert torch.allclose(x.grad, 2 * x.detach()), (x.grad, x)
+# torch.distributed's form: a list of outputs, one per worker
+outs = [torch.zeros(2, 3) for _ in range(n)]
+back = bps.allgather(outs, torch.full((2, 3), float(r)), name="into")
+assert back is outs and all(torch.equal(o, torch.full((2, 3), float(w))) for w, o in enumerate(outs)), outs
+scalars = [torch.zeros(()) for _ in range(n)]
+bps.allgather(scalars, torch.tensor(float(r) + 0.5), name="scalars")
+assert [float(s) for s in scalars] == [w + 0.5 for w in range(n)], scalars
+try:
+    bps.allgather([torch.zeros(3)] * n, torch.zeros(2, 3), name="wrong")
+    raise SystemExit("an output of the wrong shape was accepted")
+except ValueError as e:
+    assert "outputs[0] has shape (3,)" in str(e), e
+print("OK byteps allgather", flush=True)
+bps.shutdown()
+"""
+
+
+def test_byteps_allgather_cases_same_and_uneven_autograd_and_the_output_list(cluster):
+    c = cluster(workers=3, servers=2)
+    c.start(BYTEPS_ALLGATHER).assert_success()
+    for w in range(3):
+        assert "OK byteps allgather" in c.log(f"worker {w}"), c.logs()

@@ -154,3 +154,13 @@ def test_launch_reads_the_file_and_the_environment_wins(tmp_path):
     assert "scheduler listening on port" in out.stderr, f"log_level = 'INFO' from the file was not used:\n{out.stderr}"
     assert "GRADPRESS_CONNECT_TIMEOUT_S=0.5" in out.stderr, out.stderr
     assert time.monotonic() - start < 30, "the file's 600 s connect timeout won over the environment"
+
+
+def test_io_threads_follow_the_cores_under_curve_and_the_setting_wins():
+    from gradpress import host
+    from gradpress.net import transport
+    assert transport.io_threads(Settings(io_threads=5)) == 5
+    assert transport.io_threads(Settings(security="auth")) == transport.IO_THREADS
+    assert transport.io_threads(Settings()) == max(2, min(16, int(host.cores())))
+    with pytest.raises(ValueError, match="GRADPRESS_IO_THREADS=0"):
+        Settings(io_threads=0)

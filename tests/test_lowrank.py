@@ -55,11 +55,32 @@ def test_which_tensors_are_factored():
     assert r.p.numel() == 64 * 4 + 32 * 4 and r.q.numel() == 4 * 64 + 4 * 144
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.int64])
-def test_non_float32_tensors_are_refused_by_name(dtype):
-    with pytest.raises(ValueError, match=r"'layer.weight' is (float64|float16|int64).*float32"):
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_tensors_other_than_float32_and_half_are_refused_by_name(dtype):
+    with pytest.raises(ValueError, match=r"'layer.weight' is (float64|int64).*float32, float16 and bfloat16"):
         LowRankReducer([("layer.weight", torch.zeros(16, 16, dtype=dtype))], LowRankParams("acpsgd", 1, 0, 2.0, 0),
                        "t.")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_tensors_are_factored_widened_and_narrowed_back(dtype):
+    """The route widens them to float32 for the reducer: the same average, rounded once, as
+    the float32 tensors give (one worker, before start_step: the identity)."""
+    from gradpress.pipeline.routes.lowrank import LowRankRoute
+    w = torch.nn.Parameter(torch.zeros(16, 16, dtype=dtype))
+    reducer = LowRankReducer([("w", w)], LowRankParams("acpsgd", 1, 0, 2.0, 0), "t.", comm=FakeComm(size=1))
+    route = LowRankRoute([w], reducer)
+    w32 = torch.nn.Parameter(torch.zeros(16, 16))
+    reference = LowRankReducer([("w", w32)], LowRankParams("acpsgd", 1, 0, 2.0, 0), "t.", comm=FakeComm(size=1))
+    for step in range(3):
+        g = torch.randn(16, 16, generator=torch.Generator().manual_seed(step)).to(dtype)
+        want = g.float()
+        reference.reduce({id(w32): want})
+        route.submit(w, g)
+        out = route.finish()[id(w)]
+        assert out is g and out.dtype == dtype
+        assert torch.equal(out, want.to(dtype)), f"step {step}: differs from the float32 reduction rounded once"
+    assert reducer.matrices[0].error.dtype == torch.float32
 
 
 @pytest.mark.parametrize("math", [NumbaMath, TorchMath])

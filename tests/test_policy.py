@@ -27,7 +27,9 @@ def test_rules_first_match_then_default_then_size_and_dtype():
     assert params(p, "fc1.weight", 4000, "float32") == TOPK  # first match wins
     assert p.for_tensor("fc1.bias", 4000, "float32") is None
     assert p.for_tensor("conv1.weight", 999, "float32") is None  # below BYTEPS_MIN_COMPRESS_BYTES
-    assert p.for_tensor("conv1.weight", 4000, "float16") is None  # only float32 is compressed
+    assert p.for_tensor("conv1.weight", 4000, "float64") is None  # float32, and half precision widened
+    assert p.for_tensor("conv1.weight", 4000, "int64") is None
+    assert params(p, "conv1.weight", 4000, "float16") == params(p, "conv1.weight", 4000, "bfloat16") == ONEBIT
     assert CompressionPolicy().for_tensor("x", 10**6, "float32") is None
 
 

@@ -244,3 +244,48 @@ def test_every_route_allocates_and_sends_on_the_tensors_device():
     assert all(g.buffer is None or g.buffer.device == meta for g in route.groups)
     assert route.reducer.p.device == meta and all(m.error.device == meta for m in route.reducer.matrices)
     assert {s.device for s in comm.sent} == {meta}, [(s.name, s.device) for s in comm.sent if s.device != meta]
+
+
+# ---- half precision: compressed widened on its device, narrowed back ------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_tensor_is_compressed_widened_and_narrowed_back(dtype):
+    comm = FakeComm()
+    p = torch.nn.Parameter(torch.zeros(30000, dtype=dtype))
+    spec = CodecSpec.from_params(ONEBIT)
+    route = DirectRoute([p], {id(p): "G.p"}, {id(p): 0}, {id(p): spec}, lambda q: 0.1, comm)
+    g = torch.randn(30000).to(dtype)
+    wide = g.float().numpy().copy()
+    route.submit(p, g)
+    assert comm.sent[0].tensor.dtype == torch.float32 and comm.sent[0].spec == spec
+    out = route.finish()[id(p)]
+    assert out is g and out.dtype == dtype
+    want = torch.from_numpy(replay(comm, "G.p", wide)).to(dtype)
+    assert torch.equal(out, want), "not the float32 average, rounded once"
+
+
+def test_a_bucket_with_a_codec_widens_half_members_and_a_raw_one_keeps_their_dtype():
+    comm = FakeComm()
+    members = [torch.nn.Parameter(torch.zeros(n, dtype=torch.float16)) for n in (3000, 5000)]
+    spec = CodecSpec.from_params(ONEBIT)
+    coded, raw = (Bucket(name, members, s, 0, comm) for name, s in (("coded", spec), ("raw", None)))
+    for bucket in (coded, raw):
+        grads = [torch.randn(p.shape).to(torch.float16) for p in members]
+        for p, g in zip(members, grads):
+            bucket.submit(p, g)
+        out = bucket.finish()
+        assert all(out[id(p)] is g and g.dtype == torch.float16 for p, g in zip(members, grads))
+    assert coded.buffer.dtype == torch.float32 and comm.sent[0].spec == spec
+    assert raw.buffer.dtype == torch.float16 and comm.sent[1].spec is None
+    one = Bucket("one", members[:1], spec, 0, comm)   # a bucket of one half tensor: widened too
+    one.submit(members[0], torch.ones(3000, dtype=torch.float16))
+    one.finish()
+    assert comm.sent[2].tensor.dtype == torch.float32
+
+
+def test_compression_fp16_keeps_bfloat16_which_float16_would_overflow():
+    big = torch.tensor([1e6, -3.0], dtype=torch.bfloat16)
+    sent, ctx = Compression.fp16.compress(big)
+    assert sent is big and Compression.fp16.decompress(sent, ctx) is big
+    sent, ctx = Compression.fp16.compress(torch.tensor([1.5], dtype=torch.float32))
+    assert sent.dtype == torch.float16 and Compression.fp16.decompress(sent, ctx).dtype == torch.float32

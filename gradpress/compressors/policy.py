@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 import tomllib
 
-from .spec import CodecSpec
+from .spec import WIDENED_DTYPES, CodecSpec
 
 
 class CompressionPolicy:
@@ -58,9 +58,10 @@ class CompressionPolicy:
         return next((s for pattern, s in self.rules if fnmatch.fnmatchcase(name, pattern)), self.default)
 
     def for_tensor(self, name: str, nbytes: int, dtype: str) -> CodecSpec | None:
-        """This tensor's compression, or None for uncompressed."""
+        """This tensor's compression, or None for uncompressed (a half-precision tensor's is
+        applied to it widened to float32: ``spec.WIDENED_DTYPES``)."""
         spec = self.rule_for(name)
-        if spec is None or not spec.accepts(dtype) or nbytes < self.min_bytes:
+        if spec is None or not (spec.accepts(dtype) or dtype in WIDENED_DTYPES) or nbytes < self.min_bytes:
             return None
         return spec
 

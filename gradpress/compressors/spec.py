@@ -14,8 +14,11 @@ from typing import Any
 from gradpress.compressors import auto, lowrank
 from gradpress.compressors.registry import build_compressor
 
-# Codecs work on float32 partitions; other dtypes travel uncompressed (the one home of this rule).
+# Codecs work on float32 partitions (the one home of this rule). Half-precision gradients are
+# compressed too: the gradient pipeline widens them to float32 on their own device first and
+# narrows the average back; other dtypes travel uncompressed.
 COMPRESSIBLE_DTYPES = ("float32",)
+WIDENED_DTYPES = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)

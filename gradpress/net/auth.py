@@ -1,4 +1,4 @@
-"""Who may talk to a job: ZeroMQ CURVE keys derived from the job secret, and a ZAP handler.
+"""Who may talk to a job: keys derived from the job secret, and a ZAP handler.
 
 Every member of a job knows one secret (``GRADPRESS_JOB_SECRET`` or the file
 ``GRADPRESS_JOB_SECRET_FILE`` names). From it each process derives the same CURVE
@@ -7,13 +7,21 @@ CURVE client with it. A process without the secret cannot complete the handshake
 (it does not know the servers' public key), and one that somehow learnt the public
 key is still refused by the ZAP handler, which admits only clients presenting the
 job's own public key, proof that they hold its secret key. Everything after the
-handshake is encrypted. ``GRADPRESS_INSECURE=1`` is the explicit way to run without
-any of this (plain TCP, anyone who can reach a port is a member).
+handshake is encrypted (``GRADPRESS_SECURITY=curve``, the default).
+
+``GRADPRESS_SECURITY=auth`` is for a trusted fabric: a connecting process proves it holds
+the secret with ZeroMQ's PLAIN mechanism, presenting a token derived from the secret (never
+the secret itself), which the ZAP handler checks; the data then travels unencrypted, at no
+per-byte cost. It keeps out processes and scanners that can reach the ports but cannot read
+the traffic; anyone who can sniff the fabric reads the data and can replay the token.
+``GRADPRESS_SECURITY=off`` (or ``GRADPRESS_INSECURE=1``) runs without any of this (plain
+TCP, anyone who can reach a port is a member).
 """
 from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import logging
 import secrets
 import threading
@@ -32,12 +40,16 @@ log = logging.getLogger(__name__)
 MIN_SECRET_CHARS = 32
 # Domain separation: the same secret used elsewhere gives unrelated keys here.
 KDF_PERSON = b"gradpress-curve1"
+TOKEN_PERSON = b"gradpress-auth1"
+PLAIN_USER = b"gradpress"
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN_PREFIX = b"gradpress:"
+PLAIN_DOMAIN = b"plain:"
 HOW_TO_SET = ("set GRADPRESS_JOB_SECRET to a random string of at least "
               f"{MIN_SECRET_CHARS} characters, the same in every process of the job "
               "(python -c 'import secrets; print(secrets.token_hex(32))'), or GRADPRESS_JOB_SECRET_FILE "
-              "to a file holding it; GRADPRESS_INSECURE=1 runs without authentication or encryption")
+              "to a file holding it; GRADPRESS_SECURITY=off (or GRADPRESS_INSECURE=1) runs without "
+              "authentication or encryption")
 
 
 class JobSecretError(ValueError):
@@ -46,22 +58,27 @@ class JobSecretError(ValueError):
 
 @dataclass(frozen=True)
 class JobKeys:
-    """The job's CURVE keypair (Z85-encoded, as ZeroMQ's socket options take them)."""
+    """The job's CURVE keypair (Z85-encoded, as ZeroMQ's socket options take them), its
+    ``auth`` token, and which of them the sockets use (``mode``: curve or auth)."""
     public: bytes
     secret: bytes = field(repr=False)  # never printed
+    token: bytes = field(default=b"", repr=False)
+    mode: str = "curve"
 
     @classmethod
-    def from_secret(cls, secret: bytes) -> "JobKeys":
+    def from_secret(cls, secret: bytes, mode: str = "curve") -> "JobKeys":
         raw = hashlib.blake2b(secret, digest_size=32, person=KDF_PERSON).digest()
         secret_z85 = z85.encode(raw)
-        return cls(public=zmq.curve_public(secret_z85), secret=secret_z85)
+        token = hashlib.blake2b(secret, digest_size=32, person=TOKEN_PERSON).hexdigest().encode()
+        return cls(public=zmq.curve_public(secret_z85), secret=secret_z85, token=token, mode=mode)
 
 
 def secret_env(environ: Mapping[str, str], secret: str | None = None) -> dict[str, str]:
     """What to add to ``environ`` so that the processes it starts form a job: a random
     ``GRADPRESS_JOB_SECRET`` (or ``secret``), unless ``environ`` sets a secret or
     ``GRADPRESS_INSECURE`` already (the user's choice wins)."""
-    insecure = environ.get("GRADPRESS_INSECURE", "").strip().lower() in ("1", "true", "yes", "on")
+    insecure = environ.get("GRADPRESS_INSECURE", "").strip().lower() in ("1", "true", "yes", "on") or \
+        environ.get("GRADPRESS_SECURITY", "").strip().lower() == "off"
     if insecure or environ.get("GRADPRESS_JOB_SECRET") or environ.get("GRADPRESS_JOB_SECRET_FILE"):
         return {}
     return {"GRADPRESS_JOB_SECRET": secret or secrets.token_hex(32)}
@@ -74,7 +91,7 @@ def job_secret(settings) -> bytes | None:
         JobSecretError: no secret and not insecure; an unreadable or empty file; a secret
             shorter than MIN_SECRET_CHARS. The message names the variable and what to set.
     """
-    if settings.insecure:
+    if settings.security == "off":
         return None
     if settings.job_secret_file:
         where = f"GRADPRESS_JOB_SECRET_FILE={settings.job_secret_file}"
@@ -95,29 +112,44 @@ def job_secret(settings) -> bytes | None:
 
 @functools.lru_cache(maxsize=8)
 def job_keys(settings) -> JobKeys | None:
-    """The job's keys (None when insecure); derived once per process and settings."""
+    """The job's keys (None when security is off); derived once per process and settings."""
     secret = job_secret(settings)
     if secret is None:
-        log.warning("GRADPRESS_INSECURE=1: this job's sockets are neither authenticated nor encrypted; "
-                    "anyone who can reach its ports can read, push into or end it")
+        log.warning("%s: this job's sockets are neither authenticated nor encrypted; anyone who can reach "
+                    "its ports can read, push into or end it",
+                    "GRADPRESS_INSECURE=1" if settings.insecure else "GRADPRESS_SECURITY=off")
         return None
-    return JobKeys.from_secret(secret)
+    if settings.security == "auth":
+        log.info("GRADPRESS_SECURITY=auth: members prove the job secret when they connect; the data travels "
+                 "unencrypted (anyone who can read the fabric can read it)")
+    return JobKeys.from_secret(secret, settings.security)
 
 
 def make_server(sock: zmq.Socket, keys: JobKeys | None) -> None:
-    """A socket that binds: CURVE server with the job's keys, checked by the context's ZAP handler."""
+    """A socket that binds: CURVE (or, for ``auth``, PLAIN) server with the job's keys,
+    checked by the context's ZAP handler."""
     if keys is None:
         return
     _zap_handler(sock.context)
-    # the domain names the key to admit, so one context may serve several jobs (tests do)
+    # the domain names what to admit, so one context may serve several jobs (tests do); it
+    # stays in this process (ZeroMQ never sends it)
+    if keys.mode == "auth":
+        sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN_PREFIX + PLAIN_DOMAIN + keys.token)
+        sock.setsockopt(zmq.PLAIN_SERVER, 1)
+        return
     sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN_PREFIX + keys.public)
     sock.setsockopt(zmq.CURVE_SERVER, 1)
     sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
 
 
 def make_client(sock: zmq.Socket, keys: JobKeys | None) -> None:
-    """A socket that connects: CURVE client that proves it holds the job's secret key."""
+    """A socket that connects: a CURVE client that proves it holds the job's secret key, or
+    for ``auth`` a PLAIN one that presents the job's token."""
     if keys is None:
+        return
+    if keys.mode == "auth":
+        sock.setsockopt(zmq.PLAIN_USERNAME, PLAIN_USER)
+        sock.setsockopt(zmq.PLAIN_PASSWORD, keys.token)
         return
     sock.setsockopt(zmq.CURVE_SERVERKEY, keys.public)
     sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
@@ -177,7 +209,12 @@ class ZapHandler(threading.Thread):
             return [b"1.0", request[1] if len(request) > 1 else b"", b"500", b"malformed ZAP request", b"", b""]
         version, request_id, domain, address, _identity, mechanism = request[:6]
         credentials = request[6:]
-        if mechanism == b"CURVE" and domain.startswith(ZAP_DOMAIN_PREFIX) and \
+        if domain.startswith(ZAP_DOMAIN_PREFIX + PLAIN_DOMAIN):
+            expected = [PLAIN_USER, domain[len(ZAP_DOMAIN_PREFIX + PLAIN_DOMAIN):]]
+            if mechanism == b"PLAIN" and len(credentials) == 2 and \
+                    all(hmac.compare_digest(c, e) for c, e in zip(credentials, expected)):
+                return [version, request_id, b"200", b"OK", b"member", b""]
+        elif mechanism == b"CURVE" and domain.startswith(ZAP_DOMAIN_PREFIX) and \
                 credentials == [z85.decode(domain[len(ZAP_DOMAIN_PREFIX):])]:
             return [version, request_id, b"200", b"OK", b"member", b""]
         peer = logs.peer(address.decode(errors="replace"))

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..compressors.lowrank import LowRankParams
-from ..torch.dtypes import dtype_name
+from ..torch.dtypes import HALVES, dtype_name
 from .comm import OPS, Comm
 from .lowrank_math import NumbaMath, TorchMath
 from .routes.bucket import Bucket
@@ -64,7 +64,8 @@ class LowRankReducer:
         priority: of the push_pulls.
         comm: the job's push_pulls (a fake in tests).
     Raises:
-        ValueError: a tensor that is not float32 (naming it).
+        ValueError: a tensor that is not float32, float16 or bfloat16 (naming it; the route
+            hands half-precision tensors over widened to float32).
     """
 
     def __init__(self, entries: list[tuple[str, torch.Tensor]], params: LowRankParams, prefix: str,
@@ -80,9 +81,10 @@ class LowRankReducer:
         device = None
         p_len = q_len = 0
         for name, t in entries:
-            if t.dtype != torch.float32:
+            if t.dtype not in (torch.float32, *HALVES):
                 raise ValueError(f"compressor {params.method!r}: {name!r} is {dtype_name(t.dtype)}; "
-                                 f"low-rank compression takes float32 tensors (exempt it with a rule "
+                                 f"low-rank compression takes float32, float16 and bfloat16 tensors (exempt it "
+                                 f"with a rule "
                                  f"{{'compressor': 'none'}})")
             device = device or t.device
             rows, cols = (t.shape[0], t.numel() // t.shape[0]) if t.dim() >= 2 else (1, t.numel())

@@ -75,6 +75,7 @@ class ParameterTable:
         return [p for p in self.trainable if (r := self.rule[id(p)]) is not None and r.is_lowrank]
 
     def planned(self) -> list[torch.Tensor]:
-        """The trainable float32 parameters an ``auto`` rule names (the planner's)."""
-        return [p for p in self.trainable if p.dtype == torch.float32
+        """The trainable floating-point parameters an ``auto`` rule names (the planner's;
+        float64 travels uncompressed on its own, half precision widened in the plan's buckets)."""
+        return [p for p in self.trainable if p.dtype in (torch.float32, torch.float16, torch.bfloat16)
                 and (r := self.rule[id(p)]) is not None and r.is_auto]

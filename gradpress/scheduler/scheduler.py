@@ -43,7 +43,7 @@ MAX_BATCH = 256
 class Scheduler(Liveness):
     def __init__(self, settings: Settings, ctx: zmq.Context | None = None):
         self.s = settings
-        self.ctx = ctx or transport.context()
+        self.ctx = ctx or transport.context(settings)
         self.sock, self.port = transport.router(self.ctx, settings, settings.root_port)
         # every message counts against its sender's budget: members send a few per second
         self.guard = PeerGuard("scheduler", settings.peer_rate, settings.peer_burst)

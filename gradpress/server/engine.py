@@ -145,6 +145,8 @@ class Engine(threading.Thread):
             if state is None:
                 raise PushError(f"key {header['key']}: not held here (its INIT_KEY was refused, or it was "
                                 f"released), so it takes no pushes or pulls")
+            if getattr(state, "broken", ""):
+                raise PushError(state.broken)
             if op == Op.STATE_GET:
                 residual, lr = state.server_state()
                 fields = {"key": header["key"]} if lr is None else {"key": header["key"], "lr": lr}
@@ -172,6 +174,30 @@ class Engine(threading.Thread):
             if "round" in header:
                 fields["round"] = header["round"]
             return [Reply(identity, Op.ERROR, fields, [])]
+        except Exception as e:  # a bug in this key's work: its round fails, the server serves on
+            return self._break_key(identity, header, e)
+
+    def _break_key(self, identity: bytes, header: dict, error: Exception) -> list[Reply]:
+        """An unexpected exception in ``header``'s work: the key's sums can no longer be
+        trusted, so every worker in its round (the sender, those that pushed or wait to pull)
+        gets an ERROR naming this server, the key and the exception, and every later message
+        for the key gets the same; the other keys are untouched."""
+        key = header.get("key")
+        state = self.keys.get(key)
+        where = f"tensor {state.name!r}, key {key}" if state is not None else f"key {key}"
+        message = (f"{self._sender_name}: {where}: {type(error).__name__}: {error} (an internal error in its "
+                   f"{header['op'].name}; the key takes no more rounds)")
+        log.error("%s", message, exc_info=error)
+        rounds = {identity: header.get("round")}  # each worker's round in flight on this key
+        if state is not None:
+            state.broken = message
+            current = getattr(state, "round", None)
+            for to in [*getattr(state, "pushed", ()), *getattr(state, "waiting", ())]:
+                rounds.setdefault(to, current)
+            for to in getattr(state, "early", ()):
+                rounds.setdefault(to, None if current is None else current + 1)
+        return [Reply(to, Op.ERROR, {"message": message, "key": key, **({} if rnd is None else {"round": rnd})}, [])
+                for to, rnd in sorted(rounds.items())]
 
     def _init_key(self, identity: bytes, h: dict) -> list[Reply]:
         state = self.keys.get(h["key"])

@@ -39,7 +39,7 @@ MAX_BATCH = 256
 class Server:
     def __init__(self, settings: Settings, ctx: zmq.Context | None = None):
         self.s = settings
-        self.ctx = ctx or transport.context()
+        self.ctx = ctx or transport.context(settings)
         self.sock, self.port = transport.router(self.ctx, settings, settings.server_port)
         # a server charges a peer only for what it must refuse: workers' pushes are never limited
         self.guard = PeerGuard("server", settings.peer_rate, settings.peer_burst)

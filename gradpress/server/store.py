@@ -67,6 +67,7 @@ class KeyState:
     waiting: list = field(default_factory=list)  # senders whose pull waits for `round`
     done_round: int = -1                    # last completed round
     failure: str = ""                       # why the last round produced no aggregate
+    broken: str = ""                        # why the key takes no more rounds (an internal error)
     lr: float | None = None                 # learning rate pushed with this round
     sink: ResultSink | None = None          # holds completed aggregates; None: a FrameSink
 

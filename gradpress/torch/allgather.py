@@ -18,20 +18,75 @@ from .dtypes import wire_dtype
 from .objects import MAX_OBJECT_BYTES, bytes_to_float16, float16_to_bytes
 
 
+class _Allgather(torch.autograd.Function):
+    """allgather as an autograd function, as in BytePS: the gradient of a worker's rows is
+    its slice of the average, over workers, of the gradients every worker's output got."""
 
-def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
-    """Concatenate every worker's ``tensor`` along dimension 0, in rank order.
+    @staticmethod
+    def forward(ctx, tensor, name, priority):
+        gathered, rows = _gather(tensor, name, priority)
+        ctx.name, ctx.priority, ctx.rows = name, priority, rows
+        return gathered
 
-    First dimensions may differ between workers; the other dimensions and the dtype
-    must agree. Returns a new tensor on ``tensor``'s device, of its dtype.
+    @staticmethod
+    def backward(ctx, grad_output):
+        reduced = ops.push_pull(grad_output.contiguous(), average=True, name=f"Allgather.{ctx.name}.grad",
+                                priority=ctx.priority)
+        rank = ops.rank()
+        return reduced.narrow(0, sum(ctx.rows[:rank]), ctx.rows[rank]), None, None
+
+
+def allgather(tensor, same_shape=True, name: str | None = None, version: int = 0, priority: int = 0):
+    """Concatenate every worker's ``tensor`` along dimension 0, in rank order (BytePS's
+    ``allgather``; differentiable).
+
+    First dimensions may differ between workers; the other dimensions and the dtype must
+    agree. ``same_shape`` is BytePS's hint that they are all equal; gradpress exchanges the
+    first dimensions either way (one tiny push_pull), so uneven ones are gathered right
+    whatever it says. ``version`` is accepted for BytePS.
+    torch.distributed's form, ``allgather(outputs, tensor)``, fills the list ``outputs``
+    with every worker's tensor, in rank order, and returns it. A 0-d tensor is gathered as
+    one element, as BytePS does. Returns a new tensor on ``tensor``'s device, of its dtype.
+
+    Raises:
+        ValueError: an output list of the wrong length or shapes.
     """
+    if isinstance(tensor, (list, tuple)):  # allgather(outputs, tensor)
+        return _into(tensor if isinstance(tensor, list) else list(tensor), same_shape, name, priority)
+    if isinstance(same_shape, str):  # gradpress's earlier allgather(tensor, name)
+        name, same_shape = same_shape, True
     if tensor.dim() == 0:
-        raise ValueError("allgather: a 0-d tensor has no first dimension to concatenate; use tensor.view(1)")
+        tensor = tensor.unsqueeze(0)
     name = name or "noname"
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _Allgather.apply(tensor, name, priority)
+    return _gather(tensor, name, priority)[0]
+
+
+def _into(outputs: list, tensor, name: str | None, priority: int) -> list:
+    if not torch.is_tensor(tensor):
+        raise ValueError("allgather(outputs, tensor): the second argument must be this worker's tensor")
+    if len(outputs) != ops.size():
+        raise ValueError(f"allgather(outputs, tensor): {len(outputs)} outputs for {ops.size()} workers")
+    gathered, rows = _gather(tensor.unsqueeze(0) if tensor.dim() == 0 else tensor, name or "noname", priority)
+    at = 0
+    for rank, (out, n) in enumerate(zip(outputs, rows)):
+        part = gathered[at:at + n].view(tensor.shape) if tensor.dim() == 0 else gathered[at:at + n]
+        if tuple(out.shape) != tuple(part.shape):
+            raise ValueError(f"allgather(outputs, tensor): outputs[{rank}] has shape {tuple(out.shape)}, "
+                             f"worker {rank} sent {tuple(part.shape)}")
+        with torch.no_grad():
+            out.copy_(part)
+        at += n
+    return outputs
+
+
+def _gather(tensor: torch.Tensor, name: str, priority: int) -> tuple[torch.Tensor, list[int]]:
+    """The concatenation, and each worker's first dimension."""
     rank, size = ops.rank(), ops.size()
     counts = torch.zeros(size, dtype=torch.float64)
     counts[rank] = tensor.shape[0]
-    ops.push_pull_inplace(counts, average=False, name=f"Allgather.{name}.counts.{size}")
+    ops.push_pull_inplace(counts, average=False, name=f"Allgather.{name}.counts.{size}", priority=priority)
     rows = [int(c) for c in counts.tolist()]
     row_shape = tuple(tensor.shape[1:])
     row_elems = 1
@@ -44,8 +99,9 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     buffer[start:start + tensor.numel()] = tensor.detach().reshape(-1).to("cpu", wire)
     # the per-row shape is in the name: workers that disagree on it get a clear mismatch error
     shape_tag = "x".join(map(str, row_shape)) or "scalar"
-    ops.push_pull_inplace(buffer, average=False, name=f"Allgather.{name}.{shape_tag}.{total}.{wire}")
-    return buffer.view(total, *row_shape).to(tensor.device, tensor.dtype)
+    ops.push_pull_inplace(buffer, average=False, name=f"Allgather.{name}.{shape_tag}.{total}.{wire}",
+                          priority=priority)
+    return buffer.view(total, *row_shape).to(tensor.device, tensor.dtype), rows
 
 
 def allgather_object(obj: Any, name: str | None = None, max_bytes: int = MAX_OBJECT_BYTES) -> list[Any]:
@@ -67,7 +123,7 @@ def allgather_object(obj: Any, name: str | None = None, max_bytes: int = MAX_OBJ
     if any(n < 0 or n > max_bytes for n in sizes) or sum(sizes) > max_bytes * size:
         raise ValueError(f"allgather_object: workers announced {sizes} bytes; the limit is "
                          f"max_bytes={max_bytes} each")
-    gathered = allgather(bytes_to_float16(payload), name=f"Object.{name}")
+    gathered = allgather(bytes_to_float16(payload), same_shape=False, name=f"Object.{name}")
     raw = float16_to_bytes(gathered)
     out, at = [], 0
     for n in sizes:

@@ -35,11 +35,12 @@ class NoneCompressor(TensorCompressor):
 
 
 class FP16Compressor(TensorCompressor):
-    """Floating-point tensors travel as float16; servers still sum in fp32."""
+    """Floating-point tensors travel as float16; servers still sum in fp32. bfloat16 stays
+    bfloat16: it is 16 bits already, and float16 would overflow above 65504."""
 
     @staticmethod
     def compress(tensor):
-        if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
+        if tensor.dtype.is_floating_point and tensor.dtype not in (torch.float16, torch.bfloat16):
             return tensor.to(torch.float16), tensor.dtype
         return tensor, None
 

@@ -9,6 +9,10 @@ WIRE = {torch.float16: torch.float16, torch.float32: torch.float32, torch.float6
         torch.bfloat16: torch.float32}
 
 
+# half-precision dtypes a codec takes widened to float32 (``compressors.spec.WIDENED_DTYPES``)
+HALVES = (torch.float16, torch.bfloat16)
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``"float32"``: the name messages, specs and the wire use."""
     return str(dtype).removeprefix("torch.")

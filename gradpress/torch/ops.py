@@ -20,7 +20,7 @@ from ..compressors.spec import CodecSpec
 from ..config import Settings
 from ..errors import JobError, RegistrationRefused
 from ..worker import WorkerClient
-from . import failures, handles, modes, sparse
+from . import cuda_check, failures, handles, modes, sparse, staging
 from .compression import Compression
 from .dtypes import dtype_name, wire_dtype
 
@@ -31,6 +31,7 @@ _lock = threading.Lock()
 _noname = itertools.count()
 _epoch = 0  # how many jobs this process joined (resume() joins another): per-job counters key on it
 _atexit_registered = False
+_staging = staging.HostStaging()   # pinned host buffers of CUDA tensors, by name, reused every call
 
 
 def init(lazy: bool = True) -> None:
@@ -43,6 +44,8 @@ def init(lazy: bool = True) -> None:
     Raises:
         ValueError: a setting is wrong, or asks for a BytePS mode gradpress does not
             implement (named). The scheduler hears of it, so the other workers stop too.
+        CudaPathBroken: a GPU is visible but numba.cuda cannot compile or run a kernel
+            here (``cuda_check``: the versions and the fix named); reported likewise.
     """
     global _client, _settings, _epoch, _noname, _atexit_registered
     with _lock:
@@ -55,6 +58,7 @@ def init(lazy: bool = True) -> None:
         allocator.configure(settings)
         try:
             modes.check(settings)
+            cuda_check.check()  # before registering: a broken GPU path stops the job now, not at a step
             client = WorkerClient(settings)
             client.start()
         except RegistrationRefused as e:  # the others would wait GRADPRESS_CONNECT_TIMEOUT_S for this worker
@@ -234,24 +238,33 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
     if on_gpu:  # CUDA kernels compress straight from device memory
         src = tensor.detach().reshape(-1)
         out = src if output is tensor else output.detach().reshape(-1)
+        staging.after_producer(tensor)
         future = client.push_pull_async(name, src, out, divisor, priority, spec, lr)
+
+        def finish() -> None:
+            staging.before_consumer(output)
     elif direct:  # numpy's reshape of a contiguous array is a view, without torch's dispatch
         src = tensor.detach().numpy().reshape(-1)
         out = src if output is tensor else output.detach().numpy().reshape(-1)
         future = client.push_pull_async(name, src, out, divisor, priority, spec, lr)
     else:
         wire = wire_dtype(tensor.dtype) or torch.float64  # integers: exact below 2**53
-        staging = tensor.detach().to("cpu", wire, copy=True).contiguous().reshape(-1)
-        arr = staging.numpy()
+        buffer, copied = _staging.stage(name, tensor, wire)
+        arr = buffer.numpy()
         # an integer average is the sum floor-divided, as BytePS's floor_divide_ gives it
         # (dividing in float64 and copying back would round toward zero: -3/2 -> -1, not -2)
         floor_by = divisor if _integral(output.dtype) else 1
-        future = client.push_pull_async(name, arr, arr, divisor // floor_by, priority, spec, lr)
+        future = client.push_pull_async(name, arr, arr, divisor // floor_by, priority, spec, lr, ready=copied)
 
-        def copy_back(staging=staging, output=output, floor_by=floor_by) -> None:
-            with torch.no_grad():
-                summed = staging.view(output.shape)
-                output.copy_(torch.floor_divide(summed, floor_by) if floor_by > 1 else summed)
+        def copy_back(buffer=buffer, output=output, floor_by=floor_by) -> None:
+            try:
+                with torch.no_grad():
+                    summed = buffer.view(output.shape)
+                    if floor_by > 1:
+                        summed = torch.floor_divide(summed, floor_by)
+                    output.copy_(summed, non_blocking=output.is_cuda and buffer.is_pinned())
+            finally:
+                _staging.done(name, buffer)
         finish = copy_back
     return handles.register(handles.Pending(future, output, finish))
 

@@ -43,7 +43,7 @@ class WorkerClient:
         auth.job_keys(settings)  # no usable job secret: bps.init() raises JobSecretError, saying what to set
         self.s = settings
         self.tracer = Tracer(settings.trace)
-        self.comm = CommunicationThread(settings, transport.context(), self.tracer)
+        self.comm = CommunicationThread(settings, transport.context(settings), self.tracer)
         self.aborted = False  # abort() was called: finish() must not wait for the others
 
     @property
@@ -170,18 +170,21 @@ class WorkerClient:
         fut.result(self.s.op_timeout_s)
 
     def push_pull_async(self, name: str, src, out, divisor: int, priority: int,
-                        spec: CodecSpec | None = None, lr: float | None = None) -> Future:
+                        spec: CodecSpec | None = None, lr: float | None = None, ready=None) -> Future:
         """Start summing ``src`` over all workers into ``out`` (divided by ``divisor``).
 
         ``src`` and ``out`` are 1-D contiguous arrays of the same dtype and size (they may
         be the same array; torch CUDA tensors where ``spec`` compresses on the GPU);
         neither may be touched until the returned future is done. ``spec`` is the
-        tensor's compression, ``lr`` the learning rate for corrected error feedback.
+        tensor's compression, ``lr`` the learning rate for corrected error feedback;
+        ``ready``, when given, is waited for (``ready.synchronize()``) on the communication
+        thread before ``src`` is read (a CUDA event after the copy that fills it).
         """
         dtype = _dtype_name(src)
         tensor = self.declare(name, int(src.numel() if hasattr(src, "numel") else src.size), dtype, spec)
         fut = Future(f"push_pull of tensor {name!r}")
-        self.comm.submit(cmd.StartPushPull(PushPull(tensor, src, out, divisor, fut, len(tensor.parts), lr), priority))
+        job = PushPull(tensor, src, out, divisor, fut, len(tensor.parts), lr, ready)
+        self.comm.submit(cmd.StartPushPull(job, priority))
         return fut
 
     def push_pull_sparse_async(self, name: str, rows: SparseRows, layout: RowLayout, divisor: int,

@@ -19,6 +19,9 @@ class PushPull:
     future: Future
     remaining: int
     lr: float | None = None
+    # waited for (its ``synchronize()``) on the communication thread before src is read: a
+    # CUDA event after the asynchronous copy that fills src (the caller never blocks on it)
+    ready: Any = None
 
 
 @dataclass

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import zmq
 
+from ..compressors.arrays import is_device_array
+from ..kernels.cpu import fp16
 from ..net import shm, transport
 from ..net.protocol import Op
 from ..trace import Tracer, now_us
@@ -78,13 +80,22 @@ class PartitionStages:
         Raises:
             ValueError: the input cannot be compressed (NaN/inf); the compressor's state is unchanged.
         """
-        t = op.job.tensor
+        job, t = op.job, op.job.tensor
+        if job.ready is not None:  # src is being filled asynchronously (a CUDA copy): wait for it here
+            job.ready.synchronize()
+            job.ready = None
         if t.layout is not None:  # a row-sparse share: its indices and values
             return sparse.push_payload(op)
         if t.compressor is None:
             return None
         start = now_us()
-        meta, buffers = t.compressor.compress(op.chunk, key=op.wkey.key, round=op.round, lr=op.job.lr)
+        chunk = op.chunk
+        if is_device_array(chunk):  # numba launches on the tensor's own GPU, not device 0
+            from ..kernels.cuda.device import on_device_of
+            with on_device_of(chunk):
+                meta, buffers = t.compressor.compress(chunk, key=op.wkey.key, round=op.round, lr=op.job.lr)
+        else:
+            meta, buffers = t.compressor.compress(chunk, key=op.wkey.key, round=op.round, lr=op.job.lr)
         self.tracer.add("compress", start, now_us(), key=op.wkey.key, round=op.round)
         return {"codec": t.compressor.name, "meta": meta}, buffers
 
@@ -137,7 +148,9 @@ class PartitionStages:
         else:
             summed = self._shared_result(h, wk.count, t.dtype) if "shm" in h \
                 else _frame_result(frames, wk.count, t.dtype)
-            if job.divisor != 1:
+            if job.divisor != 1 and summed.dtype == np.float16 and dst.flags.c_contiguous:
+                fp16.divide_half(summed, job.divisor, dst)  # numpy's float16 divide is a scalar loop
+            elif job.divisor != 1:
                 np.divide(summed, job.divisor, out=dst)  # average while copying: one pass
             else:
                 np.copyto(dst, summed)

@@ -89,3 +89,24 @@ def encode_feedback(g: np.ndarray, e: np.ndarray, lam: float, bits: np.ndarray,
     ones for everything but NaN, which is refused here anyway."""
     kernel = _feedback_hardware if HARDWARE_HALF else _feedback_software
     return kernel(g, e, lam, bits, e_out)
+
+
+@njit(nogil=True, cache=True)
+def _divide_software(bits, divisor, out_bits):
+    for i in range(bits.shape[0]):
+        out_bits[i] = float_bits_to_half_bits(np.float32(half_bits_to_float(bits[i]) / divisor).view(np.uint32))
+
+
+@njit(nogil=True, cache=True)
+def _divide_hardware(bits, divisor, out_bits):
+    for i in range(bits.shape[0]):
+        out_bits[i] = hardware_to_half(hardware_from_half(bits[i]) / divisor)
+
+
+def divide_half(x: np.ndarray, divisor: int, out: np.ndarray) -> None:
+    """``np.divide(x, divisor, out=out)`` for float16 ``x`` and ``out`` (contiguous, same size):
+    in float32, rounded once, bit for bit what numpy gives (for divisors up to 2048, which
+    numpy rounds to float16 first), without numpy's scalar half loop (12x slower than
+    float32's). NaN stays NaN (its payload may differ from numpy's)."""
+    kernel = _divide_hardware if HARDWARE_HALF else _divide_software
+    kernel(x.view(np.uint16), np.float32(divisor), out.view(np.uint16))

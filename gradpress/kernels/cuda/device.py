@@ -1,4 +1,5 @@
 """Device-array plumbing: views of torch tensors / CUDA arrays, launches, copies."""
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -18,12 +19,22 @@ def as_device(x: Any) -> Any:
     return cuda.as_cuda_array(x)
 
 
+def on_device_of(x: Any):
+    """A context in which numba launches on ``x``'s GPU (a torch CUDA tensor's device; the
+    current one for anything else, and under the simulator)."""
+    device = getattr(x, "device", None)
+    if config.ENABLE_CUDASIM or getattr(device, "type", None) != "cuda" or device.index is None:
+        return contextlib.nullcontext()
+    return cuda.gpus[device.index]
+
+
 def length(x: Any) -> int:
     return int(x.shape[0])
 
 
 def itemsize(x: Any) -> int:
-    return np.dtype(str(x.dtype).replace("torch.", "")).itemsize
+    size = getattr(x, "element_size", None)  # a torch tensor (bfloat16 has no numpy dtype)
+    return int(size()) if callable(size) else np.dtype(x.dtype).itemsize
 
 
 def float32_view(x: Any) -> Any:
@@ -40,7 +51,8 @@ def float32_view(x: Any) -> Any:
 def to_host(x: Any) -> np.ndarray:
     """A host numpy copy of a device array or CUDA tensor."""
     if hasattr(x, "cpu") and hasattr(x, "numpy"):
-        return x.detach().cpu().numpy()
+        x = x.detach()
+        return (x.float() if str(x.dtype) == "torch.bfloat16" else x).cpu().numpy()
     return as_device(x).copy_to_host()
 
 

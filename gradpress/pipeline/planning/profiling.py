@@ -18,14 +18,15 @@ from .clock import StepClock
 
 
 def first_profile(clock: StepClock, params: list[torch.Tensor], names: dict[int, str], priority: dict[int, int],
-                  options: dict[str, dict], round_trips, batches, comm: Comm) -> Profile:
+                  options: dict[str, dict], round_trips, batches, comm: Comm, given: list[torch.Tensor]) -> Profile:
     """The profile of ``params`` from the profiled steps, the probe's times and the codecs'
-    costs on this host (saved to ``GRADPRESS_PLAN_FILE`` too)."""
+    costs on this host (saved to ``GRADPRESS_PLAN_FILE`` too). ``given``: every tensor the
+    planner was given, whose raw bytes the sockets' CPU per byte is measured over."""
     costs = calibrate.codec_costs(options)
     message_s = fit_message(batches)
     link = fit_link(round_trips, comm.size(), costs["none"].add, message_s)
     s = comm.settings
-    moved = 2 * sum(p.numel() * p.element_size() for p in params)
+    moved = 2 * sum(p.numel() * p.element_size() for p in given)
     profile = Profile(comm.size(), len(comm.client.book.servers), tensors(clock, params, names, priority),
                       statistics.median(b for b, _ in clock.timeline),
                       statistics.median(t for _, t in clock.timeline), costs, link, message_s,

@@ -3,8 +3,9 @@
 The one fusion mechanism: DDP's buckets, the planner's groups (MergeComp: consecutive in
 backward order) and a low-rank reducer's uncompressed tensors all use it. When the last
 member's tensor is submitted, the tensors are copied into the bucket's flat buffer (made
-once, on the members' device, in their dtype) and the buffer travels; ``finish`` copies the
-average back into each submitted tensor. A bucket of one sends its tensor in place.
+once, on the members' device, in their dtype; float32 where a codec takes half-precision
+members or the dtypes differ) and the buffer travels; ``finish`` copies the average back
+into each submitted tensor. A bucket of one sends its tensor in place where it can.
 
 ``views`` (DistributedOptimizer's gradients, as DDP's ``gradient_as_bucket_view``): the
 averages come back as slices of the buffer instead of copies, and a tensor that is still
@@ -22,7 +23,7 @@ import torch
 
 from ...compressors.spec import CodecSpec
 from ...torch.compression import Compression
-from ...torch.dtypes import dtype_name
+from ...torch.dtypes import HALVES, dtype_name
 from ..comm import Comm
 from . import Route
 
@@ -48,6 +49,7 @@ class Bucket(Route):
         self.buffer: torch.Tensor | None = None
         self._given: dict[int, torch.Tensor] = {}
         self._handle: tuple[int, object] | None = None   # (push_pull handle, compression ctx)
+        self._in_place = False   # this step's tensor travels in its own memory (a bucket of one)
 
     @property
     def fused(self) -> bool:
@@ -76,15 +78,23 @@ class Bucket(Route):
                 extra = self.carry.pop(id(p), None)
                 if extra is not None:
                     t.add_(extra.to(t.device, t.dtype).view_as(t))
-            flat = tensors[0] if not self.fused else self._fill(tensors)
+            self._in_place = not self.fused and tensors[0].dtype == self._buffer_dtype(tensors)
+            flat = tensors[0] if self._in_place else self._fill(tensors)
         sent, ctx = self.compression.compress(flat)
         spec = self.spec if self.spec is not None and self.spec.accepts(dtype_name(sent.dtype)) else None
         lr = self.lr_of(self.members[0]) if spec is not None and self.lr_of is not None else None
         self._handle = (self.comm.start(sent, self.name, priority=self.priority, spec=spec, lr=lr), ctx)
 
+    def _buffer_dtype(self, tensors: list[torch.Tensor]) -> torch.dtype:
+        """The members' dtype; float32 where they differ, or a codec takes half-precision ones."""
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) > 1 or (self.spec is not None and dtypes & set(HALVES)):
+            return torch.float32
+        return tensors[0].dtype
+
     def _fill(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         if self.buffer is None:
-            self.buffer = torch.empty(sum(t.numel() for t in tensors), dtype=tensors[0].dtype,
+            self.buffer = torch.empty(sum(t.numel() for t in tensors), dtype=self._buffer_dtype(tensors),
                                       device=tensors[0].device)
         if self.views and self._in_views(tensors):
             return self.buffer  # backward accumulated into the buffer itself
@@ -98,13 +108,16 @@ class Bucket(Route):
         return self.buffer
 
     def finish(self, p: torch.Tensor | None = None) -> dict[int, torch.Tensor]:
+        if self._handle is None:  # (finished already this step: finish_one took it)
+            return {}
         (handle, ctx), self._handle = self._handle, None
         given, self._given = self._given, {}
         out = self.compression.decompress(self.comm.wait(handle), ctx)
-        if not self.fused:
-            return {id(self.members[0]): out}
         tensors = [given[id(q)] for q in self.members]
-        if self.views and out is self.buffer and all(q.is_contiguous() for q in self.members):
+        if self._in_place:
+            return {id(self.members[0]): out}
+        if self.views and out is self.buffer and all(q.is_contiguous() and t.dtype == out.dtype
+                                                     for q, t in zip(self.members, tensors)):
             return dict(zip((id(q) for q in self.members), self.split(out)))
         if _host_float32(tensors) and out.device.type == "cpu" and out.dtype == torch.float32:
             flat, offset = out.numpy(), 0

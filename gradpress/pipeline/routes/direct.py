@@ -7,7 +7,7 @@ import torch
 
 from ...compressors.spec import CodecSpec
 from ...torch.compression import Compression
-from ...torch.dtypes import dtype_name
+from ...torch.dtypes import HALVES, dtype_name
 from ..comm import Comm
 from . import Route
 
@@ -17,8 +17,9 @@ class DirectRoute(Route):
 
     Args:
         spec: each member's codec (None: uncompressed); ``auto`` travels uncompressed (the
-            planner profiles it), and so does a tensor the codec cannot take (after
-            ``Compression.fp16``: float16).
+            planner profiles it), and so does a tensor ``Compression.fp16`` made float16. A
+            half-precision tensor of its own is compressed widened to float32 on its
+            device, and its average narrowed back into it.
         lr_of: a member's current learning rate (corrected error feedback reads it).
         compression: byteps.torch's tensor-level ``Compression``, around each push_pull.
     """
@@ -30,23 +31,32 @@ class DirectRoute(Route):
         super().__init__(members)
         self.names, self.priority, self.spec = names, priority, spec
         self.lr_of, self.comm, self.compression = lr_of, comm, compression
-        self._pending: dict[int, tuple[int, object]] = {}   # id -> (handle, compression ctx)
+        # id -> (handle, compression ctx, the half tensor a widened average narrows into)
+        self._pending: dict[int, tuple[int, object, torch.Tensor | None]] = {}
 
     def submit(self, p: torch.Tensor, tensor: torch.Tensor) -> None:
         sent, ctx = self.compression.compress(tensor)
-        spec = self.spec.get(id(p))
-        if spec is not None and (spec.is_auto or not spec.accepts(dtype_name(sent.dtype))):
+        spec, narrow = self.spec.get(id(p)), None
+        if spec is not None and spec.is_auto:
             spec = None
+        if spec is not None and not spec.accepts(dtype_name(sent.dtype)):
+            if sent is tensor and sent.dtype in HALVES:
+                narrow, sent = sent, sent.float()
+            else:
+                spec = None
         handle = self.comm.start(sent, self.names[id(p)], priority=self.priority[id(p)], spec=spec,
                                  lr=self.lr_of(p) if spec is not None else None)
-        self._pending[id(p)] = (handle, ctx)
+        self._pending[id(p)] = (handle, ctx, narrow)
 
     def finish(self, p: torch.Tensor | None = None) -> dict[int, torch.Tensor]:
         ids = list(self._pending) if p is None else [id(p)]
         out = {}
         for pid in ids:
-            handle, ctx = self._pending.pop(pid)
-            out[pid] = self.compression.decompress(self.comm.wait(handle), ctx)
+            handle, ctx, narrow = self._pending.pop(pid)
+            result = self.comm.wait(handle)
+            if narrow is not None:
+                result = narrow.copy_(result)
+            out[pid] = self.compression.decompress(result, ctx)
         return out
 
     def clear(self) -> None:

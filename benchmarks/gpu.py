@@ -1,0 +1,234 @@
+"""GPU workers, on a machine with a CUDA GPU (``make gpu-check`` runs ``--quick``).
+
+    python benchmarks/gpu.py [--quick] [--parts encoders,jobs] [--iters N]
+
+encoders: each codec's worker encoder (error feedback on, payload delivered to the host)
+on 64M float32 on the GPU, in GB/s of input, beside what the card does in the same run:
+its read bandwidth (``x.sum()``), a pinned device-to-host copy, and torch's own version of
+each encoder (sign and bit-pack, ``torch.topk``, a gather at random indices, ``half()``,
+each with its payload copied to pinned memory).
+
+jobs: the transformer of ``bandwidth.py`` (33.6M parameters, 102 tensors) trained by two
+workers (each on its own GPU where there are two, else both on GPU 0) and two servers on
+this machine (``gradpress.launcher --local``) for every setting, against compute only
+(both workers at once, no communication) and torch DDP over gloo (and NCCL with one GPU
+per process), with and without PowerSGD. Median seconds per iteration, each synchronised.
+
+The last line is ``RESULT {json}``; docs/performance.md records the runs and the card.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path[:0] = [REPO, HERE]
+
+SETTINGS = {
+    "gp_none": None,
+    "gp_fp16": "Compression.fp16",
+    "gp_onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"},
+    "gp_topk": {"compressor": "topk", "k": 0.01, "ef": "vanilla"},
+    "gp_randomk": {"compressor": "randomk", "k": 0.0015, "seed": 1, "ef": "vanilla"},
+    "gp_dithering": {"compressor": "dithering", "s": 7},
+    "gp_powersgd": {"compressor": "powersgd", "rank": 4},
+    "gp_acpsgd": {"compressor": "acpsgd", "rank": 4},
+    "gp_auto": {"compressor": "auto", "k": 0.0015, "seed": 1},
+}
+PEERS = ["ddp_gloo", "ddp_gloo_powersgd", "ddp_nccl", "ddp_nccl_powersgd"]
+ENCODERS = {"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"},
+            "topk": {"compressor": "topk", "k": 0.01, "ef": "vanilla"},
+            "randomk": {"compressor": "randomk", "k": 0.0015, "seed": 1, "ef": "vanilla"},
+            "fp16": {"compressor": "fp16", "ef": "vanilla"}}
+
+
+def timed(fn, reps: int) -> float:
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def encoders(n: int, reps: int) -> dict:
+    import torch
+
+    from gradpress.compressors import build_compressor
+    x = torch.randn(n, device="cuda")
+    nbytes = 4 * n
+    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    out = {"card_read_GBps": nbytes / timed(lambda: x.sum(), reps) / 1e9,
+           "card_d2h_pinned_GBps": nbytes / timed(lambda: pinned.view(torch.float32).copy_(x, non_blocking=True),
+                                                  reps) / 1e9}
+    k = max(1, int(0.01 * n))
+    natives = {
+        "onebit": lambda: pinned[: n // 8].copy_(_packbits(x >= 0), non_blocking=True),
+        "topk": lambda: pinned.view(torch.float32)[:k].copy_(torch.topk(x.abs(), k, sorted=False).values,
+                                                               non_blocking=True),
+        "randomk": lambda: pinned.view(torch.float32)[: int(0.0015 * n)].copy_(
+            x[torch.randint(n, (int(0.0015 * n),), device="cuda")], non_blocking=True),
+        "fp16": lambda: pinned.view(torch.float16)[:n].copy_(x.half(), non_blocking=True),
+    }
+    for name, params in ENCODERS.items():
+        codec = build_compressor(params, "worker")
+        rounds = iter(range(10 ** 6))
+        seconds = timed(lambda: codec.compress(x, key=1, round=next(rounds)), reps)
+        native = timed(natives[name], reps)
+        out[f"{name}_GBps"] = nbytes / seconds / 1e9
+        out[f"{name}_torch_GBps"] = nbytes / native / 1e9
+        out[f"{name}_over_torch"] = native / seconds
+        out[f"{name}_over_card_read"] = out[f"{name}_GBps"] / out["card_read_GBps"]
+    return out
+
+
+def _packbits(bits):
+    import torch
+    weights = (2 ** torch.arange(7, -1, -1, device=bits.device, dtype=torch.uint8))
+    return (bits.view(-1, 8).to(torch.uint8) * weights).sum(1, dtype=torch.uint8)
+
+
+WORKER = """
+import json, os, statistics, sys, time, torch
+sys.path[:0] = [{repo!r}, {here!r}]
+from bandwidth_models import MODELS
+system, out, iters = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rank = int(os.environ.get("BYTEPS_LOCAL_RANK", os.environ.get("GP_RANK", "0")))
+device = torch.device(f"cuda:{{rank % torch.cuda.device_count()}}")
+torch.cuda.set_device(device)
+torch.manual_seed(0)
+spec = MODELS["tfm"]
+model = spec.build().to(device)
+x, y = (t.to(device) for t in spec.batch(torch.Generator().manual_seed(1 + rank)))
+loss_fn = torch.nn.CrossEntropyLoss()
+finish = lambda: None
+if system.startswith("gp_"):
+    import gradpress.torch as bps
+    bps.init()
+    setting = json.loads(os.environ["GP_SETTING"])
+    extra = {{"compression": bps.Compression.fp16}} if setting == "Compression.fp16" else \\
+        ({{"compression_params": setting}} if setting else {{}})
+    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters(), **extra)
+    net, finish = model, bps.shutdown
+elif system.startswith("ddp_"):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    backend = "nccl" if "nccl" in system else "gloo"
+    dist.init_process_group(backend, init_method=os.environ["GP_INIT"], rank=rank, world_size=2)
+    net = DistributedDataParallel(model, device_ids=[device.index],
+                                  bucket_cap_mb=1024 if "powersgd" in system else 25)
+    if "powersgd" in system:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+        net.register_comm_hook(powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=4,
+                                                      start_powerSGD_iter=2), powersgd.powerSGD_hook)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    finish = dist.destroy_process_group
+else:  # compute only
+    net, opt = model, torch.optim.SGD(model.parameters(), lr=0.01)
+times = []
+for step in range(iters + 12):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    opt.zero_grad()
+    loss_fn(net(x), y).backward()
+    opt.step()
+    torch.cuda.synchronize()
+    times.append(time.perf_counter() - t)
+plan = getattr(opt, "gradpress_plan", None)
+with open(out + f".{{rank}}", "w") as fh:
+    json.dump({{"s": statistics.median(times[-iters:]), "predicted_s": getattr(plan, "predicted_s", None)}}, fh)
+finish()
+"""
+
+
+def run_job(system: str, iters: int, tmp: str) -> dict:
+    script = os.path.join(tmp, "worker.py")
+    with open(script, "w") as fh:
+        fh.write(WORKER.format(repo=REPO, here=HERE))
+    out = os.path.join(tmp, system)
+    env = dict(os.environ, GRADPRESS_PLAN_STEPS="4")
+    if system.startswith("gp_"):
+        env["GP_SETTING"] = json.dumps(SETTINGS[system])
+        cmd = [sys.executable, "-m", "gradpress.launcher", "--local", "--workers", "2", "--servers", "2", "--",
+               sys.executable, script, system, out, str(iters)]
+        subprocess.run(cmd, check=True, env=env, timeout=900)
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = [subprocess.Popen([sys.executable, script, system, out, str(iters)],
+                                  env=dict(env, GP_RANK=str(r), GP_INIT=f"tcp://127.0.0.1:{port}")) for r in range(2)]
+        if any(p.wait(timeout=900) != 0 for p in procs):
+            raise RuntimeError(f"{system} failed")
+    records = []
+    for r in range(2):
+        with open(f"{out}.{r}") as fh:
+            records.append(json.load(fh))
+    return {"s": max(rec["s"] for rec in records), "predicted_s": records[0]["predicted_s"]}
+
+
+def jobs(iters: int) -> dict:
+    import torch
+    systems = ["compute"] + list(SETTINGS) + [p for p in PEERS if "nccl" not in p or torch.cuda.device_count() > 1]
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for system in systems:
+            try:
+                result = run_job(system, iters, tmp)
+            except (subprocess.SubprocessError, RuntimeError, OSError) as e:
+                print(f"{system}: failed: {e}", flush=True)
+                continue
+            out[f"tfm_{system}_s_per_iter"] = result["s"]
+            if result["predicted_s"] is not None:
+                out[f"tfm_{system}_predicted_s"] = result["predicted_s"]
+            print(f"{system:>20}  {result['s']:.4f} s/iter", flush=True)
+    compute = out.get("tfm_compute_s_per_iter")
+    gp = {k: v for k, v in out.items() if k.startswith("tfm_gp_") and k.endswith("_s_per_iter")}
+    if compute:
+        for key, value in gp.items():
+            out[key.replace("_s_per_iter", "_over_compute")] = value / compute
+    ddp = out.get("tfm_ddp_gloo_s_per_iter")
+    if ddp and gp:
+        out["fastest_gp_over_ddp_gloo"] = min(gp.values()) / ddp
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions and iterations")
+    ap.add_argument("--parts", default="encoders,jobs")
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    import torch
+    if not torch.cuda.is_available():
+        print("benchmarks/gpu.py: torch sees no CUDA GPU here; nothing measured")
+        print("RESULT {}")
+        return 0
+    result = {"card": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count()}
+    parts = args.parts.split(",")
+    if "encoders" in parts:
+        result.update(encoders(64 << 20, 5 if args.quick else 20))
+        for key, value in result.items():
+            if key.endswith(("_GBps", "_over_torch", "_over_card_read")):
+                print(f"{key:>28}  {value:.3f}")
+    if "jobs" in parts:
+        result.update(jobs(8 if args.quick else args.iters))
+    print("RESULT " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The GPU path checked when a worker joins: where a GPU is visible (or numba's CUDA
+simulator is on), numba.cuda must compile and run one of gradpress's encoders. A broken mix
+of packages (numba-cuda 0.30 with numpy 2.5, which removed ``numpy.row_stack``) otherwise
+kills training at its first compressed push; here ``init()`` stops first, naming the
+versions and the fix."""
+from __future__ import annotations
+
+import importlib.metadata
+
+import numpy as np
+
+FIX_ROW_STACK = ("numba-cuda before 0.31 calls numpy.row_stack, which numpy 2.5 removed: install "
+                 "numpy<2.5 (pip install 'numpy<2.5') or a numba-cuda that supports this numpy")
+FIX_OTHER = ("install a numba-cuda that supports this CUDA driver and numpy, or keep this worker's "
+             "tensors on the CPU (CUDA_VISIBLE_DEVICES=)")
+
+
+class CudaPathBroken(RuntimeError):
+    pass
+
+
+def gpu_path_in_use() -> bool:
+    import torch
+    from numba import config
+    return bool(config.ENABLE_CUDASIM) or torch.cuda.is_available()
+
+
+def check() -> None:
+    """Compile and run the onebit encoder on a tiny device array.
+
+    Raises:
+        CudaPathBroken: naming numba, numba-cuda, numpy and torch's versions, what failed,
+            and the fix.
+    """
+    if not gpu_path_in_use():
+        return
+    try:
+        from numba import cuda
+
+        from ..compressors.registry import build_compressor
+        codec = build_compressor({"compressor": "onebit", "scaling": True}, "worker")
+        codec.compress(cuda.to_device(np.linspace(-1.0, 1.0, 64, dtype=np.float32)), key=0, round=0)
+    except Exception as e:  # whatever numba raises: the message must name it
+        raise CudaPathBroken(describe(e)) from e
+
+
+def describe(error: BaseException) -> str:
+    import numba
+    import torch
+    fix = FIX_ROW_STACK if "row_stack" in str(error) else FIX_OTHER
+    return (f"this worker's GPU path cannot run: numba.cuda failed to compile or run a kernel "
+            f"({type(error).__name__}: {error}); numba {numba.__version__}, numba-cuda {_version('numba-cuda')}, "
+            f"numpy {np.__version__}, torch {torch.__version__}. Fix: {fix}")
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"

@@ -1,0 +1,53 @@
+"""The GPU path checked at ``init()`` (gradpress/torch/cuda_check.py), under numba's CUDA
+simulator (the check runs where a GPU is visible or the simulator is on): a broken numba.cuda
+(here: its device copy failing as numba-cuda 0.30 fails under numpy 2.5) stops every
+process of the job before any step, naming the versions and the fix; a working one lets the
+job run."""
+import time
+
+import pytest
+
+from cluster import LocalCluster
+
+WORKER = """
+import os, torch
+if os.environ.get("GP_BREAK") == "1":  # what numba-cuda 0.30.4 does under numpy 2.5.2
+    from numba import cuda
+    def broken(*args, **kwargs):
+        raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+    cuda.to_device = broken
+import gradpress.torch as bps
+bps.init()
+open(os.path.join(os.environ["GP_TEST_DIR"], f"stepped{bps.rank()}"), "w").close()
+x = torch.ones(8)
+bps.push_pull_inplace(x, average=False, name="x")
+assert torch.equal(x, torch.full((8,), 2.0)), x
+bps.shutdown()
+"""
+
+
+@pytest.mark.integ
+def test_a_broken_numba_cuda_stops_the_job_at_init_naming_versions_and_fix(tmp_path):
+    c = LocalCluster(tmp_path, workers=2, servers=1, env={"NUMBA_ENABLE_CUDASIM": "1"})
+    try:
+        start = time.monotonic()
+        c.start(WORKER, each_worker=[{"GP_BREAK": "1"}, {"GP_BREAK": "0"}])
+        codes = c.wait(timeout_s=90)
+        took = time.monotonic() - start
+    finally:
+        c.kill()
+    assert all(code != 0 for code in codes.values()), codes
+    assert not list(tmp_path.glob("stepped*")), "a worker got past init()"
+    broken = c.log("worker 0")
+    for needed in ("GPU path cannot run", "row_stack", "numba-cuda", "numpy<2.5", "torch "):
+        assert needed in broken, f"{needed!r} not in worker 0's log:\n{broken}"
+    assert "worker 0" in c.log("worker 1") and took < 60, (took, c.logs())
+
+
+@pytest.mark.integ
+def test_a_working_numba_cuda_passes_the_check(tmp_path):
+    c = LocalCluster(tmp_path, workers=2, servers=1, env={"NUMBA_ENABLE_CUDASIM": "1"})
+    try:
+        c.start(WORKER, worker_env={"GP_BREAK": "0"}).assert_success(120)
+    finally:
+        c.kill()

@@ -1,0 +1,43 @@
+"""What the communication thread does with a push_pull whose source is still being filled
+(gradpress/torch/staging.py: a CUDA tensor's asynchronous copy into a pinned buffer): it
+waits for the job's ``ready`` event before it reads the source, once, on its own thread.
+(The pinned copies themselves, and the stream ordering, run in tests/gpu on a GPU.)"""
+from types import SimpleNamespace
+
+import numpy as np
+
+from gradpress.worker.stages import PartitionStages
+
+
+class RecordingEvent:
+    def __init__(self, log):
+        self.log = log
+
+    def synchronize(self):
+        self.log.append("ready")
+
+
+def test_the_source_is_read_only_after_its_ready_event():
+    log = []
+    src = np.arange(8, dtype=np.float32)
+
+    class Codec:
+        name = "onebit"
+
+        def compress(self, chunk, key, round, lr):
+            log.append(("compress", chunk.copy()))
+            return {}, []
+    job = SimpleNamespace(ready=RecordingEvent(log), tensor=SimpleNamespace(layout=None, compressor=Codec()),
+                          lr=None)
+    stages = SimpleNamespace(tracer=SimpleNamespace(add=lambda *a, **k: None))
+    for index in (0, 1):  # two partitions of one job: one wait
+        op = SimpleNamespace(job=job, chunk=src[4 * index:4 * index + 4], wkey=SimpleNamespace(key=index), round=0)
+        PartitionStages.compress(stages, op)
+    assert log[0] == "ready" and [e[0] for e in log[1:]] == ["compress", "compress"]
+    assert job.ready is None
+
+
+def test_without_a_ready_event_nothing_is_waited_for():
+    job = SimpleNamespace(ready=None, tensor=SimpleNamespace(layout=None, compressor=None), lr=None)
+    op = SimpleNamespace(job=job, chunk=np.zeros(4, np.float32), wkey=SimpleNamespace(key=0), round=0)
+    assert PartitionStages.compress(SimpleNamespace(), op) is None
