@@ -66,3 +66,24 @@ def test_a_barrier_completes_once_its_whole_group_arrived(job):
     for link in job.values():
         done = _next(link, Op.BARRIER_DONE)
         assert (done["group"], done["seq"]) == ("all", 1)
+
+
+def test_a_registration_after_a_normal_end_is_refused_saying_why():
+    """After a job ended well (no failure to quote), a late worker (BytePS's elastic example
+    resuming into the same scheduler) is told the job ended, not refused with an empty reason."""
+    from gradpress.errors import RegistrationRefused
+    common = dict(num_worker=1, num_server=1, root_uri="127.0.0.1", node_host="127.0.0.1",
+                  heartbeat_interval_s=0.1, heartbeat_timeout_s=30, connect_timeout_s=30, job_secret=TEST_SECRET)
+    scheduler = Scheduler(Settings(role="scheduler", root_port=0, **common))
+    scheduler.exit_code = 0  # the job ended normally, and lingers for a member's acknowledgement
+    scheduler._linger_until = time.monotonic() + 10
+    running = threading.Thread(target=scheduler.run, daemon=True)
+    running.start()
+    link = SchedulerLink(Settings(role="worker", root_port=scheduler.port, **common), "worker", transport.context())
+    try:
+        with pytest.raises(RegistrationRefused, match="the job already ended"):
+            link.register()
+    finally:
+        link.close()
+        scheduler._linger_until = 0.0
+        running.join(timeout=5)

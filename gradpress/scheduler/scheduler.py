@@ -106,9 +106,10 @@ class Scheduler(Liveness):
 
     def _dispatch(self, identity: bytes, member: Member | None, h: dict) -> None:
         op = h["op"]
-        if self.exit_code is not None:  # the job failed: late arrivals learn why instead of waiting
+        if self.exit_code is not None:  # the job is over: late arrivals learn why instead of waiting
             if op == Op.REGISTER:
-                self._refuse(identity, h, self._failure)
+                self._refuse(identity, h, self._failure or "the job already ended (a resumed job needs a "
+                                                           "scheduler of its own)")
             elif op == Op.ABORT:  # a second report (the launcher's, after the worker's own): acknowledge it
                 self._send_each([identity], Op.SHUTDOWN, reason=self._failure or "the job already ended")
             elif op == Op.SHUTDOWN_ACK:
