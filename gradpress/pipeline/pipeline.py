@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from ..compressors.lowrank import LowRankParams
+from ..compressors.spec import CodecSpec
 from ..torch.compression import Compression
 from .comm import OPS, Comm
 from .lowrank import LowRankReducer
@@ -125,23 +126,29 @@ class GradientPipeline(PipelineState):
                                       compression=self.compression))
         return buckets
 
+    def _shared_spec(self, params: list[torch.Tensor], what: str, why: str) -> CodecSpec:
+        """The one rule that names ``params`` (``what`` handles them together), checked: one
+        spec for all, and no tensor-level Compression beside it (``why`` it needs none)."""
+        specs = {str(self.table.rule[id(p)]) for p in params}
+        if len(specs) > 1:
+            raise ValueError(f"{self.owner}: {what} handles its tensors together: every one needs the same "
+                             f"compression_params, got {sorted(specs)}")
+        if self.compression is not Compression.none:
+            raise ValueError(f"{self.owner}: compression_params {why}; leave compression=Compression.none")
+        return self.table.rule[id(params[0])]
+
     def _lowrank_route(self, params: list[torch.Tensor]) -> LowRankRoute | None:
         """The route of the parameters a powersgd / acpsgd rule names (small and 1-D ones
         included: the reducer fuses those uncompressed), or None."""
         if not params:
             return None
-        specs = {str(self.table.rule[id(p)]) for p in params}
-        if len(specs) > 1:
-            raise ValueError(f"{self.owner}: powersgd / acpsgd: every low-rank tensor must have the same "
-                             f"compression_params (they are reduced together); got {sorted(specs)}")
-        if self.compression is not Compression.none:
-            raise ValueError(f"{self.owner}: compression_params powersgd / acpsgd factor the float32 tensors "
-                             "themselves; leave compression=Compression.none")
+        spec = self._shared_spec(params, "powersgd / acpsgd (a step's matrices reduced together)",
+                                 "powersgd / acpsgd factor the float32 tensors themselves")
         entries = [(self.table.names[id(p)], p) for p in params]
         # its fused tensors' names: the same for every pipeline of these names (a resumed job's)
         prefix = f"{self.prefix}{zlib.crc32(','.join(n for n, _ in entries).encode()):08x}."
-        reducer = LowRankReducer(entries, LowRankParams.parse(self.table.rule[id(params[0])].compression_params),
-                                 prefix, self.comm.settings.min_compress_bytes, comm=self.comm)
+        reducer = LowRankReducer(entries, LowRankParams.parse(spec.compression_params), prefix,
+                                 self.comm.settings.min_compress_bytes, comm=self.comm)
         return LowRankRoute(params, reducer)
 
     def _planner(self, params: list[torch.Tensor], views: bool, tuning: PlanTuning | None) -> AutoPlanner | None:
@@ -149,17 +156,11 @@ class GradientPipeline(PipelineState):
         fuses those), or None. Until its plan exists they travel uncompressed."""
         if not params:
             return None
-        specs = {str(self.table.rule[id(p)]) for p in params}
-        if len(specs) > 1:
-            raise ValueError(f"{self.owner}: compressor 'auto' plans every tensor it manages together; give "
-                             f"them one compression_params (got {sorted(specs)})")
-        if self.compression is not Compression.none:
-            raise ValueError(f"{self.owner}: compression_params 'auto' plans each tensor's compression itself; "
-                             "leave compression=Compression.none")
-        return AutoPlanner(params, self.names, self.table.priority, self.lr_of,
-                           self.table.rule[id(params[0])].compression_params, self._install,
-                           leave_out=lambda p: self._route[id(p)] is self._rows, views=views, tuning=tuning,
-                           comm=self.comm, matrix_names=self.table.names)
+        spec = self._shared_spec(params, "compressor 'auto' (one plan for every tensor it manages)",
+                                 "'auto' plans each tensor's compression itself")
+        return AutoPlanner(params, self.names, self.table.priority, self.lr_of, spec.compression_params,
+                           self._install, leave_out=lambda p: self._route[id(p)] is self._rows, views=views,
+                           tuning=tuning, comm=self.comm, matrix_names=self.table.names)
 
     def _install(self, route: Route | None, params: list[torch.Tensor]) -> None:
         for p in params:
