@@ -197,6 +197,15 @@ class GradientPipeline(PipelineState):
         """The parameters submitted this step (``flush`` submits the rest)."""
         return [p for p in self.table.trainable if id(p) in self._given]
 
+    @property
+    def all_submitted(self) -> bool:
+        """Whether every trainable parameter has been submitted this step."""
+        return len(self._given) == len(self.table.trainable)
+
+    @property
+    def any_submitted(self) -> bool:
+        return bool(self._given)
+
     def flush(self) -> None:
         """Start everything not yet started; a parameter not submitted this step travels with
         ``fill(p)`` (zeros)."""

@@ -165,7 +165,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return planner.plan if planner is not None else None
 
     def zero_grad(self, set_to_none: bool = True):
-        if not self._async and self._gradpress.submitted():
+        if not self._async and self._gradpress.any_submitted:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize()")
         return super().zero_grad(set_to_none)

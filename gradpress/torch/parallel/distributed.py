@@ -104,7 +104,7 @@ class DistributedDataParallel(torch.nn.Module):
             return
         pipeline = self._gradpress
         pipeline.submit(p, p.grad)
-        if len(pipeline.submitted()) == len(pipeline.table.trainable):
+        if pipeline.all_submitted:
             self.synchronize()  # the last gradient of this backward: finish before it returns
 
     def synchronize(self) -> None:
