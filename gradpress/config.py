@@ -58,6 +58,8 @@ class Settings:
     job_secret: str = _setting("", "GRADPRESS_JOB_SECRET", "the job's shared secret (at least 32 characters): members derive their CURVE keys from it; gradpress-launch --local makes one", secret=True)
     job_secret_file: str = _setting("", "GRADPRESS_JOB_SECRET_FILE", "file holding the job secret (surrounding whitespace ignored); instead of GRADPRESS_JOB_SECRET, not with it")
     insecure: bool = _setting(False, "GRADPRESS_INSECURE", "1: run without a job secret: no authentication, no encryption (logs a warning); the same as GRADPRESS_SECURITY=off")
+    server_max_keys: int = _setting(-1, "GRADPRESS_SERVER_MAX_KEYS", "keys a server holds for the job at most (a new one past it is refused with an ERROR); -1: twice what the job declared for that server, plus 4096")
+    server_max_key_bytes: int = _setting(-1, "GRADPRESS_SERVER_MAX_KEY_BYTES", "bytes of keys (their element counts times itemsize) a server holds for the job at most; -1: twice what the job declared for that server, plus 256 MiB")
     io_threads: int = _setting(-1, "GRADPRESS_IO_THREADS", "ZeroMQ I/O threads per process (each connection's bytes are encrypted on one of them); -1: with curve, one per core this process may use, 2 to 16; otherwise 2")
     security: str = _setting("curve", "GRADPRESS_SECURITY", "curve: members prove the job secret and every byte is encrypted (CURVE); auth: members prove the job secret when they connect, data travels unencrypted (a trusted fabric: no per-byte cost); off: neither (logs a warning)")
 

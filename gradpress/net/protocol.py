@@ -32,7 +32,7 @@ class Op(IntEnum):
     SHUTDOWN = 7       # scheduler -> all: the job is over
     FINISH = 8         # worker -> scheduler: this worker is done
     DECLARE = 9        # worker -> scheduler: a tensor's name, size, dtype, partitions
-    DECLARED = 10      # scheduler -> worker: the tensor's id and each partition's server
+    DECLARED = 10      # scheduler -> workers and its servers: the tensor's id and each partition's server
     INIT_KEY = 11      # worker -> server: a partition key's size, dtype and codec
     PUSH = 12          # worker -> server: a round's contribution to a key
     PULL = 13          # worker -> server: ask for a round's aggregate of a key
@@ -63,7 +63,8 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     Op.FINISH: ({}, {}),
     Op.DECLARE: ({"name": _STR, "count": _INT, "dtype": _STR, "parts": (list,)},
                  {"compression_params": (dict,)}),
-    Op.DECLARED: ({"name": _STR, "tensor_id": _INT, "servers": (list,)}, {}),
+    # part_bytes: each partition's bytes (the servers holding them learn what the job declared)
+    Op.DECLARED: ({"name": _STR, "tensor_id": _INT, "servers": (list,)}, {"part_bytes": (list,)}),
     # shm: where the worker writes this key's pushes, [pid, fd, inode, offset] of its sealed memfd
     # chunk (same host only; net/shm.py)
     # sparse: a row-sparse tensor's layout {rows, width, seed, servers} (row_placement.RowLayout)

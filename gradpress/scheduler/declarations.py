@@ -83,7 +83,10 @@ class Declarations:
 
     @staticmethod
     def _answer(d: Declaration) -> dict:
-        return {"name": d.name, "tensor_id": d.tensor_id, "servers": d.servers}
+        count, dtype, parts, _ = d.spec
+        itemsize = np.dtype(dtype).itemsize
+        return {"name": d.name, "tensor_id": d.tensor_id, "servers": d.servers,
+                "part_bytes": [p * itemsize for p in parts]}
 
 
 def _describe(spec: tuple[int, str, tuple[int, ...], str]) -> str:

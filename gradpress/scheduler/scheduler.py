@@ -127,9 +127,14 @@ class Scheduler(Liveness):
         elif op == Op.DECLARE and member.role == "worker" and self._too_big(identity, h):
             pass
         elif op == Op.DECLARE and member.role == "worker":
-            self._send_all(self.declarations.declare(
-                identity, member.rank, h["name"], h["count"], h["dtype"], h["parts"], time.monotonic(),
-                h.get("compression_params")))
+            messages = self.declarations.declare(identity, member.rank, h["name"], h["count"], h["dtype"],
+                                                 h["parts"], time.monotonic(), h.get("compression_params"))
+            servers = {m.rank: m.identity for m in self.roster.servers()}
+            for _, reply, fields in list(messages):  # the servers learn what the job declared for them
+                if reply == Op.DECLARED and "part_bytes" in fields:
+                    messages.append(([servers[s] for s in sorted(set(fields["servers"])) if s in servers], reply,
+                                     fields))
+            self._send_all(messages)
         elif op == Op.FINISH and member.role == "worker":
             self._finished(member)
         elif op == Op.ERROR:

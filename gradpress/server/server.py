@@ -29,6 +29,7 @@ from ..compressors.warmup import warm_up
 from ..net.node import SchedulerLink
 from ..trace import Tracer
 from ..net.protocol import Op
+from .budget import KeyBudget
 from .engine import INLINE_MAX_BYTES, STOP, Engine, local_engine_count
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class Server:
         self.tracer = Tracer(settings.trace)
         self.key_engine: dict[int, Engine] = {}
         self.key_bytes: dict[int, int] = {}     # each key's share of its engine's load_bytes
+        self.budget = KeyBudget(settings)       # the keys and bytes members may make it hold
 
     def run(self) -> int:
         """Register, serve until the scheduler says the job is over. Returns the exit code."""
@@ -107,10 +109,12 @@ class Server:
             if self.link.sock in ready:
                 while self.link.sock.poll(0):
                     _, header, _ = transport.recv(self.link.sock, routed=False)
-                    if header is not None and self.link.handle(header) is not None \
-                            and header["op"] == Op.SHUTDOWN:
+                    message = None if header is None else self.link.handle(header)
+                    if message is not None and message["op"] == Op.SHUTDOWN:
                         log.info("%s: job done, shutting down", self.link.name)
                         return 0
+                    if message is not None and message["op"] == Op.DECLARED:
+                        self.budget.declared(message, self.link.book.rank)
             # every pass, whatever the inflow: each drain above takes at most MAX_BATCH messages
             self.outbox.flush()
             self.guard.report()
@@ -143,6 +147,10 @@ class Server:
                     self._error(identity, header, f"unknown key {header['key']}: no INIT_KEY was received for it")
                     continue
                 nbytes = header["count"] * np.dtype(header["dtype"]).itemsize
+                refused = self.budget.refusal(header["key"], nbytes)
+                if refused:
+                    self._error(identity, header, refused)
+                    continue
                 engine = self.io_engine if nbytes <= INLINE_MAX_BYTES or not self.engines \
                     else min(self.engines, key=lambda e: (e.load_bytes, e.index))
                 self.key_bytes[header["key"]] = nbytes
@@ -163,6 +171,7 @@ class Server:
         (a key released twice, or never given to this server, is no error)."""
         engine = self.key_engine.pop(header["key"], None)
         if engine is not None:
+            self.budget.release(header["key"])
             engine.load_bytes -= self.key_bytes.pop(header["key"])  # (only this thread writes it)
             self._hand(engine, identity, header, [])
 
