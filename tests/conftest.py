@@ -1,5 +1,6 @@
 import pytest
 
+import process_check
 from cluster import LocalCluster
 
 from gradpress.testing import netns
@@ -34,3 +35,7 @@ def namespaces():
     finally:
         cluster.remove()
     assert not cluster.leftovers(), cluster.leftovers()
+
+
+# every test: one that starts a process must be marked integ (process_check.py)
+_processes_need_the_integ_marker = pytest.fixture(autouse=True)(process_check.needs_integ_marker)

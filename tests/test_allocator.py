@@ -33,6 +33,7 @@ def faults(prelude: str) -> int:
     return int(out.stdout.split("FAULTS")[-1])
 
 
+@pytest.mark.integ  # starts processes
 def test_a_freed_large_block_is_reused_without_page_faults():
     assert faults("") >= PAGES  # malloc as it is: fresh pages every time
     kept = faults("from gradpress.allocator import keep_freed_memory\nassert keep_freed_memory()\n")

@@ -136,6 +136,7 @@ def launch(args: list[str], env: dict[str, str], timeout: float = 60) -> subproc
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
+@pytest.mark.integ  # starts processes
 def test_launch_rejects_a_wrong_key_by_name(tmp_path):
     path = job_file(tmp_path, "[settings]\nheartbeat_interval = 1.0\n")
     out = launch(["--config", path], {"DMLC_ROLE": "scheduler"})
@@ -143,6 +144,7 @@ def test_launch_rejects_a_wrong_key_by_name(tmp_path):
     assert "unknown setting 'heartbeat_interval'" in out.stderr
 
 
+@pytest.mark.integ  # starts processes
 def test_launch_reads_the_file_and_the_environment_wins(tmp_path):
     """A scheduler nobody joins gives up after GRADPRESS_CONNECT_TIMEOUT_S: from the env, not the file."""
     path = job_file(tmp_path, "[settings]\nconnect_timeout_s = 600.0\nheartbeat_interval_s = 0.2\n"

@@ -146,6 +146,7 @@ def test_volumes_are_mounted_where_the_manifests_mount_them(smoke_pods):
             f"{pod.name}: the job file {env['GRADPRESS_CONFIG']} is not in the mounted ConfigMap"
 
 
+@pytest.mark.integ  # starts processes
 def test_smoke_stops_at_once_without_podman(tmp_path):
     out, took = run_without_podman([sys.executable, str(SMOKE), "--no-build"], tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
@@ -153,6 +154,7 @@ def test_smoke_stops_at_once_without_podman(tmp_path):
     assert took < 20 and "[1/" not in out.stdout, "it must stop before any step"
 
 
+@pytest.mark.integ  # starts processes
 def test_smoke_stops_at_once_on_a_bad_base_name(tmp_path):
     out, took = run_without_podman([sys.executable, str(SMOKE), "--base", "Python:3.11 slim"], tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
@@ -166,12 +168,14 @@ def test_smoke_stops_at_once_on_a_bad_base_name(tmp_path):
     ([], "neither podman nor buildah is installed"),
     (["--bogus"], "unknown argument '--bogus'"),
 ])
+@pytest.mark.integ  # starts processes
 def test_build_script_stops_at_once(tmp_path, argv, message):
     out, took = run_without_podman(["/bin/bash", str(BUILD), "--check", *argv], tmp_path)
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert took < 20
 
 
+@pytest.mark.integ  # starts processes
 def test_build_script_names_a_base_that_cannot_be_had(tmp_path):
     """A well-formed name of an image that is neither here nor pullable (needs podman)."""
     if subprocess.run(["sh", "-c", "command -v podman"], capture_output=True).returncode != 0:

@@ -23,6 +23,7 @@ def _burn(seconds: float) -> None:
         pass
 
 
+@pytest.mark.integ  # starts processes
 def test_processes_on_this_machine_share_its_id_and_see_its_cores():
     mine = host.machine_id()
     assert mine and mine.split(":", 1)[0] == open("/proc/sys/kernel/random/boot_id").read().strip()
@@ -31,6 +32,7 @@ def test_processes_on_this_machine_share_its_id_and_see_its_cores():
     assert host.cores() == len(os.sched_getaffinity(0))
 
 
+@pytest.mark.integ  # starts processes
 def test_cores_follow_the_affinity():
     pin = "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
     pinned = subprocess.run([sys.executable, "-c", pin + CHILD], capture_output=True, text=True, timeout=60,

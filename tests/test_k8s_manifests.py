@@ -201,6 +201,7 @@ def test_overlays_exist():
     assert {"cpu-demo", "gpu"} <= set(OVERLAYS), f"overlays found: {OVERLAYS}"
 
 
+@pytest.mark.integ  # starts processes
 @pytest.mark.parametrize("target", ["base"] + [f"overlays/{o}" for o in OVERLAYS])
 def test_manifests_validate_strictly(target):
     import kubernetes_validate
@@ -217,6 +218,7 @@ def test_manifests_validate_strictly(target):
                      "StatefulSet"], kinds
 
 
+@pytest.mark.integ  # starts processes
 def test_strict_validation_rejects_an_unknown_field():
     """Guards the test above: a misspelt field must fail, or 'validates' means nothing."""
     import kubernetes_validate
@@ -351,6 +353,7 @@ def test_resources(overlay):
                 f"{name}/{pod.name}: OMP_NUM_THREADS={threads} should follow the CPU request {res['requests']['cpu']}"
 
 
+@pytest.mark.integ  # starts processes
 def test_one_place_sets_counts_port_and_image(tmp_path):
     """An overlay that changes counts, scheduler port and image changes every field that must follow."""
     rel = os.path.relpath(deploy_tree(), tmp_path)  # kustomize refuses absolute paths
@@ -415,6 +418,7 @@ def test_every_role_mounts_the_job_secret_and_derives_the_jobs_keys(overlay, tmp
     assert len(keys) == 1, f"{name}: the pods derive different keys"
 
 
+@pytest.mark.integ  # starts processes
 def test_without_a_job_secret_nothing_renders(tmp_path):
     """No secret file, no manifests: a job cannot be deployed without one by mistake."""
     tree = tmp_path / "deploy" / "k8s"

@@ -14,7 +14,9 @@ def test_an_unsupported_mode_is_refused_naming_its_variable(var):
 
 
 def test_unset_or_zero_is_fine():
-    modes.check(Settings(), {"DMLC_ENABLE_RDMA": "0", "BYTEPS_ENABLE_MIXED_MODE": ""})
+    assert modes.check(Settings(), {"DMLC_ENABLE_RDMA": "0", "BYTEPS_ENABLE_MIXED_MODE": ""}) is None
+    with pytest.raises(ValueError, match="DMLC_ENABLE_RDMA"):  # the same variable, set, is refused
+        modes.check(Settings(), {"DMLC_ENABLE_RDMA": "1"})
 
 
 def test_async_mode_refuses_a_job_file_that_compresses(tmp_path):

@@ -89,7 +89,9 @@ def test_the_servers_recompression_costs_what_the_codec_says_the_server_pays():
 def test_credit_holds_pushes_back():
     tensors = [(MB, 0.1)] * 4
     free = predict(profile(tensors, credit=8, servers=4), [(i,) for i in range(4)], ["none"] * 4)
+    enough = predict(profile(tensors, credit=4, servers=4), [(i,) for i in range(4)], ["none"] * 4)
     one = predict(profile(tensors, credit=1, servers=4), [(i,) for i in range(4)], ["none"] * 4)
+    assert enough == pytest.approx(free, rel=1e-12), "a credit that covers every partition holds nothing back"
     assert one > free
 
 
@@ -237,6 +239,7 @@ def run_cli(*args):
                           timeout=120)
 
 
+@pytest.mark.integ  # starts processes
 def test_gradpress_plan_prints_the_plan_and_projects_it(tmp_path):
     path = tmp_path / "profile.json"
     path.write_text(synthetic_profile(40, bytes_per_s=12.5e6).to_json())
@@ -249,6 +252,7 @@ def test_gradpress_plan_prints_the_plan_and_projects_it(tmp_path):
     assert rows[2]["predicted_s"] <= rows[0]["predicted_s"]  # a faster link is never slower
 
 
+@pytest.mark.integ  # starts processes
 def test_gradpress_plan_refuses_a_corrupt_file(tmp_path):
     path = tmp_path / "profile.json"
     path.write_text("{ truncated")

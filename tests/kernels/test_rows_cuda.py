@@ -14,6 +14,7 @@ SCRIPT = Path(__file__).with_name("cudasim_rows.py")
 REPO = SCRIPT.parents[2]
 
 
+@pytest.mark.integ  # starts processes
 @pytest.mark.timeout(240)
 def test_gpu_row_extraction_is_byte_identical_to_the_cpu_one():
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(REPO)}
