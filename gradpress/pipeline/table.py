@@ -67,9 +67,6 @@ class ParameterTable:
         other._apply(policy or CompressionPolicy())
         return other
 
-    def name(self, p: torch.Tensor) -> str:
-        return self.names[id(p)]
-
     def lowrank(self) -> list[torch.Tensor]:
         """The trainable parameters a powersgd / acpsgd rule names (reduced together)."""
         return [p for p in self.trainable if (r := self.rule[id(p)]) is not None and r.is_lowrank]

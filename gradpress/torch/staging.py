@@ -50,10 +50,6 @@ class HostStaging:
         if self._buffers.get(name) is buffer:
             self._busy.discard(name)
 
-    def forget(self) -> None:
-        self._buffers.clear()
-        self._busy.clear()
-
 
 def after_producer(tensor: torch.Tensor) -> None:
     """Work queued on the legacy default stream from now on waits for what torch's current

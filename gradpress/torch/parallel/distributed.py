@@ -56,7 +56,6 @@ class DistributedDataParallel(torch.nn.Module):
         self.module = module
         self.device_ids = list(device_ids or [])
         self.broadcast_buffers = broadcast_buffers
-        self._compression = compression
         self._sync = True
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         # two wrapped models in one job (a GAN's two, whose parameter names may be the same)
