@@ -105,7 +105,7 @@ import json, os, statistics, sys, time, torch
 sys.path[:0] = [{repo!r}, {here!r}]
 from bandwidth_models import MODELS
 system, out, iters = sys.argv[1], sys.argv[2], int(sys.argv[3])
-rank = int(os.environ.get("BYTEPS_LOCAL_RANK", os.environ.get("GP_RANK", "0")))
+rank = int(os.environ.get("DMLC_WORKER_ID", os.environ.get("GP_RANK", "0")))  # the launcher's workers are machines
 device = torch.device(f"cuda:{{rank % torch.cuda.device_count()}}")
 torch.cuda.set_device(device)
 torch.manual_seed(0)
@@ -138,8 +138,12 @@ elif system.startswith("ddp_"):
     finish = dist.destroy_process_group
 else:  # compute only
     net, opt = model, torch.optim.SGD(model.parameters(), lr=0.01)
-times = []
+times, sampler = [], None
 for step in range(iters + 12):
+    if step == 12 and rank == 0 and os.environ.get("GP_PROFILE"):
+        from stack_sampler import StackSampler
+        sampler = StackSampler()
+        sampler.start()
     torch.cuda.synchronize()
     t = time.perf_counter()
     opt.zero_grad()
@@ -147,6 +151,8 @@ for step in range(iters + 12):
     opt.step()
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t)
+if sampler:
+    sampler.report(os.environ["GP_PROFILE"], f"{{system}}: {{iters}} steps")
 plan = getattr(opt, "gradpress_plan", None)
 with open(out + f".{{rank}}", "w") as fh:
     json.dump({{"s": statistics.median(times[-iters:]), "predicted_s": getattr(plan, "predicted_s", None)}}, fh)
@@ -154,7 +160,22 @@ finish()
 """
 
 
-def run_job(system: str, iters: int, tmp: str) -> dict:
+def _wait_group(procs: list, seconds: float) -> None:
+    """Wait for every process; past the deadline kill each one's whole group (the launcher's
+    servers and workers too) so a stuck setting cannot hold the GPU for the next one."""
+    deadline = time.monotonic() + seconds
+    try:
+        for p in procs:
+            if p.wait(timeout=max(1.0, deadline - time.monotonic())) != 0:
+                raise RuntimeError(f"exit status {p.returncode}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+
+
+def run_job(system: str, iters: int, tmp: str, timeout: float) -> dict:
     script = os.path.join(tmp, "worker.py")
     with open(script, "w") as fh:
         fh.write(WORKER.format(repo=REPO, here=HERE))
@@ -164,15 +185,15 @@ def run_job(system: str, iters: int, tmp: str) -> dict:
         env["GP_SETTING"] = json.dumps(SETTINGS[system])
         cmd = [sys.executable, "-m", "gradpress.launcher", "--local", "--workers", "2", "--servers", "2", "--",
                sys.executable, script, system, out, str(iters)]
-        subprocess.run(cmd, check=True, env=env, timeout=900)
+        _wait_group([subprocess.Popen(cmd, env=env, start_new_session=True)], timeout)
     else:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         procs = [subprocess.Popen([sys.executable, script, system, out, str(iters)],
-                                  env=dict(env, GP_RANK=str(r), GP_INIT=f"tcp://127.0.0.1:{port}")) for r in range(2)]
-        if any(p.wait(timeout=900) != 0 for p in procs):
-            raise RuntimeError(f"{system} failed")
+                                  env=dict(env, GP_RANK=str(r), GP_INIT=f"tcp://127.0.0.1:{port}"),
+                                  start_new_session=True) for r in range(2)]
+        _wait_group(procs, timeout)
     records = []
     for r in range(2):
         with open(f"{out}.{r}") as fh:
@@ -180,14 +201,15 @@ def run_job(system: str, iters: int, tmp: str) -> dict:
     return {"s": max(rec["s"] for rec in records), "predicted_s": records[0]["predicted_s"]}
 
 
-def jobs(iters: int) -> dict:
+def jobs(iters: int, timeout: float, only: list | None) -> dict:
     import torch
     systems = ["compute"] + list(SETTINGS) + [p for p in PEERS if "nccl" not in p or torch.cuda.device_count() > 1]
+    systems = [s for s in systems if not only or s in only]
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for system in systems:
             try:
-                result = run_job(system, iters, tmp)
+                result = run_job(system, iters, tmp, timeout)
             except (subprocess.SubprocessError, RuntimeError, OSError) as e:
                 print(f"{system}: failed: {e}", flush=True)
                 continue
@@ -211,6 +233,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and iterations")
     ap.add_argument("--parts", default="encoders,jobs")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--job-timeout", type=float, default=600, help="seconds one setting's job may take")
+    ap.add_argument("--profile", default="", help="append worker 0's sampled stacks of each job to this file")
+    ap.add_argument("--systems", default="", help="comma-separated subset of the jobs (default: all)")
     args = ap.parse_args()
     import torch
     if not torch.cuda.is_available():
@@ -225,7 +250,10 @@ def main() -> int:
             if key.endswith(("_GBps", "_over_torch", "_over_card_read")):
                 print(f"{key:>28}  {value:.3f}")
     if "jobs" in parts:
-        result.update(jobs(8 if args.quick else args.iters))
+        only = [s for s in args.systems.split(",") if s]
+        if args.profile:
+            os.environ["GP_PROFILE"] = os.path.abspath(args.profile)
+        result.update(jobs(8 if args.quick else args.iters, args.job_timeout, only))
     print("RESULT " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
     return 0
 

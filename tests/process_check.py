@@ -6,7 +6,10 @@ started."""
 from __future__ import annotations
 
 import multiprocessing.process
+import os
 import subprocess
+
+LIBRARY_LOOKUPS = {"ldconfig", "gcc", "cc", "ld", "objdump"}  # what ctypes.util.find_library runs
 
 
 def needs_integ_marker(request, monkeypatch):
@@ -17,7 +20,9 @@ def needs_integ_marker(request, monkeypatch):
     real_popen, real_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
 
     def popen(self, args, *rest, **kwargs):
-        started.append(args if isinstance(args, str) else " ".join(map(str, args))[:120])
+        argv = args.split() if isinstance(args, str) else [str(a) for a in args]
+        if not argv or os.path.basename(argv[0]) not in LIBRARY_LOOKUPS:
+            started.append(" ".join(argv)[:120])
         return real_popen(self, args, *rest, **kwargs)
 
     def start(self):

@@ -18,6 +18,10 @@ def test_marked_starts_a_process():
 
 def test_unmarked_starts_nothing():
     assert 1 + 1 == 2
+
+def test_unmarked_looks_up_a_library():  # what CUDA's first load does through ctypes
+    import ctypes.util
+    ctypes.util.find_library("c")
 '''
 
 
@@ -30,6 +34,6 @@ def test_an_unmarked_test_that_starts_a_process_fails_naming_it(pytester):
     pytester.makepyfile(test_inner=INNER)
     result = pytester.runpytest("-q", "-p", "no:cacheprovider")
     # the rule is checked as the test ends: the unmarked one errors at its teardown, the run fails
-    result.assert_outcomes(passed=3, errors=1)
+    result.assert_outcomes(passed=4, errors=1)
     assert result.ret != 0
     result.stdout.fnmatch_lines(["*test_unmarked_starts_a_process*starts processes*not marked integ*"])
