@@ -82,6 +82,7 @@ from bandwidth_models import MODELS  # noqa: E402
 from bandwidth_worker import (AUTO_MAX_EXTRA_WARMUP, DDP_SYSTEMS, GP_COMPRESSION, NUM_WORKERS,  # noqa: E402
                               POWERSGD_START_ITER)
 from gradpress.testing import netns  # noqa: E402
+from results import emit as emit_result  # noqa: E402
 
 SYSTEMS = list(GP_COMPRESSION) + DDP_SYSTEMS
 # A gradpress system with this suffix runs with GRADPRESS_INSECURE=1 (no CURVE); with AUTH,
@@ -440,7 +441,7 @@ def report(rows: list[dict], args, floors: dict[str, float], kept_floors: dict[s
         result[f"{tag}_MB_per_iter"] = None if r["MB_per_iter"] is None else round(r["MB_per_iter"], 3)
         if r["system"].startswith("gp_auto"):
             result[f"{tag}_predicted_s"] = None if r["predicted_s"] is None else round(r["predicted_s"], 4)
-    print("RESULT " + json.dumps(result))
+    emit_result("bandwidth", result)
 
 
 def encryption_cost(rows: list[dict]) -> None:

@@ -37,6 +37,8 @@ import sys
 import tempfile
 import time
 
+from results import emit as emit_result
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -387,7 +389,7 @@ def main() -> None:
         result["best_at_parity"] = at_parity["best_at_parity"]
         result["best_ratio_at_parity"] = round(at_parity["best_ratio_at_parity"], 1)
     print(f"total {time.time() - t_start:.0f} s")
-    print("RESULT " + json.dumps(result))
+    emit_result("convergence", result)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ all); next to them, a copy of the average back into each gradient's own memory, 
 The last line is ``RESULT {json}`` (milliseconds, medians of N).
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,6 +26,7 @@ sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 from bandwidth_models import MODELS  # noqa: E402
 
 from gradpress.pipeline.routes.bucket import Bucket  # noqa: E402
+from results import emit as emit_result  # noqa: E402
 
 
 class NoJob:
@@ -86,7 +86,7 @@ def main() -> int:
     print(f"  new gradients (copied in, handed back as views): {result['tfm_fused_new_gradients_ms']:.2f} ms")
     print(f"  gradients still in their views (no copy):       {result['tfm_fused_gradients_in_views_ms']:.2f} ms")
     print(f"  the average copied back instead (before views): {result['tfm_copy_back_ms']:.2f} ms")
-    print("RESULT " + json.dumps({k: round(v, 3) for k, v in result.items()}))
+    emit_result("fused_copies", {k: round(v, 3) for k, v in result.items()})
     return 0
 
 

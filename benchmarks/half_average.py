@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 
+from results import emit as emit_result
+
 WORKER = """
 import json, statistics, sys, time, torch, gradpress.torch as bps
 bps.init()
@@ -53,8 +55,8 @@ def main() -> int:
     ratio = med["average"] / med["sum"]
     print(f"float16 push_pull of {args.elements} elements, median of {args.reps}: average "
           f"{1e3 * med['average']:.1f} ms, sum {1e3 * med['sum']:.1f} ms: {ratio:.3f}x (goal <= 1.15x)")
-    print("RESULT " + json.dumps({"f16_average_s": round(med["average"], 5), "f16_sum_s": round(med["sum"], 5),
-                                  "f16_average_over_sum": round(ratio, 3)}))
+    emit_result("half_average", {"f16_average_s": round(med["average"], 5), "f16_sum_s": round(med["sum"], 5),
+                                "f16_average_over_sum": round(ratio, 3)})
     return 0
 
 

@@ -30,7 +30,6 @@ over the processes' median iterations).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -46,6 +45,7 @@ from bandwidth import compute_only, python_env  # noqa: E402
 from bandwidth_models import MODELS  # noqa: E402
 from bandwidth_worker import GP_COMPRESSION, NUM_WORKERS  # noqa: E402
 from bandwidth_worker import compute_only as compute_only_loop  # noqa: E402
+from results import emit as emit_result  # noqa: E402
 
 WARMUP = 3  # the first steps allocate the residuals and sums and fault their pages in
 CODECS = ("onebit", "randomk")
@@ -125,7 +125,7 @@ def main() -> int:
             result[f"{model}_{what}_s_per_iter"] = round(s, 4)
             print(f"{model} {what}: {' '.join(f'{t:.4f}' for t in steps)} s/iter per process; "
                   f"{s / floors[model]:.2f}x compute only", flush=True)
-    print("RESULT " + json.dumps(result))
+    emit_result("host_floor", result)
     return 0
 
 

@@ -21,7 +21,6 @@ gradient) per second.
 Prints a table; the last line is ``RESULT {json}``.
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -35,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from gradpress.compressors import ErrorFeedback, build_compressor, reference  # noqa: E402
 from gradpress.compressors.dithering import code_width  # noqa: E402
+from results import emit as emit_result  # noqa: E402
 
 KEY = 1
 CODECS = {
@@ -214,8 +214,8 @@ def main() -> None:
     result["cache_load_s"] = cache_load_seconds()
     print(f"fresh process: import + first run of every kernel from the cache "
           f"{result['cache_load_s']:.3f} s")
-    print("RESULT " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
-                                  for k, v in result.items()}))
+    emit_result("kernels", {k: round(v, 4) if isinstance(v, float) else v
+                           for k, v in result.items()})
 
 
 if __name__ == "__main__":

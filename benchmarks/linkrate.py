@@ -15,7 +15,6 @@ before the CPU, not tc, is the limit. The last line is ``RESULT {json}`` with
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import statistics
 import subprocess
@@ -28,6 +27,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 from gradpress.testing import netns  # noqa: E402
+from results import emit as emit_result  # noqa: E402
 
 PORT = 9300
 CHUNK = 4 << 20
@@ -114,7 +114,7 @@ def main() -> int:
                 runs.append(one_run(cluster, port, args.seconds))
             result[f"{rate}_Gbit_s"] = round(statistics.median(runs), 2)
             print(f"{rate}: {statistics.median(runs):.2f} Gbit/s (runs {[round(r, 2) for r in runs]})", flush=True)
-    print("RESULT " + json.dumps(result))
+    emit_result("linkrate", result)
     return 0
 
 

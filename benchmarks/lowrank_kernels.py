@@ -17,7 +17,6 @@ Prints medians in milliseconds and a last line ``RESULT {json}``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gradpress.pipeline.lowrank_math import NumbaMath, TorchMath  # noqa: E402
+from results import emit as emit_result  # noqa: E402
 
 SHAPES = {
     "mlp": [(4096, 1024), (4096, 4096), (1024, 4096)],
@@ -118,7 +118,7 @@ def main() -> int:
             print(f"{model} ({len(shapes)} matrices, {elements / 1e6:.1f}M elements), rank {rank}: "
                   + ", ".join(f"{k} {v:.2f} ms" for k, v in costs.items()), flush=True)
             result.update({f"{model}_r{rank}_{k}_ms": round(v, 3) for k, v in costs.items()})
-    print("RESULT " + json.dumps(result))
+    emit_result("lowrank_kernels", result)
     return 0
 
 

@@ -28,6 +28,7 @@ import sys
 import tempfile
 
 from gradpress.server.engine import INLINE_MAX_BYTES
+from results import emit as emit_result
 
 WORKER = """
 import json, os, resource, statistics, sys, time, torch, gradpress.torch as bps
@@ -104,7 +105,7 @@ def main() -> None:
         result[f"engines{engines}_step_s"] = round(step, 5)
         result[f"engines{engines}_server_cpu_us_per_message"] = round(cpu, 1)
     result["step_ratio_engines2_over_inline"] = round(result["engines2_step_s"] / result["engines0_step_s"], 3)
-    print("RESULT " + json.dumps(result))
+    emit_result("messages", result)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ randomk/topk pass (reads g and e, writes p, checks finiteness).
 Prints a table; the last line is ``RESULT {json}`` (input GB/s).
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ from gradpress.kernels.cpu import onebit  # noqa: E402
 from gradpress.kernels.cpu.elementwise import compensate, compensate_checked  # noqa: E402
 from gradpress.kernels.cpu.norms import chunk_sum, max_abs_bits  # noqa: E402
 from gradpress.kernels.reduction import CHUNK, LANES, pairwise_total  # noqa: E402
+from results import emit as emit_result  # noqa: E402
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -90,8 +90,8 @@ def main() -> None:
             result[label] = gb / median_seconds(run, args.reps)
             print(f"{label:<32} {result[label]:7.2f} GB/s")
     result["threading_layer"] = numba.threading_layer()
-    print("RESULT " + json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                  for k, v in result.items()}))
+    emit_result("parallel_ef", {k: round(v, 3) if isinstance(v, float) else v
+                               for k, v in result.items()})
 
 
 if __name__ == "__main__":

@@ -11,10 +11,10 @@ The last line is ``RESULT {json}``.
 from __future__ import annotations
 
 import argparse
-import json
 
 from gradpress.planner.cli import sweep
 from gradpress.planner.profile import Profile
+from results import emit as emit_result
 
 WORKERS = [2, 8, 32, 128, 512, 1024]
 RATES_GBIT = [1, 10, 100]
@@ -56,7 +56,7 @@ def main() -> int:
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"chart: {args.out}")
-    print("RESULT " + json.dumps({"planned": planned, "uncompressed": raw}))
+    emit_result("planner_chart", {"planned": planned, "uncompressed": raw})
     return 0
 
 

@@ -29,6 +29,7 @@ import tempfile
 import time
 
 import numpy as np
+from results import emit as emit_result
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -170,9 +171,9 @@ def curve_cost(nbytes: int, reps: int, trials: int, mb: float) -> None:
     ratios = {path: rate[path, "insecure"] / rate[path, "curve"] for path in ("shm", "tcp")}
     for path, r in ratios.items():
         print(f"{path}: insecure / CURVE throughput = {r:.3f}")
-    print("RESULT " + json.dumps({"tensor_MB": mb, **{f"pushpull_{p}_{s}_GBps": round(r, 3)
-                                                     for (p, s), r in rate.items()},
-                                  **{f"{p}_insecure_over_curve": round(r, 3) for p, r in ratios.items()}}))
+    emit_result("pushpull-curve-cost", {
+        "tensor_MB": mb, **{f"pushpull_{p}_{s}_GBps": round(r, 3) for (p, s), r in rate.items()},
+        **{f"{p}_insecure_over_curve": round(r, 3) for p, r in ratios.items()}})
 
 
 def main() -> None:
@@ -201,10 +202,10 @@ def main() -> None:
     label = f"torch.distributed gloo all_reduce {args.mb:g} MB, 2 procs"
     print(f"{label:44s} {statistics.median(gl):12.4f} {gl_rate:8.2f}")
     print(f"push_pull / gloo: {pp_rate / gl_rate:.2f}x")
-    print("RESULT " + json.dumps({"pushpull_GBps": round(pp_rate, 3), "zmq_GBps": round(zmq_rate, 3),
-                                  "gloo_GBps": round(gl_rate, 3), "pushpull_tcp_GBps": round(tcp_rate, 3),
-                                  "pushpull_over_gloo": round(pp_rate / gl_rate, 3),
-                                  "tensor_MB": args.mb}))
+    emit_result("pushpull", {"pushpull_GBps": round(pp_rate, 3), "zmq_GBps": round(zmq_rate, 3),
+                            "gloo_GBps": round(gl_rate, 3), "pushpull_tcp_GBps": round(tcp_rate, 3),
+                            "pushpull_over_gloo": round(pp_rate / gl_rate, 3),
+                            "tensor_MB": args.mb})
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ compressed with the server's error feedback. No sockets: the pushes are prepared
 Prints medians per round and the ratio; the last line is ``RESULT {json}``.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -23,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from gradpress.compressors import build_compressor  # noqa: E402
 from gradpress.server.store import KeyState, Payload  # noqa: E402
+from results import emit as emit_result  # noqa: E402
 
 KEY = 7
 
@@ -72,8 +72,8 @@ def main() -> None:
           f"{len(results['dense'])} rounds per path")
     print(f"  dense path:              {dense_ms:8.3f} ms per round")
     print(f"  summed where values live: {values_ms:8.3f} ms per round  ({dense_ms / values_ms:.1f}x less)")
-    print("RESULT " + json.dumps({"randomk_server_round_dense_ms": round(dense_ms, 4),
-                                  "randomk_server_round_values_ms": round(values_ms, 4)}))
+    emit_result("server_round", {"randomk_server_round_dense_ms": round(dense_ms, 4),
+                                "randomk_server_round_values_ms": round(values_ms, 4)})
 
 
 if __name__ == "__main__":

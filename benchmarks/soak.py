@@ -39,6 +39,7 @@ from gradpress.net import protocol, transport  # noqa: E402
 from gradpress.net.limits import Limits  # noqa: E402
 from gradpress.net.protocol import Op  # noqa: E402
 from gradpress.processes import ProcessGroup  # noqa: E402
+from results import emit as emit_result  # noqa: E402
 
 WORKER = r"""
 import json, os, time, torch, gradpress.torch as bps
@@ -271,7 +272,7 @@ def main() -> int:
         for pr in group.procs.values():
             if pr.poll() is None:
                 pr.kill()
-    print("RESULT " + json.dumps(result), flush=True)
+    emit_result("soak", result)
     return 0 if result.get("wrong_sums", 1) == 0 and result.get("hangs", 1) == 0 and not result.get("crashes") else 1
 
 

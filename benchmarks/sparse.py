@@ -45,6 +45,7 @@ sys.path[:0] = [str(REPO), str(HERE)]
 
 from bandwidth import RunFailed, python_env, tails  # noqa: E402
 from gradpress.testing import netns  # noqa: E402
+from results import emit as emit_result  # noqa: E402
 
 NUM_WORKERS, NUM_SERVERS = 4, 2
 SYSTEMS = ("gp_sparse", "gp_dense", "ddp")
@@ -220,7 +221,7 @@ def main() -> int:
             result[f"speedup_vs_{other}"] = round(result[f"{other}_s_per_iter"] / result["gp_sparse_s_per_iter"], 2)
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
-    print("RESULT " + json.dumps(result), flush=True)
+    emit_result("sparse", result)
     return 0
 
 

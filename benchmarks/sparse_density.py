@@ -16,13 +16,15 @@ the highest density measured at which rows were still faster.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from results import child_env
+from results import emit as emit_result
 
 HERE = Path(__file__).resolve().parent
 
@@ -61,7 +63,7 @@ def worker(a: argparse.Namespace) -> None:
         out = {"rows": a.rows, "width": a.width, "workers": 2, "servers": 1, "link": "loopback TCP",
                "per_density": {str(d): {k: round(v, 5) for k, v in r.items()} for d, r in results.items()},
                "break_even_density": max(faster) if faster else None}
-        print("RESULT " + json.dumps(out), flush=True)
+        emit_result("sparse_density", out)
     bps.shutdown()
 
 
@@ -78,7 +80,7 @@ def main() -> int:
         worker(a)
         return 0
     env = {**os.environ, "GRADPRESS_SHM": "0", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": str(HERE.parent)}
+           "PYTHONPATH": str(HERE.parent), **child_env()}  # rank 0 reports this command's result
     argv = [str(Path(sys.executable).parent / "gradpress-launch"), "--local", "--workers", "2", "--servers", "1",
             "--", sys.executable, str(Path(__file__).resolve()), "--_worker", "--rows", str(a.rows), "--width",
             str(a.width), "--densities", ",".join(map(str, a.densities)), "--repeats", str(a.repeats)]
