@@ -37,5 +37,5 @@ def namespaces():
     assert not cluster.leftovers(), cluster.leftovers()
 
 
-# every test: one that starts a process must be marked integ (process_check.py)
+# every test: one that starts a process must be marked integ (support/process_check.py)
 _processes_need_the_integ_marker = pytest.fixture(autouse=True)(process_check.needs_integ_marker)

@@ -18,7 +18,7 @@ capabilities and volumes. Then:
 4. containers and namespaces are removed (and the image with --remove-image), also when
    a step fails or the run is interrupted.
 
-What is translated, as in tests/test_k8s_netns_integ.py: the downward API (the pod IP is
+What is translated, as in tests/system/test_k8s_netns_integ.py: the downward API (the pod IP is
 the namespace's address, the completion index the pod's), cluster DNS (``--add-host``
 for each Service name), ConfigMap and Secret volumes (files in a directory mounted
 read-only; the job secret made as docs/deploy.md says, in a copy of deploy/k8s) and
@@ -91,7 +91,7 @@ class Container:
 
     def __init__(self, pod, docs, netns: str, addr: str, hosts: dict[str, str], image: str, run_id: str,
                  workdir: Path):
-        from test_k8s_manifests import config_map, container_env, expand, pod_fields, secret_data
+        from system.test_k8s_manifests import config_map, container_env, expand, pod_fields, secret_data
         self.pod, self.addr = pod, addr
         self.name = f"{run_id}-{pod.name}"
         c = pod.container
@@ -176,8 +176,8 @@ def wait_until(condition, timeout_s: float, what: str, containers: list[Containe
 
 def start_job(docs, cluster, image: str, run_id: str, workdir: Path, step: int) -> list[Container]:
     """The five containers, scheduler and servers first; returns them once all are ready."""
-    from test_k8s_manifests import pods
-    from test_k8s_netns_integ import dns_entries
+    from system.test_k8s_manifests import pods
+    from system.test_k8s_netns_integ import dns_entries
     job_pods = pods(docs)
     addresses = {p.name: (cluster.addr(p.name) if p.name in cluster.nodes else cluster.add_node(p.name))
                  for p in job_pods}
@@ -229,7 +229,7 @@ def main() -> int:
     os.environ.setdefault("CONTAINERS_CONF", str(HERE / "containers.conf"))
     sys.path[:0] = [str(REPO), str(REPO / "tests")]
     from gradpress.testing.netns import Interrupted, NetnsCluster, cleanup_on_signals
-    from test_k8s_manifests import pods, render
+    from system.test_k8s_manifests import pods, render
 
     run_id = f"gpsmoke{os.getpid() % 100000}"
     cluster = NetnsCluster(run_id)

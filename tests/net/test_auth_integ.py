@@ -36,7 +36,7 @@ from gradpress.net import auth, transport
 from gradpress.net.protocol import Op
 
 pytestmark = pytest.mark.integ
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COUNT = 3000
 KEY = 1 << 16          # partition 0 of the job's first (only) tensor
 SILENCE_S = 0.4        # how long an outsider waits for an answer that must not come

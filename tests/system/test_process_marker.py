@@ -1,4 +1,4 @@
-"""The integ-marker rule itself (process_check.py), run on a small test module of its own."""
+"""The integ-marker rule itself (support/process_check.py), run on a small test module of its own."""
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ def test_unmarked_looks_up_a_library():  # what CUDA's first load does through c
 
 @pytest.mark.integ  # its inner tests start processes
 def test_an_unmarked_test_that_starts_a_process_fails_naming_it(pytester):
-    pytester.syspathinsert(Path(__file__).parent)
+    pytester.syspathinsert(Path(__file__).parents[1] / "support")
     pytester.makeconftest("import pytest, process_check\n"
                           "_rule = pytest.fixture(autouse=True)(process_check.needs_integ_marker)\n")
     pytester.makeini("[pytest]\nmarkers =\n    integ: starts processes\n")

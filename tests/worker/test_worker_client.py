@@ -1,4 +1,4 @@
-"""gradpress/worker/client.py against a scripted scheduler and server (tests/fake_peers.py).
+"""gradpress/worker/client.py against a scripted scheduler and server (tests/support/fake_peers.py).
 
 Each test drives one stage of the per-partition pipeline (declare, compress, push,
 pull, land) or one of its rules (rounds, credit, deadlines, errors) message by message.

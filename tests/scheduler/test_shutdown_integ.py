@@ -11,7 +11,7 @@ import pytest
 
 from cluster import FAST
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.integ
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 from gradpress.config import setting_docs
 
-ENV_MD = (Path(__file__).parent.parent / "docs" / "env.md").read_text()
+ENV_MD = (Path(__file__).parents[2] / "docs" / "env.md").read_text()
 
 
 def test_every_setting_is_documented_with_its_default():

@@ -22,7 +22,7 @@ from plan_replay import Shape, replay, worker_script
 from gradpress.testing import netns
 
 pytestmark = [pytest.mark.integ, pytest.mark.netns]
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # 6 x 64 KB of gradients: about 1 ms per step on the bare veth. 10 Mbit/s, not 100: even a plan
 # that compresses everything (onebit, 12 KB a step) then drifts clearly off a prediction re-based
 # on the fast link (at 100 Mbit/s it could stay within 20% under the two-process suite)

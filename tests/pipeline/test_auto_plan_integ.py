@@ -101,7 +101,7 @@ def test_the_job_measures_the_alternatives_and_keeps_the_fastest(cluster):
     # drift is then measured against the kept plan's measured time, not its prediction
     assert a["reference"] == b["reference"] == measured[fastest][2]
     assert a["refined"][settled - 1] and not any(a["refined"][:settled - 1])
-    # the plans left behind are forgotten (their keys on the servers too: test_pushpull_integ.py)
+    # the plans left behind are forgotten (their keys on the servers too: tests/torch/test_pushpull_integ.py)
     assert a["declared"] == sorted(name for _, name, _ in a["groups"]), a["declared"]
     # of the planner's broadcasts (profiles, re-based timelines) only the last one's keys stay
     last = a["broadcasts"][0].rsplit(".", 1)[0]

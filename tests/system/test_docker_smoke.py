@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from test_k8s_images import DOCKERFILES, instructions
-from test_k8s_manifests import K8S, REPO, container_env, pod_fields, pods, render
+from system.test_k8s_images import DOCKERFILES, instructions
+from system.test_k8s_manifests import K8S, REPO, container_env, pod_fields, pods, render
 
 SMOKE = REPO / "deploy/docker/smoke.py"
 BUILD = REPO / "deploy/docker/build.sh"

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from gradpress.testing.netns import NetnsCluster, ip
-from test_k8s_manifests import (K8S, REPO, Pod, config_map, container_env, container_port, expand, find,
+from system.test_k8s_manifests import (K8S, REPO, Pod, config_map, container_env, container_port, expand, find,
                                 pod_fields, pods, render, secret_data, service_selecting)
 
 pytestmark = [pytest.mark.integ, pytest.mark.netns, pytest.mark.timeout(150)]

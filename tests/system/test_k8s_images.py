@@ -3,7 +3,7 @@
 No Docker engine runs in CI, so the Dockerfiles are checked by reading: the torch pin,
 the entry point, the working directory, user and ports the manifests rely on, what is
 copied and what the ignore file lets through. deploy/docker/smoke.py builds and runs the
-CPU image for real (docs/deploy.md); tests/test_docker_smoke.py checks that it runs the
+CPU image for real (docs/deploy.md); tests/system/test_docker_smoke.py checks that it runs the
 manifests' pods unchanged.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = {"cpu": REPO / "deploy/docker/Dockerfile.cpu", "cuda": REPO / "deploy/docker/Dockerfile.cuda"}
 
 

@@ -248,7 +248,7 @@ bps.shutdown()
 
 def test_the_job_files_compression_table_applies_to_the_optimizer(cluster):
     from pathlib import Path
-    demo = Path(__file__).parent.parent / "configs" / "demo.toml"
+    demo = Path(__file__).parents[2] / "configs" / "demo.toml"
     c = cluster(workers=2, servers=1, env={"GRADPRESS_CONFIG": str(demo), "BYTEPS_LOG_LEVEL": "WARNING"})
     c.start(JOB_FILE_WORKER).assert_success()
     assert "OK job file" in c.log("worker 0")

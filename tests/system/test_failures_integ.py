@@ -129,7 +129,7 @@ def test_garbage_to_server_and_scheduler_is_dropped_and_sums_stay_right(cluster)
         for host, port in targets:
             dealer = ctx.socket(zmq.DEALER)
             dealer.setsockopt(zmq.LINGER, 0)
-            auth.make_client(dealer, keys)  # a member gone wrong: outsiders are tests/test_auth_integ.py's
+            auth.make_client(dealer, keys)  # a member gone wrong: outsiders are tests/net/test_auth_integ.py's
             dealer.connect(f"tcp://{host}:{port}")
             for msg in _garbage_messages():
                 if msg:

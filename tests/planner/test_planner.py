@@ -87,12 +87,16 @@ def test_the_servers_recompression_costs_what_the_codec_says_the_server_pays():
 
 
 def test_credit_holds_pushes_back():
-    tensors = [(MB, 0.1)] * 4
+    b, rate, alpha = MB, 100e6, 1e-4
+    tensors = [(b, 0.1)] * 4                            # one partition per server, all ready at 0.1
     free = predict(profile(tensors, credit=8, servers=4), [(i,) for i in range(4)], ["none"] * 4)
     enough = predict(profile(tensors, credit=4, servers=4), [(i,) for i in range(4)], ["none"] * 4)
     one = predict(profile(tensors, credit=1, servers=4), [(i,) for i in range(4)], ["none"] * 4)
+    # free: four pushes up the worker's link, then the last one's sum, its reply down, its copy out, the step
+    assert free == pytest.approx(0.1 + 5 * b / rate + 2 * alpha + 3e-10 * b + 0.01, rel=1e-12)
     assert enough == pytest.approx(free, rel=1e-12), "a credit that covers every partition holds nothing back"
-    assert one > free
+    # a credit of one: each push after the first waits for the previous one's acknowledgement
+    assert one == pytest.approx(free + 3 * alpha, rel=1e-12), "a credit of one adds a latency per push held back"
 
 
 SLOW_CODEC = CodecCost(LinearCost(0, 1 / 0.5e9), LinearCost(0, 1 / 2e9), LinearCost(0, 1 / 2e9), 1 / 32)

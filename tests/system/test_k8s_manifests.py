@@ -1,7 +1,7 @@
 """deploy/k8s: every overlay renders, validates strictly offline, and wires one working job.
 
 Also the helpers that read rendered manifests the way Kubernetes would (pods of each
-controller, a container's environment); tests/test_k8s_netns_integ.py starts those pods.
+controller, a container's environment); tests/system/test_k8s_netns_integ.py starts those pods.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
 # Schemas kubernetes-validate ships offline; 1.32 matches the kubectl used here.
