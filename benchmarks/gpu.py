@@ -14,7 +14,7 @@ this machine (``gradpress.launcher --local``) for every setting, against compute
 (both workers at once, no communication) and torch DDP over gloo (and NCCL with one GPU
 per process), with and without PowerSGD. Median seconds per iteration, each synchronised.
 
-The last line is ``RESULT {json}``; docs/performance.md records the runs and the card.
+The last line is ``RESULT {json}`` (``results.emit``: a record too, where asked).
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path[:0] = [REPO, HERE]
+from results import emit  # noqa: E402
 
 SETTINGS = {
     "gp_none": None,
@@ -240,7 +241,7 @@ def main() -> int:
     import torch
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py: torch sees no CUDA GPU here; nothing measured")
-        print("RESULT {}")
+        print("RESULT {}")  # nothing measured: no record
         return 0
     result = {"card": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count()}
     parts = args.parts.split(",")
@@ -254,7 +255,7 @@ def main() -> int:
         if args.profile:
             os.environ["GP_PROFILE"] = os.path.abspath(args.profile)
         result.update(jobs(8 if args.quick else args.iters, args.job_timeout, only))
-    print("RESULT " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
+    emit("gpu", {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()})
     return 0
 
 

@@ -175,8 +175,13 @@ class Compressor(ABC):
         ValueError for a malformed payload, before writing anything."""
         if is_device_array(out):
             from gradpress.kernels.cuda import device
-            host = np.empty(device.length(out), np.float32)
             single = device.itemsize(out) == 4  # else divided in out's own dtype, after the copy
+            if single and isinstance(header, dict) and "raw" not in header:
+                self._check_header(header, device.length(out))
+                with device.on_device_of(out):
+                    if self._decode_device(header, buffers, device.as_device(out), divisor):
+                        return
+            host = device.host_scratch(device.length(out))  # pinned and reused: the copy is DMA
             self._decode_checked(header, buffers, host, False, key, round, divisor if single else 1)
             device.copy_from_host(host, out)
             if not single and divisor != 1:
@@ -190,6 +195,11 @@ class Compressor(ABC):
             self._decode_checked(header, buffers, values, False, key, round)
             store_float32(values, out)
             divide_in_place(out, divisor)  # after rounding to out's dtype, as the caller would
+
+    def _decode_device(self, header: Header, buffers: Sequence[Any], out: Any, divisor: int) -> bool:
+        """Decode (divided) into ``out``, a float32 device array, on the GPU; False where this
+        codec decodes on the host instead (the base: every codec does). ``header`` is checked."""
+        return False
 
     def decompress_add(self, header: Header, buffers: Sequence[Any], acc: np.ndarray, key: int,
                        round: int) -> None:

@@ -80,5 +80,14 @@ class OneBit(Compressor):
         # +-scale / d is +-(scale / d) exactly: the scale is divided once
         onebit.unpack_signs(bits, divided(scale, divisor), out, accumulate)
 
+    def _decode_device(self, header: dict, buffers: Sequence[Any], out: Any, divisor: int) -> bool:
+        from gradpress.kernels.cuda import onebit as gpu_onebit
+        expect_buffer_count(buffers, 2)
+        scale = buffer_array(buffers, 0, np.float32, 1, "onebit scale")[0]
+        finite_scale(scale, "onebit scale")
+        bits = buffer_array(buffers, 1, np.uint8, packed_nbytes(out.shape[0], 1), "sign bits")
+        gpu_onebit.decode(bits, divided(scale, divisor), out)
+        return True
+
     def __repr__(self) -> str:
         return f"OneBit(scaling={self.scaling!r})"

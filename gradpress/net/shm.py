@@ -31,7 +31,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -55,6 +55,7 @@ class Chunk:
         self.nbytes = nbytes
         self.inode = os.fstat(fd).st_ino
         self.map = mmap.mmap(fd, nbytes)
+        self.pinned: Any = None  # a registration with the CUDA driver (Arena's ``pin``), kept while mapped
         # ours stays open for as long as peers may open it through /proc; a peer's is closed
         self.fd = fd if own else -1
 
@@ -130,10 +131,14 @@ class Arena:
     zeros, never a fault, as the file keeps its size), and the region is handed out again
     to the next request of the same size (a re-plan declares groups of the sizes it
     released). The chunks themselves go when the process does.
+
+    ``pin``, when given, registers each new chunk for DMA (a GPU worker's copies go straight
+    from the device into it). A registered chunk's pages are never punched: the driver holds
+    the pages it pinned, and a punched hole would give the file new ones the copies never reach.
     """
 
-    def __init__(self, tag: str, chunk_bytes: int = CHUNK_BYTES):
-        self.tag, self.chunk_bytes = tag, chunk_bytes
+    def __init__(self, tag: str, chunk_bytes: int = CHUNK_BYTES, pin: Callable[[Chunk], Any] | None = None):
+        self.tag, self.chunk_bytes, self.pin = tag, chunk_bytes, pin
         self.chunks: list[Chunk] = []
         self._used = 0
         self._free: dict[int, list[Region]] = {}  # aligned size -> released regions of that size
@@ -146,6 +151,8 @@ class Arena:
         if not self.chunks or self._used + size > self.chunks[-1].nbytes:
             self.chunks.append(Chunk.create(self.tag, max(self.chunk_bytes, size)))
             self._used = 0
+            if self.pin is not None:
+                self.chunks[-1].pinned = self.pin(self.chunks[-1])
         region = Region(self.chunks[-1], self._used, nbytes)
         self._used += size
         return region
@@ -157,7 +164,7 @@ class Arena:
         # only the pages wholly inside it: its neighbours may share the first and last
         first = -(-region.offset // mmap.PAGESIZE) * mmap.PAGESIZE
         end = (region.offset + size) // mmap.PAGESIZE * mmap.PAGESIZE
-        if end > first:
+        if end > first and region.chunk.pinned is None:
             try:
                 region.chunk.map.madvise(mmap.MADV_REMOVE, first, end - first)
             except OSError:  # a kernel that cannot punch it: the pages stay, the region is still reused

@@ -32,6 +32,7 @@ _noname = itertools.count()
 _epoch = 0  # how many jobs this process joined (resume() joins another): per-job counters key on it
 _atexit_registered = False
 _staging = staging.HostStaging()   # pinned host buffers of CUDA tensors, by name, reused every call
+DEVICE_RAW = (torch.float32, torch.float16, torch.float64)  # CUDA dtypes that travel uncompressed from the device
 
 
 def init(lazy: bool = True) -> None:
@@ -231,11 +232,14 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
                              f"exactly (or as float16 with Compression.fp16)")
         return _start_rows(client, tensor, sparse.rows_of_coo(tensor, name), name, divisor, priority, None)
     contiguous = tensor.is_contiguous() and output.is_contiguous()
-    on_gpu = spec is not None and tensor.is_cuda and output.is_cuda and contiguous
+    # on the GPU: compressed by the CUDA kernels, or (float16/32/64, uncompressed) moved by
+    # DMA straight between the tensor and the shared push segment or result, divided there
+    on_gpu = (tensor.is_cuda and output.is_cuda and contiguous and output.dtype == tensor.dtype
+              and (spec is not None or tensor.dtype in DEVICE_RAW))
     direct = (tensor.device.type == "cpu" and output.device.type == "cpu" and wire_dtype(tensor.dtype) == tensor.dtype
               and contiguous)
     finish: Callable[[], None] | None = None
-    if on_gpu:  # CUDA kernels compress straight from device memory
+    if on_gpu:  # CUDA kernels compress, or the DMA copies read, straight from device memory
         src = tensor.detach().reshape(-1)
         out = src if output is tensor else output.detach().reshape(-1)
         staging.after_producer(tensor)

@@ -65,7 +65,7 @@ class PartitionFlight:
 
     def _send(self, op: PartitionOp) -> None:
         wk = op.wkey
-        self.stages.introduce(wk)
+        self.stages.introduce(wk, op.job.src)
         op.round = wk.next_round
         try:
             payload = self.stages.compress(op)

@@ -3,7 +3,10 @@
 
 A compressed key's pipeline is compress, push (frames), pull, land (decompress); an
 uncompressed one skips compress and, with a server on the same host, pushes through
-shared memory and lands from the server's result slot. Which stages a partition
+shared memory and lands from the server's result slot. An uncompressed CUDA tensor's
+partitions move by DMA: the device copies straight into the shared push segment (a chunk
+registered with the driver) or into a pinned buffer of the key's own, and the result goes
+back to the device at its size and is divided there. Which stages a partition
 takes is decided by its key (codec, co-location), not by branches in the caller.
 All of it runs on the communication thread, which owns the sockets.
 """
@@ -35,6 +38,8 @@ class PartitionStages:
         self.bytes_pushed = 0       # payload bytes (compressed size where compressed)
         self.bytes_pulled = 0
         self.push_arena = shm.Arena("w")        # our push areas, one region per shared key
+        self.device_arenas: dict[Any, shm.Arena] = {}  # the same for CUDA tensors, registered for DMA, by device
+        self.host_stages: dict[int, np.ndarray] = {}    # key -> pinned buffer of a CUDA key pushed as frames
         self.peer_chunks = shm.PeerChunks()     # the servers' result slots, mapped
 
     def _shared(self, wk: WorkerKey) -> bool:
@@ -43,15 +48,17 @@ class PartitionStages:
 
     # ---- before the first push of a key ----------------------------------------
 
-    def introduce(self, wk: WorkerKey) -> None:
-        """INIT_KEY once per key (naming our shared push segment), then any checkpointed server state."""
+    def introduce(self, wk: WorkerKey, source: Any = None) -> None:
+        """INIT_KEY once per key (naming our shared push segment), then any checkpointed server
+        state. ``source`` is the tensor pushed: a CUDA one gets a segment registered for DMA."""
         sock, t = self.servers[wk.server], wk.tensor
         if not wk.inited:
             extra: dict[str, Any] = {"compression_params": t.spec.compression_params} if t.spec else {}
             if t.layout is not None:
                 extra["sparse"] = t.layout.wire()
             if self._shared(wk):
-                wk.push_region = region = self.push_arena.alloc(wk.count * np.dtype(t.dtype).itemsize)
+                arena = self._device_arena(source) if is_device_array(source) else self.push_arena
+                wk.push_region = region = arena.alloc(wk.count * np.dtype(t.dtype).itemsize)
                 wk.push_view = region.array(t.dtype, wk.count)
                 extra["shm"] = region.ref
             transport.send(sock, Op.INIT_KEY, self.sender, key=wk.key, name=t.name, count=wk.count,
@@ -63,13 +70,26 @@ class PartitionStages:
             transport.send(sock, Op.STATE, self.sender, [np.ascontiguousarray(residual, np.float32)],
                            key=wk.key, **({} if lr is None else {"lr": float(lr)}))
 
+    def _device_arena(self, source: Any) -> shm.Arena:
+        from ..kernels.cuda import device
+        where = getattr(source, "device", None)
+        if where not in self.device_arenas:
+            def pin(chunk: shm.Chunk, source=source) -> Any:
+                with device.on_device_of(source):
+                    return device.pin_host(chunk.map, chunk.nbytes)
+            self.device_arenas[where] = shm.Arena("w", pin=pin)
+        return self.device_arenas[where]
+
     def forget(self, tensors: list) -> None:
-        """Released tensors: their shared push segments go back to the arena (every round of
-        them has been pulled, so the servers have read them)."""
+        """Released tensors: their shared push segments go back to their arena (every round
+        of them has been pulled, so the servers have read them)."""
         for t in tensors:
             for wk in t.keys:
+                self.host_stages.pop(wk.key, None)
                 if wk.push_region is not None:
-                    self.push_arena.free(wk.push_region)
+                    arena = next((a for a in self.device_arenas.values() if wk.push_region.chunk in a.chunks),
+                                 self.push_arena)
+                    arena.free(wk.push_region)
                     wk.push_region = wk.push_view = None
 
     # ---- the stages ---------------------------------------------------------------
@@ -110,11 +130,17 @@ class PartitionStages:
             transport.send(sock, Op.PUSH, self.sender, buffers, **{**fields, **extra})  # sparse: its own count
             self.bytes_pushed += sum(b.nbytes for b in buffers)
         elif wk.push_view is not None:
-            np.copyto(wk.push_view, op.chunk)
+            if is_device_array(op.chunk):
+                from ..kernels.cuda import device
+                device.copy_to_host_into(op.chunk, wk.push_view)
+            else:
+                np.copyto(wk.push_view, op.chunk)
             transport.send(sock, Op.PUSH, self.sender, shm=True, **fields)
             self.bytes_pushed += wk.push_view.nbytes
         else:
             chunk = op.chunk
+            if is_device_array(chunk):  # into the key's pinned buffer, reused every round
+                chunk = self._host_stage(wk, chunk)
             transport.send(sock, Op.PUSH, self.sender, [chunk], **fields)
             self.bytes_pushed += chunk.nbytes
 
@@ -148,13 +174,27 @@ class PartitionStages:
         else:
             summed = self._shared_result(h, wk.count, t.dtype) if "shm" in h \
                 else _frame_result(frames, wk.count, t.dtype)
-            if job.divisor != 1 and summed.dtype == np.float16 and dst.flags.c_contiguous:
+            if is_device_array(dst):
+                from ..kernels.cuda import device
+                device.land_divided(summed, dst, job.divisor)
+            elif job.divisor != 1 and summed.dtype == np.float16 and dst.flags.c_contiguous:
                 fp16.divide_half(summed, job.divisor, dst)  # numpy's float16 divide is a scalar loop
             elif job.divisor != 1:
                 np.divide(summed, job.divisor, out=dst)  # average while copying: one pass
             else:
                 np.copyto(dst, summed)
         self.bytes_pulled += sum(len(f.buffer) for f in frames)
+
+    def _host_stage(self, wk: WorkerKey, chunk: Any) -> np.ndarray:
+        """``chunk`` (on the GPU) copied into the key's pinned host buffer. A round's buffer is
+        reused only by the key's next round, which starts after this one's pull came back
+        (the server had read the push by then)."""
+        from ..kernels.cuda import device
+        buffer = self.host_stages.get(wk.key)
+        if buffer is None:
+            buffer = self.host_stages[wk.key] = device.pinned_host(wk.count, np.dtype(wk.tensor.dtype))
+        device.copy_to_host_into(chunk, buffer)
+        return buffer
 
     def _shared_result(self, h: dict, n: int, dtype: str) -> np.ndarray:
         nbytes = n * np.dtype(dtype).itemsize
@@ -164,6 +204,8 @@ class PartitionStages:
 
     def close(self) -> None:
         self.push_arena.close()  # the memory itself goes with the last mapping
+        for arena in self.device_arenas.values():
+            arena.close()
 
 
 def _frame_result(frames: list, n: int, dtype: str) -> np.ndarray:

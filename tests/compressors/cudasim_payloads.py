@@ -135,10 +135,39 @@ def decompress_case():
         else "device output differs"
 
 
+def device_decode_cases():
+    """Every codec decoded into a device array (on the GPU where it has a device decoder,
+    else on the host and copied) gives the host decoder's bytes, averaged or not, at a
+    partial byte, a partial block and two blocks; a malformed payload is refused alike."""
+    for name, params in CODEC_PARAMS:
+        c = build_compressor(params, "server")
+        for n in (9, 150, 300):
+            for divisor in (1, 3):
+                header, buffers = c.compress(gaussian(n, seed=n), key=KEY, round=ROUND)
+                on_host = np.empty(n, np.float32)
+                c.decompress(header, buffers, on_host, key=KEY, round=ROUND, divisor=divisor)
+                on_device = cuda.device_array(n, np.float32)
+                c.decompress(header, buffers, on_device, key=KEY, round=ROUND, divisor=divisor)
+                got = on_device.copy_to_host()
+                yield f"device-decode/{name}/{n}/{divisor}", "" if got.tobytes() == on_host.tobytes() \
+                    else f"differs at {np.flatnonzero(got != on_host)[:5]}"
+        header, buffers = c.compress(gaussian(300, seed=1), key=KEY, round=ROUND)
+        short = [np.asarray(b)[:1] for b in buffers]
+        problems = []
+        for out in (np.empty(300, np.float32), cuda.device_array(300, np.float32)):
+            try:
+                c.decompress(header, short, out, key=KEY, round=ROUND)
+                problems.append("accepted")
+            except ValueError:
+                problems.append("ValueError")
+        yield f"device-decode-refused/{name}", "" if problems == ["ValueError"] * 2 or "raw" in header \
+            else f"host/device: {problems}"
+
+
 if __name__ == "__main__":
     warnings.simplefilter("ignore")  # simulated uint64 arithmetic warns on (intended) wrap
     with np.errstate(over="ignore"):
         for source in (codec_cases, rejection_cases, wrapper_cases, decompress_case,
-                       fused_cases):
+                       device_decode_cases, fused_cases):
             for case, problem in source():
                 print(json.dumps({"case": case, "problem": problem}), flush=True)

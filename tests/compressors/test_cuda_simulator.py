@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from compressors.cases import CODEC_PARAMS
+
 pytestmark = pytest.mark.timeout(170 * 3 + 30)  # the simulator is slow; one run serves all
 SCRIPT = Path(__file__).with_name("cudasim_payloads.py")
 REPO = SCRIPT.parents[2]
@@ -30,7 +32,9 @@ def results() -> dict:
 @pytest.mark.parametrize("group, minimum", [
     ("device-path-taken", 1), ("none/", 3), ("fp16/", 4), ("onebit", 12), ("topk", 8),
     ("randomk", 8), ("dither", 16), ("nan-rejected/", 4), ("error-feedback/", 3),
-    ("decompress-to-device", 1), ("fused/", 12 * 2 * 3), ("fused-nan/", 12)])
+    ("decompress-to-device", 1),
+    ("device-decode/", len(CODEC_PARAMS) * 6), ("device-decode-refused/", len(CODEC_PARAMS)),
+    ("fused/", 12 * 2 * 3), ("fused-nan/", 12)])
 def test_gpu_path_matches_cpu_kernels_byte_for_byte(results, group, minimum):
     cases = {case: problem for case, problem in results.items() if case.startswith(group)}
     assert len(cases) >= minimum, f"only {len(cases)} simulator cases for {group}"

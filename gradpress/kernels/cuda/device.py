@@ -1,5 +1,6 @@
 """Device-array plumbing: views of torch tensors / CUDA arrays, launches, copies."""
 import contextlib
+import threading
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,87 @@ def copy_from_host(host: np.ndarray, out: Any) -> None:
         return
     target = as_device(out)
     target.copy_to_device(host.astype(target.dtype, copy=False))
+
+
+def copy_to_host_into(x: Any, host: np.ndarray) -> None:
+    """``host[:] = x`` for a CUDA tensor or device array of ``host``'s dtype: one DMA copy
+    (at the bus's speed where ``host`` is pinned or registered, see ``pin_host``)."""
+    if hasattr(x, "cpu") and hasattr(x, "numpy"):
+        import torch
+        torch.from_numpy(host).copy_(x.detach())
+        return
+    as_device(x).copy_to_host(host)
+
+
+def land_divided(host: np.ndarray, out: Any, divisor: int) -> None:
+    """``out[:] = host / divisor`` on the device: the host array goes over at its own size,
+    and the divide runs there, in float32 arithmetic for float16 with one rounding (as the
+    host's ``divide_half``). A true division, never a multiply by the reciprocal."""
+    if hasattr(out, "copy_") and hasattr(out, "div_"):
+        import torch
+        with torch.no_grad():
+            out.copy_(torch.from_numpy(host))
+            if divisor != 1:  # a 0-dim device tensor: torch turns a CPU scalar into 1/divisor
+                out.div_(_divisor_tensor(divisor, out.device))
+        return
+    target = as_device(out)
+    target.copy_to_device(np.ascontiguousarray(host, target.dtype))
+    if divisor != 1:
+        _divide[blocks(target.shape[0]), THREADS](target, np.float64(divisor))
+
+
+_DIVISORS: dict = {}
+
+
+def _divisor_tensor(divisor: int, dev: Any) -> Any:
+    key = (divisor, str(dev))
+    if key not in _DIVISORS:
+        import torch
+        _DIVISORS[key] = torch.tensor(float(divisor), dtype=torch.float32, device=dev)
+    return _DIVISORS[key]
+
+
+@cuda.jit
+def _divide(x, d):
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        x[i] = x[i] / d
+
+
+def pin_host(buffer: Any, nbytes: int) -> Any:
+    """Register ``nbytes`` of host memory at ``buffer`` (an mmap or array) with the CUDA
+    driver, so copies to and from it are DMA at the bus's speed rather than staged through
+    the driver's own bounce buffers. The returned object keeps it registered while it
+    lives; None where it cannot be (the simulator, no GPU, a driver refusal): copies then
+    still work, staged."""
+    if config.ENABLE_CUDASIM:
+        return None
+    try:
+        from numba.cuda.cudadrv import driver
+        return cuda.current_context().mempin(buffer, driver.host_pointer(buffer), nbytes, mapped=False)
+    except Exception:  # noqa: BLE001 - any refusal leaves the memory usable, only slower
+        return None
+
+
+_scratch = threading.local()
+
+
+def host_scratch(n: int) -> np.ndarray:
+    """A pinned float32 host array of ``n`` elements, this thread's own, reused by every call
+    of the same length (a host decode's landing before its copy to the device)."""
+    cache = _scratch.__dict__.setdefault("by_length", {})
+    if n not in cache:
+        if len(cache) >= 64:  # partitions come in a few sizes; a job of many is not hoarded
+            cache.clear()
+        cache[n] = pinned_host(n, np.float32)
+    return cache[n]
+
+
+def pinned_host(n: int, dtype: Any) -> np.ndarray:
+    """A page-locked host array (numpy's interface) for DMA copies; a plain one under the simulator."""
+    if config.ENABLE_CUDASIM:
+        return np.empty(n, dtype)
+    return cuda.pinned_array(n, dtype)
 
 
 def empty(n: int, dtype: type) -> Any:

@@ -41,3 +41,17 @@ def encode_feedback(g, e, lam: float, e_out) -> np.ndarray | None:
     if int(flag.copy_to_host()[0]):
         return None
     return half.copy_to_host().view(np.uint16)
+
+
+@cuda.jit
+def _widen_divided(half, divisor, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = np.float32(half[i]) / divisor
+
+
+def decode(bits: np.ndarray, divisor: int, out) -> None:
+    """``out = float32(half) / divisor`` on the device (a true float32 division, as the
+    host decoder's), from the half-precision bits as they came: 2 bytes an element go over."""
+    half = cuda.to_device(np.ascontiguousarray(bits).view(np.float16))
+    _widen_divided[blocks(out.shape[0]), THREADS](half, np.float32(divisor), out)

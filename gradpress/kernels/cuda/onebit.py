@@ -68,3 +68,16 @@ def encode_feedback(g, e, lam: float, scaling: str, e_out) -> tuple[dict, list] 
     bits = cuda.device_array(packed_nbytes(n, 1), np.uint8)
     _pack_feedback[blocks(bits.shape[0]), THREADS](g, e, lam, scale, bits, e_out)
     return {}, [np.array([scale], np.float32), bits.copy_to_host()]
+
+
+@cuda.jit
+def _unpack_signs(bits, scale, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = -scale if (bits[i >> 3] >> (i & 7)) & 1 else scale
+
+
+def decode(bits: np.ndarray, scale: np.float32, out) -> None:
+    """``out[i] = -scale`` where sign bit i is set, else ``scale``, on the device: the
+    payload goes over at its own size (n/8 bytes), never as n floats."""
+    _unpack_signs[blocks(out.shape[0]), THREADS](cuda.to_device(bits), np.float32(scale), out)

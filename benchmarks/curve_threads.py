@@ -1,0 +1,89 @@
+"""A server's encrypted push_pull throughput against its ZeroMQ I/O thread count.
+
+    python benchmarks/curve_threads.py [--workers 8] [--mb 64] [--reps 5] [--threads 1,2,4,8]
+
+With CURVE each connection's frames are encrypted and decrypted on the I/O thread that owns
+it, so one server's throughput is capped by the cores its I/O threads get. Here ``--workers``
+workers (one connection each to the server) push_pull a float32 tensor of ``--mb`` MB to one
+server over loopback TCP (no shared memory), with ``GRADPRESS_IO_THREADS`` set to each count
+in turn, for every process. The server's throughput is what it receives and sends per
+second: 2 x workers x tensor bytes over the median seconds of a push_pull (every worker
+waits for the slowest). Ratios are against the one-thread figure of the same run.
+
+The last line is ``RESULT {json}`` (``results.emit``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from results import child_env, emit
+
+WORKER = """
+import json, os, sys, time, numpy as np
+from gradpress.config import Settings
+from gradpress.worker import WorkerClient
+n, reps, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+c = WorkerClient(Settings.load(os.environ))
+c.start()
+x = np.ones(n, np.float32)
+y = np.empty_like(x)
+c.push_pull_async("t", x, y, 1, 0).result(600)   # declares the key and warms the path
+times = []
+for _ in range(reps):
+    c.barrier()
+    t = time.perf_counter()
+    c.push_pull_async("t", x, y, 1, 0).result(600)
+    times.append(time.perf_counter() - t)
+assert float(y[0]) == c.size and float(y[-1]) == c.size
+if c.rank == 0:
+    with open(out, "w") as fh:
+        json.dump(times, fh)
+c.finish()
+"""
+
+
+def job_seconds(threads: int, workers: int, n: int, reps: int) -> float:
+    env = dict(os.environ, **child_env(), GRADPRESS_SHM="0", GRADPRESS_SECURITY="curve",
+               GRADPRESS_IO_THREADS=str(threads), BYTEPS_PARTITION_BYTES=str(64 << 20))
+    env.pop("GRADPRESS_INSECURE", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        script, out = os.path.join(tmp, "w.py"), os.path.join(tmp, "times.json")
+        with open(script, "w") as fh:
+            fh.write(WORKER)
+        subprocess.run([sys.executable, "-m", "gradpress.launcher", "--local", "--workers", str(workers),
+                        "--servers", "1", "--", sys.executable, script, str(n), str(reps), out],
+                       check=True, env=env, timeout=600)
+        with open(out) as fh:
+            return statistics.median(json.load(fh))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--mb", type=float, default=64.0, help="tensor size in MB (10^6 bytes)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--threads", default="1,2,4,8", help="I/O thread counts, the first is the baseline")
+    args = p.parse_args()
+    n = int(args.mb * 1e6) // 4
+    counts = [int(t) for t in args.threads.split(",")]
+    result = {"workers": args.workers, "tensor_MB": args.mb, "cores": os.cpu_count()}
+    base = None
+    for threads in counts:
+        seconds = job_seconds(threads, args.workers, n, args.reps)
+        gbps = 2 * args.workers * 4 * n / seconds / 1e9
+        base = base or gbps
+        result[f"io{threads}_server_GBps"] = round(gbps, 3)
+        result[f"io{threads}_over_io{counts[0]}"] = round(gbps / base, 3)
+        print(f"I/O threads {threads:2d}: {seconds:.4f} s per push_pull, server {gbps:.2f} GB/s, "
+              f"{gbps / base:.2f}x", flush=True)
+    emit("curve_threads", result)
+
+
+if __name__ == "__main__":
+    main()
