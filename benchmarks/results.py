@@ -31,12 +31,13 @@ import sys
 from pathlib import Path
 
 RESULTS_DIR_ENV = "GRADPRESS_RESULTS_DIR"
-COMMAND_ENV = "GRADPRESS_RESULTS_COMMAND"   # set by a parent for the child that emits
+COMMAND_ENV = "GRADPRESS_RESULTS_COMMAND"   # a parent's command and settings, for the child that emits
+SETTINGS_ENV = "GRADPRESS_RESULTS_SETTINGS"
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = 1
 # settings that change what a run measures; none of them is a secret
 SETTING_PREFIXES = ("GRADPRESS_", "BYTEPS_", "DMLC_", "PS_", "OMP_NUM_THREADS", "NUMBA_")
-NOT_RECORDED = ("SECRET", RESULTS_DIR_ENV, COMMAND_ENV)
+NOT_RECORDED = ("SECRET", "GRADPRESS_RESULTS_")
 
 
 def emit(name: str, result: dict) -> Path | None:
@@ -59,8 +60,10 @@ def emit(name: str, result: dict) -> Path | None:
 
 
 def child_env() -> dict[str, str]:
-    """Environment entries for a child process that will call ``emit`` for this command."""
-    return {COMMAND_ENV: os.environ.get(COMMAND_ENV) or command()}
+    """Environment entries for a child process that will call ``emit`` for this command: its
+    record then names this command and this process's settings, not the child's."""
+    return {COMMAND_ENV: os.environ.get(COMMAND_ENV) or command(),
+            SETTINGS_ENV: os.environ.get(SETTINGS_ENV) or json.dumps(settings_env())}
 
 
 def command() -> str:
@@ -80,7 +83,7 @@ def record(name: str, result: dict, *, now: dt.datetime | None = None) -> dict:
         "commit": commit,
         "changed_files": changed,
         "command": os.environ.get(COMMAND_ENV) or command(),
-        "environment": settings_env(),
+        "environment": json.loads(os.environ[SETTINGS_ENV]) if SETTINGS_ENV in os.environ else settings_env(),
         "machine": machine(),
         "result": result,
     }
@@ -127,7 +130,7 @@ def machine() -> dict:
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "memory_gib": _memory_gib(),
         "gpus": gpus(),
-        "os": platform.platform(),
+        "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
     }
 
