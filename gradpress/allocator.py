@@ -4,8 +4,8 @@ glibc serves a block of 32 MB or more with a fresh ``mmap`` whenever its heap ha
 block that large, and unmaps it when it is freed. A training step allocates the same large
 blocks every time (a 4096x4096 layer's gradient is 64 MB, and so is the output of the
 matrix product that computes it), so every step the kernel hands the process fresh pages
-and zeroes each one on its first touch: 16,385 page faults per MLP step on this machine,
-30% of its compute-only step (``docs/performance.md``, "Page faults"). With blocks of up
+and zeroes each one on its first touch: 16,385 page faults per MLP step on a 2-core VM,
+30% of its compute-only step (``docs/history/performance-2026.md``, "Page faults"). With blocks of up
 to 256 MB served from the heap and the heap never trimmed, a freed block is reused by the
 next step, as jemalloc and tcmalloc (which PyTorch's CPU tuning guides preload) do. The
 cost: the process keeps its peak heap for its lifetime instead of giving freed blocks back.

@@ -30,7 +30,7 @@ def reusable(reuse: Buffers | None, index: int, count: int, dtype: Any) -> np.nd
 
     Why: a large payload allocated afresh each call can be a fresh mapping (glibc maps
     blocks of 32 MB and more on their own), whose pages the kernel zeroes on first touch:
-    for fp16 at 16M elements, 3.6 ms on top of its 7.8 ms kernel (docs/performance.md)."""
+    for fp16 at 16M elements, 3.6 ms on top of its 7.8 ms kernel (docs/history/performance-2026.md)."""
     old = reuse[index] if reuse is not None and len(reuse) > index else None
     if isinstance(old, np.ndarray) and old.dtype == dtype and old.shape == (count,) and old.flags.writeable:
         return old

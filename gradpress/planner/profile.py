@@ -264,7 +264,7 @@ def probe_batches(credit: int) -> tuple[int, ...]:
     credit and the credit. None goes past the credit: those pushes wait for the servers'
     acknowledgements, which the timeline models apart (a batch of 32 at credit 8 made the
     fitted cost 0.31-0.46 ms a message, within the credit it was 0.21-0.29:
-    docs/performance.md)."""
+    docs/history/performance-2026.md)."""
     return tuple(sorted({1, max(2, credit // 2), max(2, credit)}))
 
 

@@ -22,8 +22,8 @@ an iteration, with every resource the way gradpress uses it:
   least the CPU work of the processes on rank 0's host divided by its cores: each of its
   workers' training and communication thread work, each of its servers' share of the sums,
   the recompressions and the messages (``message_s`` per worker and partition: a server
-  measured 0.17-0.2 cores busy where its codec work came to 0.03). On this 2-core machine
-  (two workers, two servers) that bound, not the timeline, set the MLP's iteration: the
+  measured 0.17-0.2 cores busy where its codec work came to 0.03). On a 2-core machine
+  with two workers and two servers that bound, not the timeline, set the MLP's iteration: the
   timeline alone predicted it 12-24% short.
 
 ``Layout`` turns a grouping into per-partition tables once; ``Layout.predict`` then costs

@@ -1,8 +1,8 @@
 """A synthetic profile of a transformer-like model: for timing decisions and for tests.
 
 Its sizes mimic a transformer (embedding, per block four weight matrices, their biases
-and two norms); its costs are round numbers of the order docs/performance.md measured on
-this 2-core machine. It is never used to plan a real job.
+and two norms); its costs are round numbers of the order measured on a 2-core machine
+(docs/history/performance-2026.md). It is never used to plan a real job.
 """
 from __future__ import annotations
 

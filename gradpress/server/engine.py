@@ -11,7 +11,7 @@ chunks of its own) and its mappings of their push areas.
 One more Engine is never started: the I/O thread calls :meth:`Engine.serve` itself for
 the keys of at most INLINE_MAX_BYTES, and for every key where there are no engine threads
 (:func:`engine_count` 0). A hand-off costs the server about 80 us of CPU (queue, wake-up,
-an inproc message and its forwarding: docs/performance.md), more than a small key's whole
+an inproc message and its forwarding: docs/history/performance-2026.md), more than a small key's whole
 sum, and engine threads pay only where they run beside the I/O thread on cores of their own.
 """
 from __future__ import annotations
