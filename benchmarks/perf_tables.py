@@ -364,8 +364,13 @@ def rewrite(text: str) -> str:
 
 
 def stale(page: Path) -> list[str]:
-    """The folders whose table in ``page`` differs from its latest record."""
-    return [m["folder"] for m in BLOCK.finditer(page.read_text()) if m["body"] != render_block(m["folder"])]
+    """The folders whose table in ``page`` differs from its latest record, or that hold none."""
+    def differs(folder: str, body: str) -> bool:
+        try:
+            return body != render_block(folder)
+        except FileNotFoundError:
+            return True
+    return [m["folder"] for m in BLOCK.finditer(page.read_text()) if differs(m["folder"], m["body"])]
 
 
 def main() -> int:
