@@ -55,7 +55,10 @@ def provenance(rec: dict) -> str:
     elif rec.get("changed_files"):
         commit += " (tree changed)"
     date = rec["date"].replace("T", " ").removesuffix("Z") + (" UTC" if "T" in rec["date"] else "")
-    how = "transcribed from the run's figures in the old page" if rec["source"] == "transcribed" else "run"
+    how = "run"
+    if rec["source"] == "transcribed":   # copied from where the run reported it, before records existed
+        how = ("transcribed from the old page (docs/history)" if "docs/history" in rec.get("transcribed_from", "")
+               else "transcribed from the run's output (the record's note says how)")
     return (f"`{shown_command(rec)}`: {date}, commit {commit or 'not recorded'}; "
             f"{machine_text(rec['machine'])}; {how}.")
 
