@@ -290,6 +290,48 @@ def render_soak(r: dict) -> list[str]:
         ["resident memory, start and growth", rss]])
 
 
+GPU_SYSTEMS = ("compute", "gp_none", "gp_fp16", "gp_onebit", "gp_topk", "gp_randomk", "gp_dithering", "gp_powersgd",
+               "gp_acpsgd", "gp_auto", "ddp_gloo", "ddp_gloo_powersgd", "ddp_nccl", "ddp_nccl_powersgd")
+
+
+def render_gpu(r: dict) -> list[str]:
+    out = []
+    compute = r.get("tfm_compute_s_per_iter")
+    rows = []
+    for system in GPU_SYSTEMS:
+        s = r.get(f"tfm_{system}_s_per_iter")
+        if s is None:
+            continue
+        predicted = r.get(f"tfm_{system}_predicted_s")
+        rows.append([f"`{system}`", f(s, 4), f"{s / compute:.1f}x" if compute else "n/a",
+                     f(predicted, 4) if predicted is not None else ""])
+    if rows:
+        out += table(["transformer, 2 workers on one GPU", "s/step", "of compute only", "planner's prediction"], rows)
+    codecs = [c for c in ("onebit", "topk", "randomk", "fp16") if f"{c}_GBps" in r]
+    if codecs:
+        if out:
+            out.append("")
+        out += table(["encoder, error feedback on, payload to host", "GB/s of input", "of the card's read",
+                      "torch's own, GB/s", "against torch's"],
+                     [[c, f(r[f"{c}_GBps"], 1), f(r.get(f"{c}_over_card_read"), 4), f(r.get(f"{c}_torch_GBps"), 1),
+                       f"{r[f'{c}_over_torch']:.3f}x"] for c in codecs])
+    notes = [f"{r.get('card', 'GPU not recorded')}, {r.get('gpus', 1)} GPU(s)"]
+    if "card_read_GBps" in r:
+        notes.append(f"read {f(r['card_read_GBps'], 0)} GB/s and a pinned device-to-host copy "
+                     f"{f(r.get('card_d2h_pinned_GBps'), 1)} GB/s in the same run")
+    if "fastest_gp_over_ddp_gloo" in r:
+        notes.append(f"fastest gradpress setting / DDP over gloo: {r['fastest_gp_over_ddp_gloo']:.2f}x")
+    return out + ["", "; ".join(notes) + "."]
+
+
+def render_curve_threads(r: dict) -> list[str]:
+    counts = sorted(int(k[2:].split("_")[0]) for k in r if k.endswith("_server_GBps"))
+    rows = [[str(n), f(r[f"io{n}_server_GBps"], 2), f"{r[f'io{n}_over_io{counts[0]}']:.2f}x"] for n in counts]
+    return table(["I/O threads (every process)", "server GB/s, in and out", f"against {counts[0]}"], rows) + [
+        "", f"{r['workers']} workers and 1 server on {r['cores']} cores, a {r['tensor_MB']:g} MB float32 tensor, "
+            f"CURVE over loopback TCP."]
+
+
 def render_any(r: dict) -> list[str]:
     """Any other benchmark: its RESULT as it is, one figure a row."""
     def flat(d: dict, prefix: str = ""):
@@ -307,7 +349,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "half_average": render_half_average, "fused_copies": render_fused_copies,
     "lowrank_kernels": render_lowrank_kernels, "sparse_density": render_sparse_density,
     "host_floor": render_host_floor, "sparse": render_sparse, "cross_barrier": render_cross_barrier,
-    "linkrate": render_linkrate, "soak": render_soak,
+    "linkrate": render_linkrate, "soak": render_soak, "gpu": render_gpu, "curve_threads": render_curve_threads,
 }
 
 
