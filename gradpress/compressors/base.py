@@ -179,7 +179,7 @@ class Compressor(ABC):
             if single and isinstance(header, dict) and "raw" not in header:
                 self._check_header(header, device.length(out))
                 with device.on_device_of(out):
-                    if self._decode_device(header, buffers, device.as_device(out), divisor):
+                    if self._decode_device(header, buffers, device.as_device(out), key, round, divisor):
                         return
             host = device.host_scratch(device.length(out))  # pinned and reused: the copy is DMA
             self._decode_checked(header, buffers, host, False, key, round, divisor if single else 1)
@@ -196,7 +196,8 @@ class Compressor(ABC):
             store_float32(values, out)
             divide_in_place(out, divisor)  # after rounding to out's dtype, as the caller would
 
-    def _decode_device(self, header: Header, buffers: Sequence[Any], out: Any, divisor: int) -> bool:
+    def _decode_device(self, header: Header, buffers: Sequence[Any], out: Any, key: int, round: int,
+                       divisor: int) -> bool:
         """Decode (divided) into ``out``, a float32 device array, on the GPU; False where this
         codec decodes on the host instead (the base: every codec does). ``header`` is checked."""
         return False

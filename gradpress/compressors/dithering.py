@@ -100,17 +100,30 @@ class Dithering(Compressor):
 
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
                 key: int, round: int, divisor: int = 1) -> None:
+        codes, table, width = self._sent(header, buffers, out.shape[0], divisor)
+        dithering.decode(codes, table, width, out, accumulate)
+
+    def _decode_device(self, header: dict, buffers: Sequence[Any], out: Any, key: int, round: int,
+                       divisor: int) -> bool:
+        from gradpress.kernels.cuda import decode
+        codes, table, width = self._sent(header, buffers, out.shape[0], divisor)
+        decode.lookup(codes, table, width, out)
+        return True
+
+    @staticmethod
+    def _sent(header: dict, buffers: Sequence[Any], n: int, divisor: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """The payload's codes, its level table divided by ``divisor`` (each value once) and the
+        code width, checked (ValueError for codes past ``s`` or non-zero padding)."""
         s = header_int(header, "s", 1, MAX_LEVELS)
         natural = header_choice(header, "partition", PARTITIONS) == "natural"
-        width, n = code_width(s), out.shape[0]
+        width = code_width(s)
         expect_buffer_count(buffers, 2)
         norm = buffer_array(buffers, 0, np.float32, 1, "dithering norm")[0]
         finite_scale(norm, "dithering norm")
         codes = buffer_array(buffers, 1, np.uint8, packed_nbytes(n, width), "codes")
         if not dithering.codes_within(codes, s, width, n):
             raise ValueError(f"payload codes exceed s={s} levels or have non-zero padding")
-        table = divided(code_table(norm, s, natural, width), divisor)  # each value divided once
-        dithering.decode(codes, table, width, out, accumulate)
+        return codes, divided(code_table(norm, s, natural, width), divisor), width
 
     def __repr__(self) -> str:
         return (f"Dithering(s={self.s}, partition={self.partition!r}, "

@@ -56,7 +56,8 @@ class Fp16(Compressor):
         fp16.from_half_bits(bits, out, accumulate)
         divide_in_place(out, divisor)
 
-    def _decode_device(self, header: dict, buffers: Sequence[Any], out: Any, divisor: int) -> bool:
+    def _decode_device(self, header: dict, buffers: Sequence[Any], out: Any, key: int, round: int,
+                       divisor: int) -> bool:
         from gradpress.kernels.cuda import fp16 as gpu_fp16
         expect_buffer_count(buffers, 1)
         gpu_fp16.decode(buffer_array(buffers, 0, np.uint16, out.shape[0], "fp16 values"), divisor, out)

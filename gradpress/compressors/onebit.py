@@ -80,7 +80,8 @@ class OneBit(Compressor):
         # +-scale / d is +-(scale / d) exactly: the scale is divided once
         onebit.unpack_signs(bits, divided(scale, divisor), out, accumulate)
 
-    def _decode_device(self, header: dict, buffers: Sequence[Any], out: Any, divisor: int) -> bool:
+    def _decode_device(self, header: dict, buffers: Sequence[Any], out: Any, key: int, round: int,
+                       divisor: int) -> bool:
         from gradpress.kernels.cuda import onebit as gpu_onebit
         expect_buffer_count(buffers, 2)
         scale = buffer_array(buffers, 0, np.float32, 1, "onebit scale")[0]

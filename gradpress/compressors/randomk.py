@@ -89,6 +89,14 @@ class RandomK(Compressor):
         k, seed, values = self._sent(header, buffers, n)
         decode_pairs(chosen_indices(n, k, seed, key, round), divided(values, divisor), out, accumulate)
 
+    def _decode_device(self, header: dict, buffers: Sequence[Any], out: Any, key: int, round: int,
+                       divisor: int) -> bool:
+        from gradpress.kernels.cuda import decode
+        n = out.shape[0]
+        k, seed, values = self._sent(header, buffers, n)
+        decode.scatter(chosen_indices(n, k, seed, key, round), divided(values, divisor), out)
+        return True
+
     def sent_values(self, header: dict, buffers: Sequence[Any], n: int) -> tuple | None:
         """``(k, seed, values)`` of a payload for ``n`` elements, checked as decompressing
         it checks them (ValueError); None for a raw payload. A server sums these where

@@ -21,9 +21,15 @@ def reject_non_finite(x32: np.ndarray, codec: str) -> None:
 def decode_pairs(indices: np.ndarray, values: np.ndarray, out: np.ndarray,
                  accumulate: bool) -> None:
     """Scatter pairs after checking the indices are increasing and in range."""
-    if not sparse.strictly_increasing_below(indices, out.shape[0]):
+    sparse.scatter(checked_indices(indices, out.shape[0]), values, out, accumulate)
+
+
+def checked_indices(indices: np.ndarray, n: int) -> np.ndarray:
+    """``indices`` if strictly increasing and below ``n`` (ValueError if not): what the
+    device scatter may write at."""
+    if not sparse.strictly_increasing_below(indices, n):
         raise ValueError("payload indices must be strictly increasing and below n")
-    sparse.scatter(indices, values, out, accumulate)
+    return indices
 
 
 def values_buffer(buffers: Sequence[Any], position: int, count: int) -> np.ndarray:

@@ -10,8 +10,7 @@ from gradpress.kernels.cpu import topk
 from gradpress.compressors.payload import buffer_array, expect_buffer_count, header_int
 from gradpress.compressors.params import keep_count
 from gradpress.compressors.registry import register
-from gradpress.compressors.sparse import (
-    decode_pairs, k_from_params, values_buffer)
+from gradpress.compressors.sparse import checked_indices, decode_pairs, k_from_params, values_buffer
 
 
 @register
@@ -64,10 +63,21 @@ class TopK(Compressor):
 
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
                 key: int, round: int, divisor: int = 1) -> None:
-        k = header_int(header, "k", 0, out.shape[0])
+        indices, values = self._sent(header, buffers, out.shape[0], divisor)
+        decode_pairs(indices, values, out, accumulate)
+
+    def _decode_device(self, header: dict, buffers: Sequence[Any], out: Any, key: int, round: int,
+                       divisor: int) -> bool:
+        from gradpress.kernels.cuda import decode
+        indices, values = self._sent(header, buffers, out.shape[0], divisor)
+        decode.scatter(checked_indices(indices, out.shape[0]), values, out)
+        return True
+
+    @staticmethod
+    def _sent(header: dict, buffers: Sequence[Any], n: int, divisor: int) -> tuple[np.ndarray, np.ndarray]:
+        k = header_int(header, "k", 0, n)
         expect_buffer_count(buffers, 2)
-        indices = buffer_array(buffers, 0, np.uint32, k, "indices")
-        decode_pairs(indices, divided(values_buffer(buffers, 1, k), divisor), out, accumulate)
+        return buffer_array(buffers, 0, np.uint32, k, "indices"), divided(values_buffer(buffers, 1, k), divisor)
 
     def __repr__(self) -> str:
         return f"TopK(k={self.k:g})"

@@ -1,0 +1,46 @@
+"""Decoders on the GPU for the codecs whose pulled payload is indices and values (topk,
+randomk) or packed codes (dithering): the payload goes to the device at its own size and
+the dense result is written there, never built on the host and copied as n floats. The
+payload is checked on the host first, as the host decoders check it."""
+import numpy as np
+from numba import cuda
+
+from gradpress.kernels.cuda.device import THREADS, blocks
+
+
+@cuda.jit
+def _zero(out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = 0.0
+
+
+@cuda.jit
+def _scatter(indices, values, out):
+    j = cuda.grid(1)
+    if j < indices.shape[0]:
+        out[indices[j]] = values[j]
+
+
+def scatter(indices: np.ndarray, values: np.ndarray, out) -> None:
+    """``out = 0; out[indices] = values`` (indices checked: increasing, below n)."""
+    _zero[blocks(out.shape[0]), THREADS](out)
+    if indices.shape[0]:
+        _scatter[blocks(indices.shape[0]), THREADS](cuda.to_device(np.ascontiguousarray(indices)),
+                                                    cuda.to_device(np.ascontiguousarray(values, np.float32)), out)
+
+
+@cuda.jit
+def _lookup(codes, table, width, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        per_byte = 8 // width
+        code = (codes[i // per_byte] >> ((i % per_byte) * width)) & ((1 << width) - 1)
+        out[i] = table[code]
+
+
+def lookup(codes: np.ndarray, table: np.ndarray, width: int, out) -> None:
+    """``out[i] = table[code i]`` for ``width``-bit codes packed least significant first
+    (kernels/bitlayout.py), the codes checked against the table's levels beforehand."""
+    _lookup[blocks(out.shape[0]), THREADS](cuda.to_device(np.ascontiguousarray(codes)),
+                                           cuda.to_device(np.ascontiguousarray(table, np.float32)), width, out)
