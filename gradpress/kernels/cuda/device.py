@@ -1,6 +1,7 @@
 """Device-array plumbing: views of torch tensors / CUDA arrays, launches, copies."""
 import contextlib
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -83,7 +84,9 @@ def land_divided(host: np.ndarray, out: Any, divisor: int) -> None:
     host's ``divide_half``). A true division, never a multiply by the reciprocal."""
     if hasattr(out, "copy_") and hasattr(out, "div_"):
         import torch
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # a pulled frame is read-only memory: torch warns of writes that this copy never makes
+            warnings.simplefilter("ignore", UserWarning)
             out.copy_(torch.from_numpy(host))
             if divisor != 1:  # a 0-dim device tensor: torch turns a CPU scalar into 1/divisor
                 out.div_(_divisor_tensor(divisor, out.device))
