@@ -119,3 +119,16 @@ class LocalCluster:
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
+
+
+def job_leftovers(pids: set[int]) -> list[str]:
+    """What the job's processes left: files in /dev/shm, or mappings of their memfds anywhere."""
+    tags = {f"gradpress-{role}{pid}" for pid in pids for role in "ws"}
+    left = [str(p) for p in Path("/dev/shm").glob("gradpress-*") if any(p.name.startswith(t) for t in tags)]
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            maps = (proc / "maps").read_text()
+        except OSError:
+            continue
+        left += [f"{proc.name}: {line}" for line in maps.splitlines() if any(f"memfd:{t} " in line + " " for t in tags)]
+    return left

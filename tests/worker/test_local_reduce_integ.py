@@ -69,8 +69,9 @@ c.finish()
 
 
 def _run(cluster, local_reduce: str = "1"):
-    c = cluster(workers=MACHINES, servers=2, env={"BYTEPS_PARTITION_BYTES": str(PART_BYTES),
-                                                  "BYTEPS_MIN_COMPRESS_BYTES": "0", "GRADPRESS_LOCAL_REDUCE": local_reduce})
+    env = {"BYTEPS_PARTITION_BYTES": str(PART_BYTES), "BYTEPS_MIN_COMPRESS_BYTES": "0",
+           "GRADPRESS_LOCAL_REDUCE": local_reduce}
+    c = cluster(workers=MACHINES, servers=2, env=env)
     c.start_machines(WORKER, LOCAL, worker_env={"GP_CASES": json.dumps(CASES), "GP_SIZES": json.dumps(SIZES),
                                                 "GP_STEPS": str(STEPS), "GP_DTYPES": json.dumps(DTYPE)})
     c.assert_success(150)
