@@ -1,8 +1,8 @@
 """The local group: the workers of one machine, which sum each partition before it leaves it.
 
 As in BytePS, a machine's gradient crosses the network once: every partition key of a dense
-tensor has one owner among the machine's ``L`` workers (``(tensor id + partition index) mod
-L``: deterministic everywhere, and tensors of one partition spread over the owners too). A
+tensor has one owner among the machine's ``L`` workers (``owner``: a tensor's partitions in turn,
+from a start its name gives; deterministic everywhere, and the same in a resumed job). A
 worker that does not own a key treats its owner as the key's server: its ordinary stages
 (``stages.py``) send INIT_KEY, PUSH (raw values, through a shared-memory segment when the
 host allows it) and PULL to the owner, and land the reply as they would a server's. The
@@ -19,6 +19,7 @@ with the rest. The job's security (CURVE or none) applies, through ``transport``
 from __future__ import annotations
 
 import logging
+import zlib
 
 import zmq
 
@@ -89,9 +90,11 @@ class LocalGroup:
         j = endpoint - self.first_endpoint
         return j if j < self.me else j + 1
 
-    def owner(self, tensor_id: int, index: int) -> int:
-        """The local rank that owns partition ``index`` of tensor ``tensor_id``."""
-        return (tensor_id + index) % self.size
+    def owner(self, name: str, index: int) -> int:
+        """The local rank that owns partition ``index`` of tensor ``name``: a tensor's partitions
+        go round the group; by name, not tensor id, so that a resumed job (whose ids follow its
+        own declarations) gives each key the owner whose error feedback was saved for it."""
+        return (zlib.crc32(name.encode()) + index) % self.size
 
     def assign(self, t: Tensor) -> None:
         """Give each of ``t``'s keys its owner: ours are pushed once per machine, the others
@@ -99,7 +102,7 @@ class LocalGroup:
         if t.layout is not None:
             return
         for wk in t.keys:
-            owner = self.owner(t.tensor_id, wk.index)
+            owner = self.owner(t.name, wk.index)
             if owner == self.me:
                 wk.pushers = self.machines
             else:

@@ -62,7 +62,7 @@ class PartitionStages:
         state. ``source`` is the tensor pushed: a CUDA one gets a segment registered for DMA."""
         sock, t = self.servers[self.endpoint(wk)], wk.tensor
         if wk.via is not None:
-            wk.state_to_load = None  # the key's owner restores the server's state for the machine
+            wk.state_to_load = None  # the key's owner restores the server's state (torch/elastic.py)
         if not wk.inited:
             extra: dict[str, Any] = {"compression_params": t.spec.compression_params} \
                 if t.spec and wk.via is None else {}

@@ -150,8 +150,10 @@ def test_sums_match_a_replay_of_the_two_level_sum_on_every_local_worker(cluster)
     for m in range(MACHINES):
         owned = [info[m * LOCAL + j]["owned"] for j in range(LOCAL)]
         assert sorted(k for keys in owned for k in keys) == sorted(every_key), f"machine {m}: owners {owned}"
-        counts = [len(keys) for keys in owned]
-        assert max(counts) - min(counts) <= 2, f"machine {m}: keys owned per local worker {counts}"
+        assert all(owned), f"machine {m}: a local worker owns no key: {owned}"
+        for name, tid in ids.items():  # a tensor's partitions go round the owners
+            counts = [sum(k >> 16 == tid for k in keys) for keys in owned]
+            assert max(counts) - min(counts) <= 1, f"machine {m}: {name}'s partitions per owner {counts}"
 
 
 def test_servers_see_one_push_per_machine_and_zero_restores_one_per_worker(cluster):
