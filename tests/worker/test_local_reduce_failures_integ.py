@@ -71,3 +71,39 @@ def test_a_local_worker_that_dies_or_raises_stops_every_process_naming_it(cluste
     elapsed = time.monotonic() - failed_at
     assert elapsed <= limit_s, f"the job took {elapsed:.1f} s to stop\n{c.logs()}"
     assert not job_leftovers(pids), job_leftovers(pids)
+
+
+# Worker 1 stays alive (its heartbeats go on) but skips a step: worker 0's wait is a deadline
+STALL = """
+import os, time, numpy as np
+from gradpress.config import Settings
+from gradpress.worker import WorkerClient
+from gradpress.errors import OpTimeoutError
+c = WorkerClient(Settings.load(os.environ))
+c.start()
+r = c.rank
+src, out = np.ones(2000, np.float32), np.empty(2000, np.float32)   # two partitions: one owned by each
+c.push_pull_async("w", src, out, 1, 0).result(60)
+if r == 1:
+    time.sleep(30)
+    os._exit(0)
+try:
+    c.push_pull_async("w", src, out, 1, 0).result(60)
+except OpTimeoutError as e:
+    print("TIMEOUT", e, flush=True)
+    os._exit(0)
+os._exit(2)
+"""
+
+
+def test_an_owner_waiting_for_a_live_peer_fails_at_its_deadline_naming_the_peer(cluster):
+    c = cluster(workers=1, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "4", "BYTEPS_PARTITION_BYTES": "4000"})
+    c.start_machines(STALL, 2)
+    started = time.monotonic()
+    code = c.procs["worker 0"].wait(timeout=60)
+    assert code == 0 and "TIMEOUT" in c.log("worker 0"), c.logs()
+    assert time.monotonic() - started < 40, c.logs()
+    log = c.log("worker 0")
+    # the key it owns waits for worker 1's push; the key worker 1 owns waits for worker 1's reply
+    assert "waiting for the local push of worker(s) [1]" in log or "on local worker 1 (the key's owner)" in log, log
+    c.kill()
