@@ -39,6 +39,7 @@ class Settings:
     server_engine_threads: int = _setting(-1, "BYTEPS_SERVER_ENGINE_THREAD", "numeric engine threads per server (keys of up to 64 KiB are summed on its I/O thread whatever the count); 0: the I/O thread sums every key itself; -1: 2, or 0 where the server has fewer than 2 of its host's cores to itself")
     keep_freed_memory: bool = _setting(True, "GRADPRESS_KEEP_FREED_MEMORY", "1: workers and servers have glibc's malloc serve blocks of up to 256 MB from its heap and keep freed memory for reuse (no fresh pages to fault in every step; the process keeps its peak heap); 0: leave malloc as it is")
     enable_async: bool = _setting(False, "BYTEPS_ENABLE_ASYNC", "asynchronous mode: pushes add into the store at once, pulls read it as it is")
+    local_reduce: bool = _setting(True, "GRADPRESS_LOCAL_REDUCE", "workers of one machine (same DMLC_WORKER_ID, BYTEPS_LOCAL_SIZE > 1) sum each partition locally first, and one of them pushes the machine's sum: one push per machine (off in async mode); 0: every worker pushes its own")
     shm: bool = _setting(True, "GRADPRESS_SHM", "a worker and a server on the same host exchange data through shared memory (sealed memfd chunks)")
     min_compress_bytes: int = _setting(65536, "BYTEPS_MIN_COMPRESS_BYTES", "tensors smaller than this travel uncompressed")
     heartbeat_interval_s: float = _setting(1.0, "PS_HEARTBEAT_INTERVAL", "seconds between heartbeats to and from the scheduler")

@@ -46,6 +46,7 @@ class AddressBook:
     nodes: tuple[NodeInfo, ...]
     num_workers: int
     num_servers: int
+    local_size: int = 1   # workers of a machine that reduce locally (worker/local.py); 1: none
 
     @property
     def servers(self) -> list[NodeInfo]:
@@ -78,7 +79,7 @@ class SchedulerLink:
         self._send(Op.REGISTER, role=self.role, host=self.host, port=self.port,
                    worker_id=s.worker_id if self.role == "worker" else -1,
                    local_rank=s.local_rank, local_size=s.local_size, pid=os.getpid(),
-                   machine=host.machine_id())
+                   machine=host.machine_id(), **({"local_reduce": s.local_reduce} if self.role == "worker" else {}))
         deadline = time.monotonic() + s.connect_timeout_s
         while self.book is None:
             left = deadline - time.monotonic()
@@ -110,7 +111,8 @@ class SchedulerLink:
         if op == Op.ADDRESS_BOOK:
             nodes = tuple(NodeInfo(n["role"], n["rank"], n["host"], n["port"], n.get("machine", ""))
                           for n in header["nodes"])
-            self.book = AddressBook(header["rank"], nodes, header["num_workers"], header["num_servers"])
+            self.book = AddressBook(header["rank"], nodes, header["num_workers"], header["num_servers"],
+                                    header.get("local_size", 1))
             self.name = transport.node_name(self.role, header["rank"])
             return None
         if op == Op.NODE_LOST:

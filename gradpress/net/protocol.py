@@ -52,9 +52,13 @@ _STR = (str,)
 _NUM = (int, float)
 _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     # machine: which nodes share CPUs (host.machine_id); the address book repeats it per node
+    # local_reduce: the worker's GRADPRESS_LOCAL_REDUCE (the job must agree); a worker's port is
+    # where its local peers reach it (worker/local.py)
     Op.REGISTER: ({"role": _STR, "host": _STR, "port": _INT, "worker_id": _INT,
-                   "local_rank": _INT, "local_size": _INT, "pid": _INT}, {"machine": _STR}),
-    Op.ADDRESS_BOOK: ({"rank": _INT, "nodes": (list,), "num_workers": _INT, "num_servers": _INT}, {}),
+                   "local_rank": _INT, "local_size": _INT, "pid": _INT}, {"machine": _STR, "local_reduce": (bool,)}),
+    # local_size: the workers of a machine reduce locally in groups of this many (absent: each pushes its own)
+    Op.ADDRESS_BOOK: ({"rank": _INT, "nodes": (list,), "num_workers": _INT, "num_servers": _INT},
+                      {"local_size": _INT}),
     Op.BARRIER: ({"group": _STR, "seq": _INT}, {}),
     Op.BARRIER_DONE: ({"group": _STR, "seq": _INT}, {}),
     Op.HEARTBEAT: ({}, {}),
@@ -68,8 +72,9 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     # shm: where the worker writes this key's pushes, [pid, fd, inode, offset] of its sealed memfd
     # chunk (same host only; net/shm.py)
     # sparse: a row-sparse tensor's layout {rows, width, seed, servers} (row_placement.RowLayout)
+    # pushers: how many pushes complete a round (one per machine under local reduction; absent: every worker)
     Op.INIT_KEY: ({"key": _INT, "name": _STR, "count": _INT, "dtype": _STR},
-                  {"compression_params": (dict,), "shm": (list,), "sparse": (dict,)}),
+                  {"compression_params": (dict,), "shm": (list,), "sparse": (dict,), "pushers": _INT}),
     # shm: the data is in the region named at INIT_KEY, not in a frame;
     # sparse: `count` rows travel as two frames, indices and values (server/sparse.py checks them)
     Op.PUSH: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},

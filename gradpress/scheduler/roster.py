@@ -31,6 +31,7 @@ class Member:
     local_size: int
     pid: int
     machine: str = ""
+    local_reduce: bool = False
     rank: int = -1
     last_seen: float = field(default_factory=time.monotonic)
     finished: bool = False
@@ -73,6 +74,9 @@ class Roster:
         if workers and h["local_size"] != workers[0].local_size:
             return (f"BYTEPS_LOCAL_SIZE={h['local_size']} differs from "
                     f"{workers[0].local_size} of the workers already registered")
+        if workers and h.get("local_reduce", False) != workers[0].local_reduce:
+            return (f"GRADPRESS_LOCAL_REDUCE={int(h.get('local_reduce', False))} differs from "
+                    f"{int(workers[0].local_reduce)} of the workers already registered (the job must agree)")
         if h["worker_id"] >= self.num_worker:
             return f"DMLC_WORKER_ID={h['worker_id']} >= DMLC_NUM_WORKER={self.num_worker}"
         slot = (h["worker_id"], h["local_rank"])
@@ -83,7 +87,8 @@ class Roster:
     def add(self, identity: bytes, h: dict) -> Member:
         """Keep a REGISTER that refusal() let through."""
         member = Member(identity, h["role"], h["host"], h["port"], h["worker_id"],
-                        h["local_rank"], h["local_size"], h["pid"], h.get("machine", ""))
+                        h["local_rank"], h["local_size"], h["pid"], h.get("machine", ""),
+                        h.get("local_reduce", False))
         self.members[identity] = member
         return member
 
@@ -104,6 +109,15 @@ class Roster:
         for rank, m in enumerate(self.servers()):
             m.rank = rank
         self.registered = True
+
+    def local_group_size(self, async_mode: bool) -> int:
+        """How many workers of a machine reduce locally (1: none do): BYTEPS_LOCAL_SIZE where
+        every worker asked for it, named its machine (DMLC_WORKER_ID) and the job is synchronous
+        (an async push is applied alone, as it arrives: nothing to sum first)."""
+        workers = self.workers()
+        if async_mode or not workers or not all(m.local_reduce and m.worker_id >= 0 for m in workers):
+            return 1
+        return workers[0].local_size
 
     def address_book(self) -> list[dict]:
         return [{"role": m.role, "rank": m.rank, "host": m.host, "port": m.port, "machine": m.machine}

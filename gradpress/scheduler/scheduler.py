@@ -188,10 +188,13 @@ class Scheduler(Liveness):
         for m in self.roster.members.values():
             m.last_seen = now  # liveness counts from the job's start, not from each registration
         nodes = self.roster.address_book()
+        local = self.roster.local_group_size(self.s.enable_async)
+        extra = {"local_size": local} if local > 1 else {}
         for m in self.roster.members.values():
             self.outbox.send(m.identity, Op.ADDRESS_BOOK, NAME, rank=m.rank,
-                             nodes=nodes, num_workers=workers, num_servers=self.s.num_server)
-        log.info("job started: %d worker(s), %d server(s)", workers, self.s.num_server)
+                             nodes=nodes, num_workers=workers, num_servers=self.s.num_server, **extra)
+        log.info("job started: %d worker(s), %d server(s)%s", workers, self.s.num_server,
+                 f", summed locally in groups of {local}" if local > 1 else "")
 
     def _send_all(self, messages: list[tuple[list[bytes], Op, dict]]) -> None:
         """Send what Barriers and Declarations return, in their order."""

@@ -203,11 +203,18 @@ class Engine(threading.Thread):
         state = self.keys.get(h["key"])
         if "sparse" in h or isinstance(state, sparse.SparseKeyState):  # a row-sparse tensor's share
             return sparse.init_key(self.keys, h, self._num_workers, self._async, self._tracer)
+        pushers = h.get("pushers", self._num_workers)  # one per machine where workers reduce locally
+        if not 1 <= pushers <= self._num_workers:
+            raise PushError(f"key {h['key']}: INIT_KEY expects {pushers} pushes a round; the job has "
+                            f"{self._num_workers} worker(s)")
         if state is None:
-            state = self.keys[h["key"]] = KeyState(h["key"], h["name"], h["count"], h["dtype"], self._num_workers,
+            state = self.keys[h["key"]] = KeyState(h["key"], h["name"], h["count"], h["dtype"], pushers,
                                                    self._async, h.get("compression_params"), self._tracer)
         else:
             state.check_init(h["name"], h["count"], h["dtype"], h.get("compression_params"))
+            if pushers != state.num_workers:
+                raise PushError(f"{state.describe()}: INIT_KEY expects {pushers} pushes a round; another "
+                                f"said {state.num_workers} (do the workers agree on GRADPRESS_LOCAL_REDUCE?)")
         if "shm" in h:
             self._attach(identity, h, state)
         return []

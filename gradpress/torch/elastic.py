@@ -8,8 +8,8 @@ with a scheduler and servers of its own, possibly with a different number of wor
 
 What lives in gradpress itself is carried across: each compressed tensor's worker
 error-feedback residuals and the servers' residuals (checkpointed at suspend, installed
-before the tensor's first push in the new job, by rank 0 for the servers'), so a
-compressed run continues the same trajectory.
+before the tensor's first push in the new job, by rank 0 for the servers', or by each key's
+owner where workers reduce locally), so a compressed run continues the same trajectory.
 """
 from __future__ import annotations
 
@@ -64,6 +64,8 @@ def resume(num_workers: int, num_servers: int, global_rank: int | None = None, c
     for name, (worker_state, server_state) in _carried.items():
         if worker_state is not None:
             client.load_compressor_state(name, worker_state)
-        if server_state is not None and ops.rank() == 0:
+        # rank 0 restores the servers' residuals; where a machine's workers reduce locally, every
+        # worker loads them and each key's owner sends its own (the same state from every machine)
+        if server_state is not None and (ops.rank() == 0 or client.book.local_size > 1):
             client.load_server_state(name, server_state)
     _carried = None

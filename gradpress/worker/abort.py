@@ -9,6 +9,9 @@ and local rank, and wait briefly for the scheduler's acknowledgement.
 """
 from __future__ import annotations
 
+import logging
+import os
+import threading
 import time
 import traceback
 import uuid
@@ -16,8 +19,11 @@ import uuid
 import zmq
 
 from ..config import Settings
+from ..errors import JobError
 from ..net import transport
 from ..net.protocol import Op
+
+log = logging.getLogger(__name__)
 
 # The longest first error line sent; a traceback's last line can be a whole repr.
 MAX_REASON_CHARS = 500
@@ -59,3 +65,17 @@ def report_failure(settings: Settings, sender: str, reason: str, pid: int, worke
         return False
     finally:
         sock.close()
+
+
+def exit_later(grace_s: float, error: JobError) -> None:
+    """Stop the process if the training code has not stopped by itself within ``grace_s``.
+
+    The error is raised at the next gradpress call; this catches a training loop that is
+    busy elsewhere (or swallowed the error), so a lost peer never leaves a process behind.
+    """
+    def stop() -> None:
+        time.sleep(grace_s)
+        log.critical("exiting: %s", error)
+        logging.shutdown()
+        os._exit(1)
+    threading.Thread(target=stop, name="gp-exit-watchdog", daemon=True).start()

@@ -24,10 +24,13 @@ from ..net.node import AddressBook, SchedulerLink
 from ..net.protocol import Op
 from ..trace import Tracer
 from . import commands as cmd
+from .abort import exit_later
 from .deadlines import Deadlines
 from .flight import PartitionFlight
 from .future import Future
 from .keys import KeyTable, StateRequest, Tensor
+from .local import LocalGroup
+from .relay import Relay
 from .stages import PartitionStages
 
 log = logging.getLogger(__name__)
@@ -85,17 +88,23 @@ class CommunicationThread(threading.Thread):
     # ---- the communication thread: the loop ----------------------------------
 
     def run(self) -> None:
-        self.link = None
+        self.link = self.group = None
         servers: list[zmq.Socket] = []
         try:
-            self.link = SchedulerLink(self.s, "worker", self.ctx)
+            self.group = LocalGroup.bind(self.s, self.ctx)  # its port goes into the address book
+            self.link = SchedulerLink(self.s, "worker", self.ctx, self.group.port if self.group else 0)
             self.book = self.link.register()
             identity = self.link.sock.getsockopt(zmq.IDENTITY)
             servers = [transport.dealer(self.ctx, self.s, n.host, n.port, identity) for n in self.book.servers]
             use_shm = self.s.shm and not self.s.enable_async and shm.available()
             local = [use_shm and n.host == self.link.host for n in self.book.servers]
+            servers += self.group.join(self.book, len(servers)) if self.group else []  # the machine's workers
+            local += [use_shm] * (len(servers) - len(local))
             self.stages = PartitionStages(self.link.name, servers, local, self.tracer)
             self.flight = PartitionFlight(self.s, self.stages, self.table, self._deadlines)
+            if self.group is not None and self.group.active:
+                self.flight.relay = Relay(self.group, self.link.name, self.stages.peer_chunks, self.flight)
+                self.flight.describe = self.group.describe
             self.ready.set()
             self._loop(servers)
         except JobError as e:
@@ -107,6 +116,8 @@ class CommunicationThread(threading.Thread):
             self.ready.set()
             for sock in servers:
                 sock.close()
+            if self.group is not None:
+                self.group.close()
             if self.stages is not None:
                 self.stages.close()
             if self.link is not None:
@@ -116,7 +127,8 @@ class CommunicationThread(threading.Thread):
 
     def _loop(self, servers: list[zmq.Socket]) -> None:
         poller = zmq.Poller()
-        for sock in [self.link.sock] + servers:
+        relay = self.flight.relay
+        for sock in [self.link.sock] + servers + ([relay.group.router] if relay else []):
             poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         timeout_ms = self.s.heartbeat_interval_s * 1000 / 2
@@ -137,9 +149,11 @@ class CommunicationThread(threading.Thread):
             if self.link.sock in ready:
                 while self.link.sock.poll(0):
                     self._from_scheduler()
-            for rank, sock in enumerate(servers):
+            for rank, sock in enumerate(servers):  # (local peers too: a key's owner answers as its server)
                 while sock in ready and sock.poll(0):
                     self.flight.from_server(rank, sock)
+            if relay is not None and relay.group.router in ready:
+                relay.drain()
             self.flight.dispatch()
             self.link.tick()
             self._deadlines.expire(time.monotonic())
@@ -199,6 +213,8 @@ class CommunicationThread(threading.Thread):
             return
         tensors = self.table.release(c.names)
         self.stages.forget(tensors)
+        if self.flight.relay is not None:
+            self.flight.relay.forget([wk.key for t in tensors for wk in t.keys])
         if c.servers:  # (a server that never had the key ignores it)
             for t in tensors:
                 for wk in t.keys:
@@ -251,7 +267,9 @@ class CommunicationThread(threading.Thread):
         t = Tensor(h["name"], first.count, first.dtype, h["tensor_id"], first.parts, servers, first.spec,
                    first.layout)
         try:
-            self.table.add(t, len(self.stages.servers))
+            self.table.add(t, len(self.book.servers))
+            if self.flight.relay is not None:
+                self.group.assign(t)
         except ValueError as e:
             for c in waiters:
                 c.future.fail(JobError(f"tensor {t.name!r}: {e}"))
@@ -275,18 +293,5 @@ class CommunicationThread(threading.Thread):
         for fut in waiting:
             fut.fail(error)
         if isinstance(error, NodeLostError) and self._finish is None:
-            _exit_later(self.s.heartbeat_timeout_s, error)
+            exit_later(self.s.heartbeat_timeout_s, error)
 
-
-def _exit_later(grace_s: float, error: JobError) -> None:
-    """Stop the process if the training code has not stopped by itself within ``grace_s``.
-
-    The error is raised at the next gradpress call; this catches a training loop that is
-    busy elsewhere (or swallowed the error), so a lost peer never leaves a process behind.
-    """
-    def stop() -> None:
-        time.sleep(grace_s)
-        log.critical("exiting: %s", error)
-        logging.shutdown()
-        os._exit(1)
-    threading.Thread(target=stop, name="gp-exit-watchdog", daemon=True).start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import numpy as np
 import zmq
@@ -22,6 +23,7 @@ from .deadlines import Deadlines
 from .future import Future
 from .jobs import PartitionOp, PushPull
 from .keys import KeyTable
+from .relay import Relay
 from .scheduling import CreditQueue
 from .stages import PartitionStages
 
@@ -36,6 +38,8 @@ class PartitionFlight:
         self.table = table
         self._deadlines = deadlines
         self._queue = CreditQueue(settings.scheduling_credit)
+        self.relay: Relay | None = None   # set where this worker owns keys of a local group
+        self.describe: Callable[[int], str] = lambda endpoint: f"server {endpoint}"
 
     def start(self, job: PushPull, priority: int) -> None:
         for wk in job.tensor.keys:
@@ -67,6 +71,14 @@ class PartitionFlight:
         wk = op.wkey
         self.stages.introduce(wk, op.job.src)
         op.round = wk.next_round
+        if wk.pushers and self.relay is not None:  # ours to sum for the machine: the peers' pushes first
+            wk.next_round += 1
+            wk.in_flight = op
+            op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
+            op.acked = True  # taken, as a server's ack takes a push: credit must not wait for the peers
+            self._queue.release()
+            self.relay.contribute(op)
+            return
         try:
             payload = self.stages.compress(op)
         except ValueError as e:  # NaN/inf gradients: fail this push_pull; the round never went out
@@ -78,6 +90,22 @@ class PartitionFlight:
         self.stages.pull(op)
         wk.in_flight = op
         op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
+
+    def push_summed(self, op: PartitionOp) -> None:
+        """The machine's sum of an owned key's round is in ``op.summed``: compress, push, pull."""
+        try:
+            payload = self.stages.compress(op)
+        except ValueError as e:  # NaN/inf in the machine's sum
+            self.fail_local(op, f"push_pull of tensor {op.job.tensor.name!r}: {e}")
+            return
+        self.stages.push(op, payload)
+        self.stages.pull(op)
+
+    def fail_local(self, op: PartitionOp, message: str) -> None:
+        """An owned key's round failed before it reached the server: its job and the peers waiting fail."""
+        self.relay.fail(op.wkey.key, op.round, message)
+        self._leave_flight(op)
+        self._fail_job(op, JobError(message))
 
     def _land(self, op: PartitionOp, h: dict, frames: list) -> None:
         job = op.job
@@ -113,10 +141,15 @@ class PartitionFlight:
     def _expire(self, op: PartitionOp) -> None:
         if op.wkey.in_flight is not op:
             return  # it landed in time
+        missing = self.relay.waiting_for(op) if self.relay is not None and op.wkey.pushers else []
+        where = f"waiting for the local push of worker(s) {missing}" if missing else \
+            f"on {self.describe(self.stages.endpoint(op.wkey))}"
+        message = (f"push_pull of {op.wkey.describe()}, round {op.round}, {where}: "
+                   f"no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s")
+        if op.wkey.pushers and self.relay is not None:
+            self.relay.fail(op.wkey.key, op.round, message)
         self._leave_flight(op)
-        self._fail_job(op, OpTimeoutError(
-            f"push_pull of {op.wkey.describe()}, round {op.round}, on server {op.wkey.server}: "
-            f"no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s"))
+        self._fail_job(op, OpTimeoutError(message))
 
     # ---- replies ----------------------------------------------------------------
 
@@ -138,6 +171,8 @@ class PartitionFlight:
             if op is None:
                 log.warning("dropped a pull reply for key %d round %d that nothing waits for", h["key"], h["round"])
                 return
+            if op.wkey.pushers and self.relay is not None:  # the machine's result: the peers land it too
+                self.relay.relay(op.wkey.key, op.round, Op.PULL_REPLY, h, frames)
             try:
                 self._land(op, h, frames)
             finally:
@@ -160,12 +195,15 @@ class PartitionFlight:
         request.answer(wk.index, residual, h.get("lr"))
 
     def _server_error(self, rank: int, h: dict, op: PartitionOp | None) -> None:
-        log.error("server %d: %s", rank, logs.peer(h["message"]))
+        who = self.describe(rank)
+        log.error("%s: %s", who, logs.peer(h["message"]))
         wk = self.table.get(h.get("key"))
         if wk is not None and wk.state_request is not None and "round" not in h:
-            wk.state_request.future.fail(JobError(f"server {rank}: {h['message']}"))
+            wk.state_request.future.fail(JobError(f"{who}: {h['message']}"))
             wk.state_request = None
         if op is not None:
+            if op.wkey.pushers and self.relay is not None:
+                self.relay.fail(op.wkey.key, op.round, f"{who}: {h['message']}")
             self._leave_flight(op)
-            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: server {rank}: "
+            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {who}: "
                                         f"{h['message']}"))

@@ -33,9 +33,12 @@ class PartitionOp:
     sent_us: float = 0.0
     acked: bool = False   # the server took the push: its credit is free again
     deadline: Any = None  # its entry in the deadline table, cancelled when it leaves flight
+    summed: Any = None    # the machine's sum, pushed instead of our own partition (worker/relay.py)
 
     @property
     def chunk(self) -> Any:
+        if self.summed is not None:
+            return self.summed
         return self.job.src[self.wkey.offset:self.wkey.offset + self.wkey.count]
 
     @property

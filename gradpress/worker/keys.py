@@ -73,6 +73,8 @@ class WorkerKey:
     state_to_load: tuple[np.ndarray, float | None] | None = None  # sent just before the next push
     state_request: StateRequest | None = None
     in_flight: Any = None                     # the PartitionOp of the round in flight (jobs.py)
+    via: int | None = None                    # local reduction: the endpoint of the key's owner, a local peer
+    pushers: int = 0                          # ... or, where we own it, the pushes per round (one per machine)
     held: deque = field(default_factory=deque)  # ops of later rounds, waiting for in_flight
 
     def describe(self) -> str:

@@ -37,23 +37,37 @@ class PartitionStages:
         self.tracer = tracer
         self.bytes_pushed = 0       # payload bytes (compressed size where compressed)
         self.bytes_pulled = 0
+        self.bytes_local = 0        # raw values handed to the owners of keys we do not own (local.py)
         self.push_arena = shm.Arena("w")        # our push areas, one region per shared key
         self.device_arenas: dict[Any, shm.Arena] = {}  # the same for CUDA tensors, registered for DMA, by device
         self.host_stages: dict[int, np.ndarray] = {}    # key -> pinned buffer of a CUDA key pushed as frames
         self.peer_chunks = shm.PeerChunks()     # the servers' result slots, mapped
 
+    @staticmethod
+    def endpoint(wk: WorkerKey) -> int:
+        """The socket of ``wk``'s pushes and pulls: its server, or its owner among the local
+        workers (``local.py``), which takes raw values and answers as the server would."""
+        return wk.server if wk.via is None else wk.via
+
     def _shared(self, wk: WorkerKey) -> bool:
-        # compressed payloads are small; sparse ones change size every round
-        return self.local[wk.server] and wk.tensor.compressor is None and wk.tensor.layout is None
+        # compressed payloads are small; sparse ones change size every round; a local owner
+        # takes raw values whatever the codec
+        return (self.local[self.endpoint(wk)] and wk.tensor.layout is None
+                and (wk.tensor.compressor is None or wk.via is not None))
 
     # ---- before the first push of a key ----------------------------------------
 
     def introduce(self, wk: WorkerKey, source: Any = None) -> None:
         """INIT_KEY once per key (naming our shared push segment), then any checkpointed server
         state. ``source`` is the tensor pushed: a CUDA one gets a segment registered for DMA."""
-        sock, t = self.servers[wk.server], wk.tensor
+        sock, t = self.servers[self.endpoint(wk)], wk.tensor
+        if wk.via is not None:
+            wk.state_to_load = None  # the key's owner restores the server's state (torch/elastic.py)
         if not wk.inited:
-            extra: dict[str, Any] = {"compression_params": t.spec.compression_params} if t.spec else {}
+            extra: dict[str, Any] = {"compression_params": t.spec.compression_params} \
+                if t.spec and wk.via is None else {}
+            if wk.pushers:
+                extra["pushers"] = wk.pushers
             if t.layout is not None:
                 extra["sparse"] = t.layout.wire()
             if self._shared(wk):
@@ -106,7 +120,7 @@ class PartitionStages:
             job.ready = None
         if t.layout is not None:  # a row-sparse share: its indices and values
             return sparse.push_payload(op)
-        if t.compressor is None:
+        if t.compressor is None or op.wkey.via is not None:  # to a local owner: raw values
             return None
         start = now_us()
         chunk = op.chunk
@@ -124,11 +138,11 @@ class PartitionStages:
         fields: dict[str, Any] = {"key": wk.key, "round": op.round, "dtype": t.dtype, "count": wk.count}
         if op.job.lr is not None:
             fields["lr"] = float(op.job.lr)
-        sock = self.servers[wk.server]
+        sock = self.servers[self.endpoint(wk)]
         if payload is not None:
             extra, buffers = payload
             transport.send(sock, Op.PUSH, self.sender, buffers, **{**fields, **extra})  # sparse: its own count
-            self.bytes_pushed += sum(b.nbytes for b in buffers)
+            self._count_push(wk, sum(b.nbytes for b in buffers))
         elif wk.push_view is not None:
             if is_device_array(op.chunk):
                 from ..kernels.cuda import device
@@ -136,16 +150,22 @@ class PartitionStages:
             else:
                 np.copyto(wk.push_view, op.chunk)
             transport.send(sock, Op.PUSH, self.sender, shm=True, **fields)
-            self.bytes_pushed += wk.push_view.nbytes
+            self._count_push(wk, wk.push_view.nbytes)
         else:
             chunk = op.chunk
             if is_device_array(chunk):  # into the key's pinned buffer, reused every round
                 chunk = self._host_stage(wk, chunk)
             transport.send(sock, Op.PUSH, self.sender, [chunk], **fields)
-            self.bytes_pushed += chunk.nbytes
+            self._count_push(wk, chunk.nbytes)
+
+    def _count_push(self, wk: WorkerKey, nbytes: int) -> None:
+        if wk.via is None:
+            self.bytes_pushed += nbytes
+        else:
+            self.bytes_local += nbytes
 
     def pull(self, op: PartitionOp) -> None:
-        transport.send(self.servers[op.wkey.server], Op.PULL, self.sender, key=op.wkey.key, round=op.round)
+        transport.send(self.servers[self.endpoint(op.wkey)], Op.PULL, self.sender, key=op.wkey.key, round=op.round)
         op.sent_us = now_us()
 
     def land(self, op: PartitionOp, h: dict, frames: list) -> None:
@@ -183,7 +203,8 @@ class PartitionStages:
                 np.divide(summed, job.divisor, out=dst)  # average while copying: one pass
             else:
                 np.copyto(dst, summed)
-        self.bytes_pulled += sum(len(f.buffer) for f in frames)
+        if wk.via is None:
+            self.bytes_pulled += sum(len(f.buffer) for f in frames)
 
     def _host_stage(self, wk: WorkerKey, chunk: Any) -> np.ndarray:
         """``chunk`` (on the GPU) copied into the key's pinned host buffer. A round's buffer is

@@ -35,7 +35,7 @@ def test_the_landing_averages_float16_through_the_kernel(monkeypatch):
     from gradpress.worker.stages import PartitionStages
     summed = np.full(8, 3.0, np.float16)
     dst = np.zeros(8, np.float16)
-    op = SimpleNamespace(wkey=SimpleNamespace(key=1, count=8), round=0, sent_us=0.0, destination=dst,
+    op = SimpleNamespace(wkey=SimpleNamespace(key=1, count=8, via=None), round=0, sent_us=0.0, destination=dst,
                          job=SimpleNamespace(divisor=2, tensor=SimpleNamespace(layout=None, dtype="float16",
                                                                                compressor=None)))
     stages = SimpleNamespace(tracer=SimpleNamespace(add=lambda *a, **k: None), bytes_pulled=0)

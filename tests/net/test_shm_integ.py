@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import FAST
+from cluster import FAST, job_leftovers
 
 pytestmark = pytest.mark.integ
 
@@ -131,19 +131,6 @@ def test_a_local_process_cannot_shrink_the_jobs_memory_and_the_sums_stay_right(c
     assert refused == len(targets), f"{len(targets) - refused} of {targets} could be shrunk"
 
 
-def _job_leftovers(pids: set[int]) -> list[str]:
-    """What the job's processes left: files in /dev/shm, or mappings of their memfds anywhere."""
-    tags = {f"gradpress-{role}{pid}" for pid in pids for role in "ws"}
-    left = [str(p) for p in Path("/dev/shm").glob("gradpress-*") if any(p.name.startswith(t) for t in tags)]
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            maps = (proc / "maps").read_text()
-        except OSError:
-            continue
-        left += [f"{proc.name}: {line}" for line in maps.splitlines() if any(f"memfd:{t} " in line + " " for t in tags)]
-    return left
-
-
 def test_kill_9_of_a_server_by_hand_leaves_nothing_of_the_job(cluster):
     c = cluster(workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": "1.5"})
     c.start(ROUNDS, worker_env={"GP_AFTER": "1000000"})
@@ -154,7 +141,7 @@ def test_kill_9_of_a_server_by_hand_leaves_nothing_of_the_job(cluster):
     server.send_signal(signal.SIGKILL)
     codes = c.wait(30)  # the others notice, stop, and exit
     assert codes["server 0"] == -signal.SIGKILL and codes["worker 0"] != 0, codes
-    assert not _job_leftovers(pids), _job_leftovers(pids)
+    assert not job_leftovers(pids), job_leftovers(pids)
 
 
 def test_kill_9_of_a_server_under_the_launcher_leaves_nothing_of_the_job(tmp_path):
@@ -179,4 +166,4 @@ def test_kill_9_of_a_server_under_the_launcher_leaves_nothing_of_the_job(tmp_pat
             launcher.kill()
             launcher.wait()
     assert launcher.returncode != 0, out.decode()
-    assert not _job_leftovers(set(children)), _job_leftovers(set(children))
+    assert not job_leftovers(set(children)), job_leftovers(set(children))

@@ -77,6 +77,21 @@ class LocalCluster:
             self.start_worker(i, [sys.executable, str(script)], GP_TEST_DIR=str(self.tmp), **(worker_env or {}), **own)
         return self
 
+    def start_machines(self, worker_code: str, local_size: int, worker_env: dict | None = None) -> "LocalCluster":
+        """As ``start``, with ``local_size`` worker processes per machine (the job's workers
+        count machines): process ``worker r`` is local rank ``r % local_size`` of machine
+        ``r // local_size``."""
+        self.start_scheduler()
+        for i in range(self.job.servers):
+            self.start_server(i)
+        script = self.tmp / "worker.py"
+        script.write_text(textwrap.dedent(worker_code))
+        for r in range(self.job.workers * local_size):
+            self.start_worker(r, [sys.executable, str(script)], GP_TEST_DIR=str(self.tmp),
+                              DMLC_WORKER_ID=str(r // local_size), BYTEPS_LOCAL_RANK=str(r % local_size),
+                              BYTEPS_LOCAL_SIZE=str(local_size), **(worker_env or {}))
+        return self
+
     def log(self, name: str) -> str:
         path = Path(self.group.log_path(name))
         return path.read_text(errors="replace") if path.exists() else ""
@@ -104,3 +119,16 @@ class LocalCluster:
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
+
+
+def job_leftovers(pids: set[int]) -> list[str]:
+    """What the job's processes left: files in /dev/shm, or mappings of their memfds anywhere."""
+    tags = {f"gradpress-{role}{pid}" for pid in pids for role in "ws"}
+    left = [str(p) for p in Path("/dev/shm").glob("gradpress-*") if any(p.name.startswith(t) for t in tags)]
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            maps = (proc / "maps").read_text()
+        except OSError:
+            continue
+        left += [f"{proc.name}: {line}" for line in maps.splitlines() if any(f"memfd:{t} " in line + " " for t in tags)]
+    return left

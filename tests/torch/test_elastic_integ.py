@@ -63,7 +63,7 @@ if leave:
     assert (bps.rank(), bps.size()) == (0, 1)
 else:
     bps.resume(2, 1, r)
-    assert (bps.rank(), bps.size()) == (r, 2)
+    assert (bps.rank(), bps.size()) == (r, 2 * bps.local_size())
 train(range(3, 6))
 torch.save(model.state_dict(), os.path.join(d, f"params{r}.pt"))
 bps.shutdown()
@@ -111,15 +111,24 @@ def test_suspend_then_resume_with_fewer_workers_continues_the_same_trajectory(cl
         torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
 
 
-def test_a_compressed_run_suspended_and_resumed_is_bit_identical_to_an_uninterrupted_one(cluster):
-    """The workers' and the servers' error-feedback residuals are carried into the next job."""
-    env = {"BYTEPS_MIN_COMPRESS_BYTES": "0"}
+@pytest.mark.parametrize("local", [1, 2])
+def test_a_compressed_run_suspended_and_resumed_is_bit_identical_to_an_uninterrupted_one(cluster, local):
+    """The workers' and the servers' error-feedback residuals are carried into the next job;
+    ``local`` 2: two machines of two workers reducing locally (each key's owner carries its
+    machine's error feedback, and every owner restores the servers')."""
+    env = {"BYTEPS_MIN_COMPRESS_BYTES": "0", "BYTEPS_PARTITION_BYTES": "64"}  # several keys per tensor
+
+    def start(c, **worker_env):
+        worker_env = {"GP_COMPRESSED": "1", **worker_env}
+        return c.start(ELASTIC, worker_env=worker_env) if local == 1 else \
+            c.start_machines(ELASTIC, local, worker_env=worker_env)
+    workers = 2 * local
     reference = cluster(workers=2, servers=1, env=env)
-    reference.start(ELASTIC, worker_env={"GP_COMPRESSED": "1", "GP_UNINTERRUPTED": "1"}).assert_success()
+    start(reference, GP_UNINTERRUPTED="1").assert_success()
     first = cluster(workers=2, servers=1, env=env)
-    first.start(ELASTIC, worker_env={"GP_COMPRESSED": "1"})
+    start(first)
     deadline = time.monotonic() + 60
-    while not all((first.tmp / f"suspended{r}").exists() for r in range(2)):
+    while not all((first.tmp / f"suspended{r}").exists() for r in range(workers)):
         assert time.monotonic() < deadline, first.logs()
         time.sleep(0.05)
     for name in ("scheduler", "server 0"):
@@ -128,10 +137,10 @@ def test_a_compressed_run_suspended_and_resumed_is_bit_identical_to_an_uninterru
     second.start_scheduler()
     second.start_server(0)
     (first.tmp / "port2").write_text(str(second.port))
-    for r in range(2):
+    for r in range(workers):
         assert exit_code(first, f"worker {r}", second) == 0, first.logs() + second.logs()
     second.assert_success(timeout_s=30)
-    for r in range(2):
+    for r in range(workers):
         got, want = torch.load(first.tmp / f"params{r}.pt"), torch.load(reference.tmp / f"params{r}.pt")
         for k in want:
             assert torch.equal(got[k], want[k]), f"worker {r}, {k}: differs from the uninterrupted run"

@@ -31,7 +31,8 @@ def test_the_source_is_read_only_after_its_ready_event():
                           lr=None)
     stages = SimpleNamespace(tracer=SimpleNamespace(add=lambda *a, **k: None))
     for index in (0, 1):  # two partitions of one job: one wait
-        op = SimpleNamespace(job=job, chunk=src[4 * index:4 * index + 4], wkey=SimpleNamespace(key=index), round=0)
+        op = SimpleNamespace(job=job, chunk=src[4 * index:4 * index + 4], wkey=SimpleNamespace(key=index, via=None),
+                             round=0)
         PartitionStages.compress(stages, op)
     assert log[0] == "ready" and [e[0] for e in log[1:]] == ["compress", "compress"]
     assert job.ready is None

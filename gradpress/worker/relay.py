@@ -1,0 +1,206 @@
+"""The owner's side of local reduction: sum a machine's contributions, relay the reply.
+
+For each key it owns (``local.py``), the owner takes every local peer's raw partition of a
+round (a PUSH: from the peer's shared push segment named at INIT_KEY, or in a frame) and its
+own. Once all ``L`` are in, it sums them in local-rank order (0..L-1) into a float32 (float64
+for float64) accumulator, exactly as a server sums pushes, rounds the sum to the key's dtype
+and hands it back to the flight (``PartitionFlight.push_summed``), which compresses it with
+this worker's compressor (one error-feedback state per machine and partition), pushes and
+pulls. The server's reply is forwarded unchanged to every peer that pulled the round (a
+compressed payload, each peer decoding it alike; or the sum, in frames or the server's shared
+result slot), so every worker of the machine lands the same bits.
+
+A peer's push is acknowledged at once (its credit is free, as a server's ack frees it), and
+so is the owner's own contribution: credit held until all ``L`` arrive would deadlock workers
+that start keys in different orders. Runs on the communication thread.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import zmq
+
+from .. import logs
+from ..compressors.arrays import is_device_array
+from ..kernels.cpu import server_sum
+from ..net import shm, transport
+from ..net.protocol import Op
+from .jobs import PartitionOp
+from .local import LocalGroup
+
+log = logging.getLogger(__name__)
+_FORWARDED = ("v", "op", "from")   # header fields a forwarded reply gets afresh
+
+
+@dataclass
+class _Owned:
+    """One owned key's local rounds."""
+    views: dict[int, np.ndarray] = field(default_factory=dict)        # peer local rank -> its push segment
+    pushed: dict[int, dict[int, Any]] = field(default_factory=dict)   # round -> local rank -> values
+    own: dict[int, PartitionOp] = field(default_factory=dict)         # round -> our op
+    pulls: dict[int, list[bytes]] = field(default_factory=dict)       # round -> peers waiting
+    reply: tuple[int, Op, dict, list] | None = None                    # the last round relayed
+    acc: np.ndarray | None = None                                      # the sum, reused every round
+    host: np.ndarray | None = None                                     # our CUDA chunk copied to the host
+
+
+class Flight(Protocol):
+    """What the relay hands a summed round back to (``PartitionFlight``)."""
+    def push_summed(self, op: PartitionOp) -> None: ...
+    def fail_local(self, op: PartitionOp, message: str) -> None: ...
+
+
+class Relay:
+    def __init__(self, group: LocalGroup, sender: str, peer_chunks: shm.PeerChunks, flight: Flight):
+        self.group = group
+        self.sender = sender
+        self.peer_chunks = peer_chunks
+        self.flight = flight
+        self.keys: dict[int, _Owned] = {}
+        self.identities = {f"local {group.base_rank + j}".encode(): j for j in range(group.size) if j != group.me}
+
+    # ---- our own contribution and the server's answer ------------------------------
+
+    def contribute(self, op: PartitionOp) -> None:
+        self.keys.setdefault(op.wkey.key, _Owned()).own[op.round] = op
+        self._try(op.wkey.key, op.round)
+
+    def waiting_for(self, op: PartitionOp) -> list[int]:
+        """The worker ranks whose push of ``op``'s round has not reached us."""
+        owned = self.keys.get(op.wkey.key)
+        pushed = owned.pushed.get(op.round, {}) if owned is not None and op.round in owned.own else None
+        if pushed is None:
+            return []
+        return [self.group.base_rank + j for j in range(self.group.size) if j != self.group.me and j not in pushed]
+
+    def relay(self, key: int, rnd: int, op: Op, h: dict, frames: list) -> None:
+        """Forward a server's PULL_REPLY (or ERROR) of ``key``'s round ``rnd`` to every peer
+        that pulled it, and keep it for a pull still on its way."""
+        owned = self.keys.setdefault(key, _Owned())
+        fields = {k: v for k, v in h.items() if k not in _FORWARDED}
+        owned.reply = (rnd, op, fields, [f.buffer if hasattr(f, "buffer") else f for f in frames])
+        for identity in owned.pulls.pop(rnd, []):
+            self._answer(identity, owned.reply)
+
+    def fail(self, key: int, rnd: int, message: str) -> None:
+        """Our round ``rnd`` of ``key`` failed here: the peers waiting for it hear why."""
+        self.relay(key, rnd, Op.ERROR, {"message": message, "key": key, "round": rnd}, [])
+
+    def forget(self, keys: list[int]) -> None:
+        for key in keys:
+            self.keys.pop(key, None)
+
+    # ---- peers' messages --------------------------------------------------------------
+
+    def drain(self) -> None:
+        while self.group.router.poll(0):
+            identity, h, frames = transport.recv(self.group.router, routed=True)
+            if h is None:
+                continue
+            j = self.identities.get(identity)
+            if j is None:
+                log.warning("dropped %s from %s: not a worker of this machine", h["op"].name, logs.peer(identity))
+                continue
+            try:
+                self._from_peer(identity, j, h, frames)
+            except ValueError as e:
+                self._send(identity, Op.ERROR, message=f"{self.sender}: {e}", key=h.get("key", 0),
+                           **({"round": h["round"]} if "round" in h else {}))
+
+    def _from_peer(self, identity: bytes, j: int, h: dict, frames: list) -> None:
+        op, key = h["op"], h.get("key")
+        if op == Op.INIT_KEY:
+            if "shm" in h:
+                nbytes = h["count"] * np.dtype(h["dtype"]).itemsize
+                try:
+                    region = self.peer_chunks.region(h["shm"], nbytes)
+                except OSError as e:
+                    raise ValueError(f"key {key}: cannot map local worker {self.group.base_rank + j}'s shared "
+                                     f"memory ({e})") from None
+                self.keys.setdefault(key, _Owned()).views[j] = region.array(h["dtype"], h["count"])
+        elif op == Op.PUSH:
+            owned = self.keys.setdefault(key, _Owned())
+            if h.get("shm"):
+                values = owned.views.get(j)
+                if values is None:
+                    raise ValueError(f"key {key}: a shared-memory push, but worker {self.group.base_rank + j} "
+                                     f"named no segment")
+            elif len(frames) == 1:
+                values = np.frombuffer(frames[0].buffer, h["dtype"])  # the frame stays alive with it
+            else:
+                raise ValueError(f"key {key}: a local push carries {len(frames)} frames, expected 1")
+            if values.size != h["count"] or values.dtype != np.dtype(h["dtype"]):
+                raise ValueError(f"key {key}: a local push of {h['count']} {h['dtype']} elements does not match "
+                                 f"its {values.size} {values.dtype} segment")
+            round_pushes = owned.pushed.setdefault(h["round"], {})
+            if j in round_pushes:
+                raise ValueError(f"key {key}: a second push of round {h['round']} from the same worker")
+            round_pushes[j] = values
+            self._send(identity, Op.PUSH_ACK, key=key, round=h["round"])
+            self._try(key, h["round"])
+        elif op == Op.PULL:
+            owned = self.keys.setdefault(key, _Owned())
+            if owned.reply is not None and owned.reply[0] == h["round"]:
+                self._answer(identity, owned.reply)
+            else:
+                owned.pulls.setdefault(h["round"], []).append(identity)
+        else:  # STATE and the like: the owner speaks to the server for the machine
+            log.debug("ignored %s of key %s from a local peer", op.name, key)
+
+    # ---- the sum ------------------------------------------------------------------------
+
+    def _try(self, key: int, rnd: int) -> None:
+        owned = self.keys[key]
+        op = owned.own.get(rnd)
+        pushes = owned.pushed.get(rnd, {})
+        if op is None or len(pushes) < self.group.size - 1:
+            return
+        del owned.own[rnd]
+        owned.pushed.pop(rnd)
+        wk = op.wkey
+        try:
+            op.summed = self._sum(owned, op, pushes)
+        except ValueError as e:
+            self.flight.fail_local(op, f"push_pull of {wk.describe()}, round {rnd}: {e}")
+            return
+        self.flight.push_summed(op)
+
+    def _sum(self, owned: _Owned, op: PartitionOp, pushes: dict[int, Any]) -> np.ndarray:
+        """The machine's sum of ``op``'s round, local rank 0 first, as a server sums pushes."""
+        wk, dtype = op.wkey, np.dtype(op.wkey.tensor.dtype)
+        if op.job.ready is not None:  # a CUDA copy fills src: wait for it before reading
+            op.job.ready.synchronize()
+            op.job.ready = None
+        mine = op.chunk
+        if is_device_array(mine):
+            from ..kernels.cuda import device
+            if owned.host is None:
+                owned.host = np.empty(wk.count, dtype)
+            device.copy_to_host_into(mine, owned.host)
+            mine = owned.host
+        if owned.acc is None:
+            owned.acc = np.empty(wk.count, np.float64 if dtype == np.float64 else np.float32)
+        for j in range(self.group.size):
+            values = mine if j == self.group.me else pushes[j]
+            if values.size != wk.count or values.dtype != dtype:
+                raise ValueError(f"worker {self.group.base_rank + j} pushed {values.size} {values.dtype} "
+                                 f"elements; the key holds {wk.count} {dtype}")
+            server_sum.accumulate(owned.acc, np.ascontiguousarray(values), first=j == 0)
+        if dtype == np.float16:
+            return server_sum.to_half(owned.acc)
+        return owned.acc if owned.acc.dtype == dtype else owned.acc.astype(dtype)
+
+    # ---- sending --------------------------------------------------------------------------
+
+    def _answer(self, identity: bytes, reply: tuple) -> None:
+        _, op, fields, buffers = reply
+        self._send(identity, op, buffers, **fields)
+
+    def _send(self, identity: bytes, op: Op, buffers=(), **fields) -> None:
+        try:
+            transport.send(self.group.router, op, self.sender, buffers, identity=identity, **fields)
+        except zmq.ZMQError as e:  # the peer is gone: the scheduler names it to everyone
+            log.warning("could not send %s to %s: %s", op.name, logs.peer(identity), e)

@@ -1,0 +1,109 @@
+"""A local worker that dies or raises mid-step, with local reduction on (2 machines x 3
+workers): every other process stops within the heartbeat deadline naming it, nothing
+hangs on its shared segments, and no process keeps the job's shared memory mapped."""
+import signal
+import subprocess
+import time
+
+import pytest
+
+from cluster import job_leftovers
+
+pytestmark = pytest.mark.integ
+HEARTBEAT_TIMEOUT_S = 2.0
+LOCAL = 3
+VICTIM = 1  # local rank 1 of machine 0: an owner of some keys, and a peer of the owners of the others
+
+# 12 partitions a step, so that every worker owns keys and hands others to their owners
+TRAIN = """
+import os, time, torch, gradpress.torch as bps
+from gradpress.torch import ops
+bps.init()
+r = bps.rank()
+assert ops.client().book.local_size == 3, ops.client().book
+d = os.environ["GP_TEST_DIR"]
+for step in range(100000):
+    if step == 5:
+        open(os.path.join(d, f"ready{r}"), "w").close()
+    if r == 1 and os.path.exists(os.path.join(d, "fail")):
+        with open(os.path.join(d, "failed_at"), "w") as fh:
+            fh.write(repr(time.monotonic()))
+        raise ValueError("boom in local worker 1")
+    x = bps.push_pull(torch.ones(12000), average=False, name="w")
+    assert bool((x == 6).all()), x[:4]
+"""
+
+
+def _wait_for_ready(c, workers: int, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all((c.tmp / f"ready{r}").exists() for r in range(workers)):
+        assert time.monotonic() < deadline, f"the workers never got going\n{c.logs()}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["kill", "raise"])
+def test_a_local_worker_that_dies_or_raises_stops_every_process_naming_it(cluster, mode):
+    c = cluster(workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
+                                           "GRADPRESS_OP_TIMEOUT_S": "120", "BYTEPS_PARTITION_BYTES": "4000"})
+    c.start_machines(TRAIN, LOCAL, worker_env={"GP_MODE": mode})
+    _wait_for_ready(c, 2 * LOCAL)
+    pids = {p.pid for p in c.procs.values()}
+    victim = f"worker {VICTIM}"
+    started = time.monotonic()
+    if mode == "kill":
+        c.procs[victim].send_signal(signal.SIGKILL)
+    else:
+        (c.tmp / "fail").touch()
+    limit_s = 2 * HEARTBEAT_TIMEOUT_S + 8  # detection, then six workers' exits on 2 shared cores
+    for name, proc in c.procs.items():
+        try:
+            code = proc.wait(timeout=max(1.0, started + limit_s + 5 - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} still running {time.monotonic() - started:.1f} s after {victim} "
+                                 f"failed\n{c.logs()}")
+        assert code != 0, f"{name} exited 0 after {victim} failed\n{c.logs()}"
+        if name != victim:
+            log = c.log(name)
+            assert victim in log, f"{name}'s error does not name {victim}:\n{log}"
+            if mode == "raise":
+                assert "boom in local worker 1" in log, f"{name} does not say why {victim} failed:\n{log}"
+    failed_at = float((c.tmp / "failed_at").read_text()) if mode == "raise" else started
+    elapsed = time.monotonic() - failed_at
+    assert elapsed <= limit_s, f"the job took {elapsed:.1f} s to stop\n{c.logs()}"
+    assert not job_leftovers(pids), job_leftovers(pids)
+
+
+# Worker 1 stays alive (its heartbeats go on) but skips a step: worker 0's wait is a deadline
+STALL = """
+import os, time, numpy as np
+from gradpress.config import Settings
+from gradpress.worker import WorkerClient
+from gradpress.errors import OpTimeoutError
+c = WorkerClient(Settings.load(os.environ))
+c.start()
+r = c.rank
+src, out = np.ones(2000, np.float32), np.empty(2000, np.float32)   # two partitions: one owned by each
+c.push_pull_async("w", src, out, 1, 0).result(60)
+if r == 1:
+    time.sleep(30)
+    os._exit(0)
+try:
+    c.push_pull_async("w", src, out, 1, 0).result(60)
+except OpTimeoutError as e:
+    print("TIMEOUT", e, flush=True)
+    os._exit(0)
+os._exit(2)
+"""
+
+
+def test_an_owner_waiting_for_a_live_peer_fails_at_its_deadline_naming_the_peer(cluster):
+    c = cluster(workers=1, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "4", "BYTEPS_PARTITION_BYTES": "4000"})
+    c.start_machines(STALL, 2)
+    started = time.monotonic()
+    code = c.procs["worker 0"].wait(timeout=60)
+    assert code == 0 and "TIMEOUT" in c.log("worker 0"), c.logs()
+    assert time.monotonic() - started < 40, c.logs()
+    log = c.log("worker 0")
+    # the key it owns waits for worker 1's push; the key worker 1 owns waits for worker 1's reply
+    assert "waiting for the local push of worker(s) [1]" in log or "on local worker 1 (the key's owner)" in log, log
+    c.kill()
