@@ -332,6 +332,29 @@ def render_curve_threads(r: dict) -> list[str]:
             f"CURVE over loopback TCP."]
 
 
+def render_hierarchy(r: dict) -> list[str]:
+    rows = []
+    for model in ("mlp", "tfm"):
+        for system in ("gp_none", "gp_onebit", "gp_auto"):
+            local, flat = r.get(f"{model}_{system}_local_s_per_iter"), r.get(f"{model}_{system}_flat_s_per_iter")
+            if local is None and flat is None:
+                continue
+            ml, mf = (r.get(f"{model}_{system}_{k}_machine_MB_per_iter") for k in ("local", "flat"))
+            rows.append([MODELS[model], f"`{system}`", f(local), f(flat),
+                         f"{local / flat:.2f}x" if local and flat else "n/a", f(ml, 1), f(mf, 1),
+                         f"{ml / mf:.2f}x" if ml and mf else "n/a"])
+        ddp = r.get(f"{model}_ddp_s_per_iter")
+        if ddp is not None:
+            rows.append([MODELS[model], "`ddp` (gloo, 8 workers)", f(ddp), "", "",
+                         f(r.get(f"{model}_ddp_machine_MB_per_iter"), 1), "", ""])
+    out = table(["model", "system", "local s/iter", "flat s/iter", "local / flat", "machine MB/iter, local",
+                 "flat", "local / flat"], rows)
+    compute = [f"{MODELS[m]} {f(r[f'{m}_compute_only_s_per_iter'])}" for m in ("mlp", "tfm")
+               if f"{m}_compute_only_s_per_iter" in r]
+    return out + ["", f"2 machines of 4 workers, 2 servers, 1 Gbit/s links; compute only (8 processes at once): "
+                      f"{', '.join(compute)} s/iter."]
+
+
 def render_any(r: dict) -> list[str]:
     """Any other benchmark: its RESULT as it is, one figure a row."""
     def flat(d: dict, prefix: str = ""):
@@ -350,6 +373,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "lowrank_kernels": render_lowrank_kernels, "sparse_density": render_sparse_density,
     "host_floor": render_host_floor, "sparse": render_sparse, "cross_barrier": render_cross_barrier,
     "linkrate": render_linkrate, "soak": render_soak, "gpu": render_gpu, "curve_threads": render_curve_threads,
+    "hierarchy": render_hierarchy,
 }
 
 

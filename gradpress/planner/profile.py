@@ -146,6 +146,7 @@ class Profile:
     version: int = PROFILE_VERSION
     notes: dict = field(default_factory=dict)
     host: HostShare | None = None        # None: no CPU is shared (or it was not measured)
+    local_size: int = 1                  # workers of a machine that sum each partition first (1: none)
 
     def __post_init__(self) -> None:
         check(self.workers >= 1 and self.servers >= 1, "workers and servers must be at least 1")
@@ -155,6 +156,8 @@ class Profile:
               "partition_bytes, credit and engine_threads must be positive")
         check(self.link.bytes_per_s > 0 and self.link.alpha_s >= 0, f"link {self.link}: needs a positive rate")
         check(self.message_s >= 0, f"message_s {self.message_s}: must be >= 0")
+        check(self.local_size >= 1 and self.workers % self.local_size == 0,
+              f"local_size {self.local_size}: must be at least 1 and divide the {self.workers} workers")
         for t in self.tensors:
             check(t.nbytes >= 0 and math.isfinite(t.ready_s) and t.ready_s >= 0,
                   f"tensor {t.name!r}: size {t.nbytes} and ready time {t.ready_s} must be non-negative")
@@ -171,6 +174,11 @@ class Profile:
             check(c.rank >= 0 and (c.rank == 0 or c.rounds in (1, 2)),
                   f"codec {name!r}: rank {c.rank} and rounds {c.rounds} (1 or 2 for a low-rank option)")
 
+    @property
+    def pushers(self) -> int:
+        """Pushes a server sums per round: one per machine where workers reduce locally."""
+        return self.workers // self.local_size
+
     def scaled(self, workers: int | None = None, servers: int | None = None,
                bytes_per_s: float | None = None) -> "Profile":
         """The same model and machine in a job of another shape or link rate (for projections):
@@ -182,7 +190,8 @@ class Profile:
                                      servers=min(self.host.servers, servers))
         return Profile(workers, servers, self.tensors, self.backward_end_s,
                        self.step_s, self.codecs, link, self.message_s, self.partition_bytes, self.credit,
-                       self.engine_threads, self.version, dict(self.notes), host)
+                       self.engine_threads, self.version, dict(self.notes), host,
+                       self.local_size if workers % self.local_size == 0 else 1)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -206,7 +215,8 @@ class Profile:
                                                     float(h["train_cpu_s"]), float(h.get("wire_s_per_byte", 0.0)))
             return cls(int(d["workers"]), int(d["servers"]), tensors, float(d["backward_end_s"]),
                        float(d["step_s"]), codecs, Link(**d["link"]), float(d["message_s"]), int(d["partition_bytes"]),
-                       int(d["credit"]), int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})), host)
+                       int(d["credit"]), int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})), host,
+                       int(d.get("local_size", 1)))
         except ProfileError:
             raise
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:

@@ -18,6 +18,12 @@ an iteration, with every resource the way gradpress uses it:
 - the iteration ends when backward is done and every group has landed, plus the
   optimizer's step (a fused group hands its average back as views of its buffer:
   ``torch/fusion.py``);
+- where a machine's workers reduce locally (``Profile.local_size`` L > 1,
+  docs/local-reduce.md), each worker owns a partition in L: for those it sums L raw
+  contributions before compressing, for the others it copies its raw partition into a
+  shared segment; the comm thread's cost per partition is that mix's mean. The machine's
+  link carries one copy of each partition (the worker's link above stands for it), and a
+  server sums one push per machine;
 - where workers and servers share a host's CPUs (``Profile.host``), an iteration takes at
   least the CPU work of the processes on rank 0's host divided by its cores: each of its
   workers' training and communication thread work, each of its servers' share of the sums,
@@ -75,15 +81,19 @@ class Layout:
         self.ints = np.stack([self.group_of, np.array(prio, np.int64), server, engine, by_ready])
         # payload, compress, decompress, serve; per option and partition
         self.tables = np.empty((4, len(opts), len(sizes)))
+        raw_add, L = prof.codecs["none"].add, prof.local_size
+        local_s = (L - 1) * (raw_add.fixed_s + raw_add.per_byte_s * b)   # an owner's sum of its peers' parts
+        handover_s = copy.fixed_s + copy.per_byte_s * b                   # a peer's copy into its segment
         for o, name in enumerate(opts):
             c = prof.codecs[name]
             raw = name == "none"
+            compress = 0.0 if raw else c.compress.fixed_s + c.compress.per_byte_s * b
             self.tables[0, o] = b if raw else np.maximum(c.payload_ratio * b, 1.0)
-            self.tables[1, o] = 0.0 if raw else c.compress.fixed_s + c.compress.per_byte_s * b
+            self.tables[1, o] = compress if L == 1 else (compress + local_s + (L - 1) * handover_s) / L
             self.tables[2, o] = c.decompress.fixed_s + c.decompress.per_byte_s * b
-            self.tables[3, o] = prof.workers * (c.add.fixed_s + c.add.per_byte_s * b) + \
+            self.tables[3, o] = prof.pushers * (c.add.fixed_s + c.add.per_byte_s * b) + \
                 (0.0 if raw else c.recompress.fixed_s + c.recompress.per_byte_s * b)
-        self.job = np.array([prof.workers, prof.servers, prof.engine_threads, prof.credit,
+        self.job = np.array([prof.pushers, prof.servers, prof.engine_threads, prof.credit,
                              prof.link.bytes_per_s, prof.link.alpha_s, prof.message_s], np.float64)
         self._land = np.empty(len(sizes))
         self._group_land = np.empty(len(self.groups))
@@ -105,7 +115,9 @@ class Layout:
         h, prof = self.profile.host, self.profile
         if h is None:
             return 0.0
-        sockets = h.wire_s_per_byte * 2 * pushed_bytes * (h.workers + h.servers * prof.workers / prof.servers)
+        # with local reduction a worker's sockets carry only the partitions it owns
+        sockets = h.wire_s_per_byte * 2 * pushed_bytes * (h.workers / prof.local_size
+                                                          + h.servers * prof.pushers / prof.servers)
         work = h.workers * (h.train_cpu_s + comm_s) + h.servers * served_s / prof.servers + sockets
         return work / h.cores
 

@@ -486,3 +486,33 @@ def test_the_trial_keeps_the_fastest_measured_and_lets_the_model_part_plans_with
     alone = [(p, base, m) for p, m in zip(plans, [0.600, 0.605])]
     kept, modelled = choose(alone)
     assert modelled[1] < modelled[0] and kept == 1
+
+
+def test_one_tensor_by_hand_with_local_reduction():
+    """4 workers of one machine reducing locally: a worker owns one partition in 4, summing 3
+    peers' parts for it and copying its own part into a segment for the other 3 (the mean of
+    that mix on its communication thread); the server sums one push per machine and sends one
+    copy back."""
+    b, rate, alpha = MB, 100e6, 1e-4
+    prof = replace(profile([(b, 0.1)], workers=4, rate=rate, alpha=alpha), local_size=4)
+    local = (3 * 2e-10 * b + 3 * 1e-10 * b) / 4        # sums of the owned part, copies of the others
+    arrive = 0.1 + local + b / rate + alpha
+    done = arrive + 1 * 2e-10 * b                       # one push per machine
+    land = done + 1 * b / rate + alpha
+    want = land + 1e-10 * b + 0.01
+    assert predict(prof, [(0,)], ["none"]) == pytest.approx(want, rel=1e-12)
+    flat = profile([(b, 0.1)], workers=4, rate=rate, alpha=alpha)
+    assert predict(flat, [(0,)], ["none"]) > want   # four pushes through the server's link
+
+
+def test_a_profile_keeps_its_local_size_and_refuses_one_that_does_not_divide_the_workers():
+    prof = replace(profile([(MB, 0.1)], workers=4), local_size=2)
+    again = Profile.from_json(prof.to_json())
+    assert again.local_size == 2 and again.pushers == 2
+    assert prof.scaled(workers=8).local_size == 2 and prof.scaled(workers=6).local_size == 2
+    assert prof.scaled(workers=3).local_size == 1
+    old = json.loads(prof.to_json())
+    del old["local_size"]                              # a profile written before local reduction
+    assert Profile.from_json(json.dumps(old)).local_size == 1
+    with pytest.raises(ProfileError, match="local_size 3"):
+        replace(prof, local_size=3)

@@ -32,7 +32,7 @@ def first_profile(clock: StepClock, params: list[torch.Tensor], names: dict[int,
                       statistics.median(t for _, t in clock.timeline), costs, link, message_s,
                       s.partition_bytes, s.scheduling_credit, server_lanes(comm),
                       notes={"profiled_steps": len(clock.timeline), "round_trips": round_trips, "batches": batches},
-                      host=host_share(clock, comm, moved))
+                      host=host_share(clock, comm, moved), local_size=getattr(comm.client.book, "local_size", 1))
     if s.plan_file:
         with open(s.plan_file, "w") as fh:
             fh.write(profile.to_json())
