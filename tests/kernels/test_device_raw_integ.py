@@ -2,7 +2,9 @@
 copies each partition from the device into the shared push segment (or, without shared
 memory, into a pinned buffer of the key's own pushed as frames), and the result goes back
 to the device and is divided there. Sums and averages of float16/32/64 must be the host
-path's bits, round after round, with partitions split over two servers."""
+path's bits, round after round, with partitions split over two servers; and the same
+through local reduction (2 machines of 2 workers), where an owner copies its own device
+partition to the host before summing, and onebit's payload is decoded on each device."""
 import pytest
 
 pytestmark = pytest.mark.integ
@@ -48,3 +50,48 @@ def test_uncompressed_device_arrays_move_by_copies_and_land_divided_on_the_devic
     c.start(SCRIPT).assert_success(120)
     for w in range(2):
         assert "OK" in c.log(f"worker {w}"), c.log(f"worker {w}")
+
+
+LOCAL = """
+import os, numpy as np
+from numba import cuda
+from gradpress.compressors import build_compressor
+from gradpress.compressors.spec import CodecSpec
+from gradpress.config import Settings
+from gradpress.worker import WorkerClient
+c = WorkerClient(Settings.load(os.environ))
+c.start()
+r, n = c.rank, c.size
+assert c.comm.group is not None and c.comm.group.active, "the machine's workers must reduce locally"
+host = [np.random.default_rng(w).standard_normal(3000).astype(np.float32) for w in range(n)]
+machines = [host[0] + host[1], host[2] + host[3]]   # each machine's sum, local rank 0 first
+out = cuda.device_array(3000, np.float32)
+c.push_pull_async("raw", cuda.to_device(host[r]), out, n, 0).result(60)
+want = np.empty(3000, np.float32)
+np.divide(machines[0] + machines[1], n, out=want)
+assert out.copy_to_host().tobytes() == want.tobytes(), "raw: not the two-level sum"
+spec = CodecSpec.from_params({"compressor": "onebit", "scaling": True}, "test")
+c.push_pull_async("signs", cuda.to_device(host[r]), out, n, 0, spec).result(60)
+got = out.copy_to_host()
+params = {"compressor": "onebit", "scaling": True}
+want = np.empty(3000, np.float32)
+for start in range(0, 3000, 1024):  # each 4096-byte partition: owners encode, the server sums and re-encodes
+    end = min(start + 1024, 3000)
+    acc = np.zeros(end - start, np.float32)
+    for m in machines:
+        header, payload = build_compressor(params, "worker").compress(m[start:end], key=0, round=0)
+        build_compressor(params, "server").decompress_add(header, payload, acc, key=0, round=0)
+    header, payload = build_compressor(params, "server").compress(acc, key=0, round=0)
+    build_compressor(params, "worker").decompress(header, payload, want[start:end], key=0, round=0, divisor=n)
+assert got.tobytes() == want.tobytes(), "onebit: not the replay of owners, server and decode"
+print("OK", r, got[:2].tobytes().hex(), flush=True)
+c.finish()
+"""
+
+
+def test_device_arrays_through_local_reduction(cluster):
+    c = cluster(workers=2, servers=1, env={"NUMBA_ENABLE_CUDASIM": "1", "BYTEPS_PARTITION_BYTES": "4096",
+                                           "BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    c.start_machines(LOCAL, local_size=2).assert_success(120)
+    lines = [next(line for line in c.log(f"worker {w}").splitlines() if "OK" in line) for w in range(4)]
+    assert len({line.split()[-1] for line in lines}) == 1, f"the workers landed different bits: {lines}"
