@@ -155,15 +155,7 @@ def run_once(cluster: netns.NetnsCluster, model: str, system: str, warmup: int, 
                 env = python_env(GLOO_SOCKET_IFNAME=IFACE)
                 procs[name] = (cluster.popen(name, argv, env, tmp / f"{tag}_{name}.log", cwd=str(REPO)),
                                tmp / f"{tag}_{name}.log")
-        workers = [n for n in procs if n.startswith("w")]
-        end = time.monotonic() + deadline_s
-        while not all(procs[n][0].poll() == 0 for n in workers):
-            failed = [n for n, (p, _) in procs.items() if p.poll() not in (None, 0)]
-            if failed:
-                raise RunFailed(f"{tag}: {failed} exited with an error\n" + tails(procs))
-            if time.monotonic() > end:
-                raise RunFailed(f"{tag}: workers not done within {deadline_s:.0f} s\n" + tails(procs))
-            time.sleep(0.2)
+        wait_for_workers(procs, tag, deadline_s)
         end = time.monotonic() + 30
         while any(p.poll() is None for p, _ in procs.values()) and time.monotonic() < end:
             time.sleep(0.2)
@@ -172,13 +164,32 @@ def run_once(cluster: netns.NetnsCluster, model: str, system: str, warmup: int, 
             print(f"  note: {late} still running 30 s after the workers finished; stopped", flush=True)
         return [json.loads((tmp / f"{tag}_w{i}.json").read_text()) for i in range(NUM_WORKERS)]
     finally:
-        for p, _ in procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, 9)
-                except ProcessLookupError:
-                    pass
-                p.wait()
+        stop_all(procs)
+
+
+def wait_for_workers(procs: dict, tag: str, deadline_s: float) -> None:
+    """Until every ``w*`` process of ``procs`` (name -> (Popen, log)) has exited 0; RunFailed,
+    with every log's tail, as soon as any process fails or past ``deadline_s``."""
+    workers = [n for n in procs if n.startswith("w")]
+    end = time.monotonic() + deadline_s
+    while not all(procs[n][0].poll() == 0 for n in workers):
+        failed = [n for n, (p, _) in procs.items() if p.poll() not in (None, 0)]
+        if failed:
+            raise RunFailed(f"{tag}: {failed} exited with an error\n" + tails(procs))
+        if time.monotonic() > end:
+            raise RunFailed(f"{tag}: workers not done within {deadline_s:.0f} s\n" + tails(procs))
+        time.sleep(0.2)
+
+
+def stop_all(procs: dict) -> None:
+    """Kill what is still running of ``procs``, each with its process group (a launcher's children too)."""
+    for p, _ in procs.values():
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, 9)
+            except ProcessLookupError:
+                pass
+            p.wait()
 
 
 def tails(procs: dict, lines: int = 15) -> str:

@@ -41,7 +41,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import bandwidth_worker  # noqa: E402
-from bandwidth import RunFailed, python_env, tails  # noqa: E402
+from bandwidth import RunFailed, python_env, stop_all, wait_for_workers  # noqa: E402
 from bandwidth_models import MODELS  # noqa: E402
 from gradpress.testing import netns  # noqa: E402
 from results import emit  # noqa: E402
@@ -81,25 +81,11 @@ def run_once(cluster: netns.NetnsCluster, model: str, system: str, mode: str, wa
                 log = tmp / f"{tag}_w{r}.log"
                 procs[f"w{r}"] = (cluster.popen(f"m{r // LOCAL}", argv, python_env(GLOO_SOCKET_IFNAME="eth0"), log,
                                                 cwd=str(REPO)), log)
-        end = time.monotonic() + deadline_s
-        workers = [n for n in procs if n.startswith("w")]
-        while not all(procs[n][0].poll() == 0 for n in workers):
-            failed = [n for n, (p, _) in procs.items() if p.poll() not in (None, 0)]
-            if failed:
-                raise RunFailed(f"{tag}: {failed} exited with an error\n" + tails(procs))
-            if time.monotonic() > end:
-                raise RunFailed(f"{tag}: workers not done within {deadline_s:.0f} s\n" + tails(procs))
-            time.sleep(0.2)
+        wait_for_workers(procs, tag, deadline_s)
         import json
         return [json.loads((tmp / f"{tag}_w{r}.json").read_text()) for r in range(WORKERS)]
     finally:
-        for p, _ in procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, 9)
-                except ProcessLookupError:
-                    pass
-                p.wait()
+        stop_all(procs)
 
 
 def machine_mb(recs: list[dict], iters: int) -> float:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import sys
@@ -43,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(REPO), str(HERE)]
 
-from bandwidth import RunFailed, python_env, tails  # noqa: E402
+from bandwidth import RunFailed, python_env, stop_all, wait_for_workers  # noqa: E402
 from gradpress.testing import netns  # noqa: E402
 from results import emit as emit_result  # noqa: E402
 
@@ -155,24 +154,10 @@ def run_once(cluster, system: str, a: argparse.Namespace, port: int, tmp: Path, 
                 argv = worker + [str(tmp / f"{system}_w{i}.json"), str(i), cluster.addr("w0"), str(port)]
                 procs[f"w{i}"] = (cluster.popen(f"w{i}", argv, python_env(GLOO_SOCKET_IFNAME="eth0"),
                                                 tmp / f"{system}_w{i}.log", cwd=str(REPO)), tmp / f"{system}_w{i}.log")
-        workers = [n for n in procs if n.startswith("w")]
-        end = time.monotonic() + deadline_s
-        while not all(procs[n][0].poll() == 0 for n in workers):
-            failed = [n for n, (p, _) in procs.items() if p.poll() not in (None, 0)]
-            if failed:
-                raise RunFailed(f"{system}: {failed} exited with an error\n" + tails(procs))
-            if time.monotonic() > end:
-                raise RunFailed(f"{system}: workers not done within {deadline_s:.0f} s\n" + tails(procs))
-            time.sleep(0.2)
+        wait_for_workers(procs, system, deadline_s)
         return [json.loads((tmp / f"{system}_w{i}.json").read_text()) for i in range(NUM_WORKERS)]
     finally:
-        for p, _ in procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, 9)
-                except ProcessLookupError:
-                    pass
-                p.wait()
+        stop_all(procs)
 
 
 def main() -> int:
