@@ -177,8 +177,8 @@ class Relay:
         mine = op.chunk
         if is_device_array(mine):
             from ..kernels.cuda import device
-            if owned.host is None:
-                owned.host = np.empty(wk.count, dtype)
+            if owned.host is None:  # pinned, as the stages' own staging buffers: the copy is DMA
+                owned.host = device.pinned_host(wk.count, dtype)
             device.copy_to_host_into(mine, owned.host)
             mine = owned.host
         if owned.acc is None:
