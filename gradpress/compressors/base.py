@@ -178,14 +178,15 @@ class Compressor(ABC):
             single = device.itemsize(out) == 4  # else divided in out's own dtype, after the copy
             if single and isinstance(header, dict) and "raw" not in header:
                 self._check_header(header, device.length(out))
-                with device.on_device_of(out):
+                with device.working_on(out):
                     if self._decode_device(header, buffers, device.as_device(out), key, round, divisor):
                         return
             host = device.host_scratch(device.length(out))  # pinned and reused: the copy is DMA
             self._decode_checked(header, buffers, host, False, key, round, divisor if single else 1)
-            device.copy_from_host(host, out)
-            if not single and divisor != 1:
-                out /= divisor  # a CUDA tensor, as the worker's output is
+            with device.working_on(out):
+                device.copy_from_host(host, out)
+                if not single and divisor != 1:
+                    out /= divisor  # a CUDA tensor, as the worker's output is
             return
         check_vector(out, "decompress output")
         if out.dtype == np.float32:

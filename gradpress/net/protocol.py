@@ -73,17 +73,21 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     # chunk (same host only; net/shm.py)
     # sparse: a row-sparse tensor's layout {rows, width, seed, servers} (row_placement.RowLayout)
     # pushers: how many pushes complete a round (one per machine under local reduction; absent: every worker)
+    # dma: a GPU worker that will register the result slots with the CUDA driver (pages never punched)
     Op.INIT_KEY: ({"key": _INT, "name": _STR, "count": _INT, "dtype": _STR},
-                  {"compression_params": (dict,), "shm": (list,), "sparse": (dict,), "pushers": _INT}),
+                  {"compression_params": (dict,), "shm": (list,), "sparse": (dict,), "pushers": _INT,
+                   "dma": (bool,)}),
     # shm: the data is in the region named at INIT_KEY, not in a frame;
     # sparse: `count` rows travel as two frames, indices and values (server/sparse.py checks them)
     Op.PUSH: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
               {"codec": _STR, "meta": (dict,), "lr": _NUM, "shm": (bool,), "sparse": (bool,)}),
     Op.PULL: ({"key": _INT, "round": _INT}, {}),
-    # shm/slot: the aggregate is in slot `slot` of the server's region `shm` ([pid, fd, inode, offset])
+    # shm/slot: the aggregate is in slot `slot` of the server's region `shm` ([pid, fd, inode, offset]);
+    # dma: that region's chunk never has pages punched (a reader may register it for DMA)
     # sparse: "rows" (indices, values) or "bitmap" (over the `known` rows published before, new indices, values)
     Op.PULL_REPLY: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
-                    {"codec": _STR, "meta": (dict,), "shm": (list,), "slot": _INT, "sparse": _STR, "known": _INT}),
+                    {"codec": _STR, "meta": (dict,), "shm": (list,), "slot": _INT, "dma": (bool,), "sparse": _STR,
+                     "known": _INT}),
     # what the error concerns: a key (and round), a tensor's `name`, or barrier `seq` of `group`
     Op.ERROR: ({"message": _STR}, {"key": _INT, "round": _INT, "name": _STR, "group": _STR, "seq": _INT}),
     Op.PUSH_ACK: ({"key": _INT, "round": _INT}, {}),

@@ -135,10 +135,15 @@ class Arena:
     ``pin``, when given, registers each new chunk for DMA (a GPU worker's copies go straight
     from the device into it). A registered chunk's pages are never punched: the driver holds
     the pages it pinned, and a punched hole would give the file new ones the copies never reach.
+    ``punch=False`` keeps every page for the same reason where peers may register our chunks.
     """
 
-    def __init__(self, tag: str, chunk_bytes: int = CHUNK_BYTES, pin: Callable[[Chunk], Any] | None = None):
+    def __init__(self, tag: str, chunk_bytes: int = CHUNK_BYTES, pin: Callable[[Chunk], Any] | None = None,
+                 punch: bool = True):
         self.tag, self.chunk_bytes, self.pin = tag, chunk_bytes, pin
+        # False: released pages stay (a peer may have registered our chunk for DMA, and a
+        # punched hole would give the file pages its copies never reach); regions are still reused
+        self.punch = punch
         self.chunks: list[Chunk] = []
         self._used = 0
         self._free: dict[int, list[Region]] = {}  # aligned size -> released regions of that size
@@ -164,7 +169,7 @@ class Arena:
         # only the pages wholly inside it: its neighbours may share the first and last
         first = -(-region.offset // mmap.PAGESIZE) * mmap.PAGESIZE
         end = (region.offset + size) // mmap.PAGESIZE * mmap.PAGESIZE
-        if end > first and region.chunk.pinned is None:
+        if end > first and region.chunk.pinned is None and self.punch:
             try:
                 region.chunk.map.madvise(mmap.MADV_REMOVE, first, end - first)
             except OSError:  # a kernel that cannot punch it: the pages stay, the region is still reused

@@ -82,6 +82,9 @@ class Engine(threading.Thread):
         self.push_views: dict[tuple[bytes, int], np.ndarray] = {}  # co-located workers' pushes
         self.peer_chunks = PeerChunks()    # co-located workers' push areas, mapped
         self.results = Arena("s")           # result slots of keys with co-located workers
+        # the same for keys whose co-located workers are GPU workers: they register the slots
+        # with the CUDA driver (DMA to the device), so released pages are never punched
+        self.dma_results = Arena("s", punch=False)
 
     def run(self) -> None:
         out = self._ctx.socket(zmq.PUSH)
@@ -120,6 +123,7 @@ class Engine(threading.Thread):
     def close(self) -> None:
         """Give back the shared-memory result slots (the engine serves no more)."""
         self.results.close()
+        self.dma_results.close()
 
     def _report(self, message: str) -> None:
         """Tell the I/O thread (not a worker) that this engine can serve no more."""
@@ -224,7 +228,7 @@ class Engine(threading.Thread):
         result slots (every worker has pulled its last round: they go back to the arena)."""
         state = self.keys.pop(key, None)
         if isinstance(getattr(state, "sink", None), SharedSlots):
-            self.results.free(state.sink.region)
+            (self.dma_results if state.sink.dma else self.results).free(state.sink.region)
         for view in [v for v in self.push_views if v[1] == key]:
             del self.push_views[view]
 
@@ -242,7 +246,9 @@ class Engine(threading.Thread):
             raise PushError(f"{state.describe()}: refused the worker's shared memory: {e}") from None
         self.push_views[(identity, h["key"])] = region.array(state.dtype, state.count)
         if not isinstance(state.sink, SharedSlots):
-            state.share_results(SharedSlots(h["key"], state.count, state.dtype, self.results.alloc(2 * nbytes)))
+            dma = h.get("dma") is True
+            arena = self.dma_results if dma else self.results
+            state.share_results(SharedSlots(h["key"], state.count, state.dtype, arena.alloc(2 * nbytes), dma))
         state.sink.readers.add(identity)
 
     def _shared_push(self, identity: bytes, h: dict, state: KeyState) -> np.ndarray:

@@ -115,8 +115,9 @@ class SharedSlots(ResultSink):
     slot's bytes in a frame.
     """
 
-    def __init__(self, key: int, count: int, dtype: str, region: Region):
+    def __init__(self, key: int, count: int, dtype: str, region: Region, dma: bool = False):
         super().__init__(key, count, dtype)
+        self.dma = dma  # in a chunk whose pages are never punched: readers may register it for DMA
         nbytes = count * np.dtype(dtype).itemsize
         if region.nbytes < 2 * nbytes:
             raise ValueError(f"key {key}: a shared region of {region.nbytes} bytes; two slots need {2 * nbytes}")
@@ -141,5 +142,8 @@ class SharedSlots(ResultSink):
 
     def reply(self, to: bytes, rnd: int) -> Reply:
         if to in self.readers:
-            return Reply(to, Op.PULL_REPLY, dict(self._fields(rnd), shm=self._ref, slot=self._slot), [])
+            fields = dict(self._fields(rnd), shm=self._ref, slot=self._slot)
+            if self.dma:
+                fields["dma"] = True
+            return Reply(to, Op.PULL_REPLY, fields, [])
         return Reply(to, Op.PULL_REPLY, self._fields(rnd), [self.slots[self._slot]])

@@ -242,11 +242,11 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
     if on_gpu:  # CUDA kernels compress, or the DMA copies read, straight from device memory
         src = tensor.detach().reshape(-1)
         out = src if output is tensor else output.detach().reshape(-1)
-        staging.after_producer(tensor)
-        future = client.push_pull_async(name, src, out, divisor, priority, spec, lr)
+        future = client.push_pull_async(name, src, out, divisor, priority, spec, lr,
+                                        ready=staging.produced(tensor, src, out))
 
         def finish() -> None:
-            staging.before_consumer(output)
+            staging.before_consumer(output, future.device_event)
     elif direct:  # numpy's reshape of a contiguous array is a view, without torch's dispatch
         src = tensor.detach().numpy().reshape(-1)
         out = src if output is tensor else output.detach().numpy().reshape(-1)

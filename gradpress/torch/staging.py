@@ -8,9 +8,11 @@ it reads the buffer, so the training thread never blocks on the copy. (A fresh p
 ``tensor.to("cpu")`` every call cost 117.6 ms for 134 MB on an H200; a reused pinned
 buffer 2.5 ms.) The average comes back with an asynchronous copy on the consumer's stream.
 
-CUDA tensors that the worker's kernels compress in place run on the legacy default stream
-(numba's launches, and torch's on the communication thread): ``after_producer`` makes it
-wait for the gradient's producer, ``before_consumer`` makes the consumer's stream wait for it.
+CUDA tensors that the worker's kernels compress, or copy by DMA, in place are worked on by
+gradpress's own non-blocking stream on their device (numba's launches and copies, and torch's
+ops on the communication thread; kernels/cuda/device.py): ``produced`` records the event it
+waits for before it reads the gradient, ``before_consumer`` makes the consumer's stream wait
+for the event recorded after the output's last copy or kernel.
 """
 from __future__ import annotations
 
@@ -51,19 +53,26 @@ class HostStaging:
             self._busy.discard(name)
 
 
-def after_producer(tensor: torch.Tensor) -> None:
-    """Work queued on the legacy default stream from now on waits for what torch's current
-    stream has queued so far (the gradient's producer): an event, no host wait."""
+def produced(tensor: torch.Tensor, *used: torch.Tensor) -> torch.cuda.Event:
+    """An event recorded on torch's current stream when ``tensor`` is handed over: the
+    worker's own stream waits for it on the device before it reads the gradient (the
+    training thread never waits). ``used`` (views of the tensor and the output) are marked
+    as in use by that stream, so torch's allocator does not hand their memory out again
+    while the worker's copies and kernels may still touch it."""
+    from ..kernels.cuda import device
     current = torch.cuda.current_stream(tensor.device)
-    default = torch.cuda.default_stream(tensor.device)
-    if current != default:
-        default.wait_stream(current)
+    event = torch.cuda.Event()
+    event.record(current)
+    mine = device.torch_stream(tensor)
+    if mine is not None:
+        for t in used:
+            t.record_stream(mine)
+    return event
 
 
-def before_consumer(tensor: torch.Tensor) -> None:
-    """The consumer's stream waits for what the communication thread queued on the legacy
-    default stream (its copies and kernels into ``tensor``)."""
-    current = torch.cuda.current_stream(tensor.device)
-    default = torch.cuda.default_stream(tensor.device)
-    if current != default:
-        current.wait_stream(default)
+def before_consumer(tensor: torch.Tensor, done: torch.cuda.Event | None) -> None:
+    """The consumer's stream (torch's current one, at ``synchronize``) waits on the device
+    for ``done``: the event the worker recorded after its last copy or kernel into
+    ``tensor``. No host wait, and nothing else queued on the worker's stream is waited for."""
+    if done is not None:
+        torch.cuda.current_stream(tensor.device).wait_event(done)

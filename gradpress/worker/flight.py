@@ -15,6 +15,7 @@ import numpy as np
 import zmq
 
 from .. import logs
+from ..compressors.arrays import is_device_array
 from ..config import Settings
 from ..errors import JobError, OpTimeoutError
 from ..net import transport
@@ -71,6 +72,7 @@ class PartitionFlight:
         wk = op.wkey
         self.stages.introduce(wk, op.job.src)
         op.round = wk.next_round
+        self.stages.await_source(op.job)
         if wk.pushers and self.relay is not None:  # ours to sum for the machine: the peers' pushes first
             wk.next_round += 1
             wk.in_flight = op
@@ -119,6 +121,9 @@ class PartitionFlight:
             return
         job.remaining -= 1
         if job.remaining == 0:
+            if is_device_array(job.out):  # the consumer's stream waits for this, not the host
+                from ..kernels.cuda import device
+                job.future.device_event = device.finished(job.out)
             job.future.set(job.out)
 
     def _leave_flight(self, op: PartitionOp) -> None:

@@ -13,6 +13,9 @@ class Future:
         self._event = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
+        # a push_pull into a CUDA tensor: the torch event after its last copy or kernel on
+        # gradpress's stream, which the consumer's stream waits for (None: nothing to wait for)
+        self.device_event: Any = None
 
     def set(self, value: Any = None) -> None:
         if not self._event.is_set():

@@ -30,6 +30,7 @@ from ..net import shm, transport
 from ..net.protocol import Op
 from .jobs import PartitionOp
 from .local import LocalGroup
+from .stages import PartitionStages
 
 log = logging.getLogger(__name__)
 _FORWARDED = ("v", "op", "from")   # header fields a forwarded reply gets afresh
@@ -171,15 +172,14 @@ class Relay:
     def _sum(self, owned: _Owned, op: PartitionOp, pushes: dict[int, Any]) -> np.ndarray:
         """The machine's sum of ``op``'s round, local rank 0 first, as a server sums pushes."""
         wk, dtype = op.wkey, np.dtype(op.wkey.tensor.dtype)
-        if op.job.ready is not None:  # a CUDA copy fills src: wait for it before reading
-            op.job.ready.synchronize()
-            op.job.ready = None
+        PartitionStages.await_source(op.job)  # what fills src comes before this read
         mine = op.chunk
         if is_device_array(mine):
             from ..kernels.cuda import device
             if owned.host is None:  # pinned, as the stages' own staging buffers: the copy is DMA
                 owned.host = device.pinned_host(wk.count, dtype)
-            device.copy_to_host_into(mine, owned.host)
+            with device.working_on(mine):
+                device.copy_to_host_into(mine, owned.host)
             mine = owned.host
         if owned.acc is None:
             owned.acc = np.empty(wk.count, np.float64 if dtype == np.float64 else np.float32)

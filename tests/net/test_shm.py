@@ -188,3 +188,29 @@ def test_a_released_keys_result_slots_are_freed_and_reused_by_the_next_key():
     finally:
         arena.close()
         engine.results.close()
+
+
+def test_a_gpu_workers_result_slots_say_dma_and_keep_their_pages_when_released():
+    """A GPU worker registers the slots it reads with the CUDA driver: the server must never
+    punch them (the driver keeps the old pages; the file would get new ones)."""
+    engine = Engine(0, None, "", "", "server 0", num_workers=1, async_mode=False, tracer=Tracer(""))
+    arena = Arena("w")
+    try:
+        count = 3000
+        push = arena.alloc(4 * count)
+        assert engine._handle(b"A", _header(Op.INIT_KEY, "worker 0", key=1, name="t1", count=count,
+                                            dtype="float32", shm=push.ref, dma=True), []) == []
+        push.array("float32", count)[:] = 4
+        engine._handle(b"A", _header(Op.PUSH, "worker 0", key=1, round=0, dtype="float32", count=count, shm=True), [])
+        [reply] = engine._handle(b"A", _header(Op.PULL, "worker 0", key=1, round=0), [])
+        assert reply.fields["dma"] is True
+        slots = engine.keys[1].sink.region
+        assert slots.chunk in engine.dma_results.chunks and not engine.results.chunks
+        resident = _resident_bytes(slots.chunk)
+        engine._handle(b"A", _header(Op.RELEASE, "worker 0", key=1), [])
+        assert _resident_bytes(slots.chunk) == resident, "a slot a GPU worker may have registered lost its pages"
+        assert np.all(slots.array("float32", count) == 4)
+    finally:
+        arena.close()
+        engine.results.close()
+        engine.dma_results.close()

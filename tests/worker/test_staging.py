@@ -27,9 +27,9 @@ def test_the_source_is_read_only_after_its_ready_event():
         def compress(self, chunk, key, round, lr):
             log.append(("compress", chunk.copy()))
             return {}, []
-    job = SimpleNamespace(ready=RecordingEvent(log), tensor=SimpleNamespace(layout=None, compressor=Codec()),
+    job = SimpleNamespace(ready=RecordingEvent(log), src=src, tensor=SimpleNamespace(layout=None, compressor=Codec()),
                           lr=None)
-    stages = SimpleNamespace(tracer=SimpleNamespace(add=lambda *a, **k: None))
+    stages = SimpleNamespace(tracer=SimpleNamespace(add=lambda *a, **k: None), await_source=PartitionStages.await_source)
     for index in (0, 1):  # two partitions of one job: one wait
         op = SimpleNamespace(job=job, chunk=src[4 * index:4 * index + 4], wkey=SimpleNamespace(key=index, via=None),
                              round=0)
@@ -41,4 +41,4 @@ def test_the_source_is_read_only_after_its_ready_event():
 def test_without_a_ready_event_nothing_is_waited_for():
     job = SimpleNamespace(ready=None, tensor=SimpleNamespace(layout=None, compressor=None), lr=None)
     op = SimpleNamespace(job=job, chunk=np.zeros(4, np.float32), wkey=SimpleNamespace(key=0), round=0)
-    assert PartitionStages.compress(SimpleNamespace(), op) is None
+    assert PartitionStages.compress(SimpleNamespace(await_source=PartitionStages.await_source), op) is None

@@ -5,7 +5,7 @@ payload is checked on the host first, as the host decoders check it."""
 import numpy as np
 from numba import cuda
 
-from gradpress.kernels.cuda.device import THREADS, blocks
+from gradpress.kernels.cuda.device import THREADS, blocks, stream
 
 
 @cuda.jit
@@ -24,10 +24,12 @@ def _scatter(indices, values, out):
 
 def scatter(indices: np.ndarray, values: np.ndarray, out) -> None:
     """``out = 0; out[indices] = values`` (indices checked: increasing, below n)."""
-    _zero[blocks(out.shape[0]), THREADS](out)
+    s = stream()
+    _zero[blocks(out.shape[0]), THREADS, s](out)
     if indices.shape[0]:
-        _scatter[blocks(indices.shape[0]), THREADS](cuda.to_device(np.ascontiguousarray(indices)),
-                                                    cuda.to_device(np.ascontiguousarray(values, np.float32)), out)
+        _scatter[blocks(indices.shape[0]), THREADS, s](cuda.to_device(np.ascontiguousarray(indices), stream=s),
+                                                       cuda.to_device(np.ascontiguousarray(values, np.float32), stream=s),
+                                                       out)
 
 
 @cuda.jit
@@ -42,5 +44,7 @@ def _lookup(codes, table, width, out):
 def lookup(codes: np.ndarray, table: np.ndarray, width: int, out) -> None:
     """``out[i] = table[code i]`` for ``width``-bit codes packed least significant first
     (kernels/bitlayout.py), the codes checked against the table's levels beforehand."""
-    _lookup[blocks(out.shape[0]), THREADS](cuda.to_device(np.ascontiguousarray(codes)),
-                                           cuda.to_device(np.ascontiguousarray(table, np.float32)), width, out)
+    s = stream()
+    _lookup[blocks(out.shape[0]), THREADS, s](cuda.to_device(np.ascontiguousarray(codes), stream=s),
+                                              cuda.to_device(np.ascontiguousarray(table, np.float32), stream=s),
+                                              width, out)

@@ -137,7 +137,9 @@ def copy_from_host(host: np.ndarray, out: Any) -> None:
         out.copy_(torch.from_numpy(host))
         return
     target = as_device(out)
-    target.copy_to_device(host.astype(target.dtype, copy=False))
+    s = stream()
+    target.copy_to_device(host.astype(target.dtype, copy=False), stream=s)
+    s.synchronize()  # ``host`` may be a reused pinned scratch: the copy must be over first
 
 
 def copy_to_host_into(x: Any, host: np.ndarray) -> None:
@@ -147,7 +149,9 @@ def copy_to_host_into(x: Any, host: np.ndarray) -> None:
         import torch
         torch.from_numpy(host).copy_(x.detach())
         return
-    as_device(x).copy_to_host(host)
+    s = stream()
+    as_device(x).copy_to_host(host, stream=s)
+    s.synchronize()
 
 
 def land_divided(host: np.ndarray, out: Any, divisor: int) -> None:
@@ -164,9 +168,11 @@ def land_divided(host: np.ndarray, out: Any, divisor: int) -> None:
                 out.div_(_divisor_tensor(divisor, out.device))
         return
     target = as_device(out)
-    target.copy_to_device(np.ascontiguousarray(host, target.dtype))
+    s = stream()
+    target.copy_to_device(np.ascontiguousarray(host, target.dtype), stream=s)
     if divisor != 1:
-        _divide[blocks(target.shape[0]), THREADS](target, np.float64(divisor))
+        _divide[blocks(target.shape[0]), THREADS, s](target, np.float64(divisor))
+    s.synchronize()  # ``host`` (a pulled frame or result slot) is reused once this returns
 
 
 _DIVISORS: dict = {}
