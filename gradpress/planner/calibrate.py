@@ -42,9 +42,10 @@ COLD_BYTES = 96 << 20   # the keys a size cycles through hold this much: past a 
 MATRICES = ((128, 512), (512, 512), (512, 2048))   # low-rank options: 256 KB, 1 MB, 4 MB
 
 
-def cache_path(name: str, params: dict[str, Any]) -> Path:
+def cache_path(name: str, params: dict[str, Any], card: str = "") -> Path:
     root = Path(os.environ.get("GRADPRESS_CACHE_DIR") or Path.home() / ".cache" / "gradpress")
-    digest = hashlib.sha256(json.dumps([name, params, kernels_digest()], sort_keys=True).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps([name, params, kernels_digest(), card],
+                                       sort_keys=True).encode()).hexdigest()[:16]
     return root / f"codec-{socket.gethostname()}-{__version__}-{digest}.json"
 
 
@@ -62,17 +63,23 @@ def kernels_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def codec_costs(options: dict[str, dict[str, Any]]) -> dict[str, CodecCost]:
-    """Costs of every option (and of the raw path ``none``), from the cache or measured now."""
+def codec_costs(options: dict[str, dict[str, Any]], device: Any = None) -> dict[str, CodecCost]:
+    """Costs of every option (and of the raw path ``none``), from the cache or measured now:
+    on the host, or where ``device`` is a CUDA ``torch.device`` as a GPU worker runs them."""
     out = {}
+    card = ""
+    if device is not None:
+        import torch
+        card = torch.cuda.get_device_name(device)
     for name, params in {**options, "none": {"compressor": "none"}}.items():
-        path = cache_path(name, params)
+        path = cache_path(name, params, card)
         try:
             out[name] = CodecCost.from_dict(json.loads(path.read_text()))
             continue
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        out[name] = measure(params)
+        out[name] = measure(params) if device is None or params.get("compressor") in LOW_RANK \
+            else measure_on_device(params, device)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(asdict(out[name])))
@@ -149,6 +156,54 @@ def measure_low_rank(params: LowRankParams) -> CodecCost:
     raw = measure({"compressor": "none"})
     return CodecCost(fit_linear(comp), fit_linear(decomp), raw.add, 0.0, params.rank,
                      2 if params.method == "powersgd" else 1, params.min_compression_rate)
+
+
+def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
+    """``measure`` for a GPU worker: its compress (error feedback, encode on the device, the
+    payload's copy to the host) and decompress (the payload's copy to the device, decoding
+    there) on CUDA tensors, each call finished on the device before the clock stops. The
+    raw path's compress is the DMA copy of the partition into pinned host memory and its
+    decompress the copy back with the divide on the device, as ``worker/stages.py`` does
+    them. The servers' side is the host's (``measure``)."""
+    import torch
+
+    from ..kernels.cuda import device as gpu
+    raw = params.get("compressor", "none") == "none"
+    host_side = measure(params)
+    gen = torch.Generator(device=device).manual_seed(0)
+    comp, decomp = [], []
+    for n in SIZES:
+        nbytes = 4 * n
+        keys = max(REPEATS + 2, -(-COLD_BYTES // (3 * nbytes)))  # past the card's L2 cache too
+        base = torch.randn(n, device=device, generator=gen)
+        xs = [base * (1 + 1e-3 * j) for j in range(keys)]
+        outs = [torch.zeros_like(base) for _ in range(keys)]
+        turn = _Turns(keys)
+
+        def finished(fn):
+            def call():
+                with gpu.working_on(base):
+                    fn()
+                torch.cuda.synchronize(device)
+            return call
+        if raw:
+            hosts = [gpu.pinned_host(n, np.float32) for _ in range(2)]
+            comp.append((nbytes, _median_s(finished(lambda: gpu.copy_to_host_into(xs[turn()], hosts[turn.now % 2])))))
+            decomp.append((nbytes, _median_s(finished(lambda: gpu.land_divided(hosts[turn() % 2], outs[turn.now], 2)))))
+            continue
+        worker = build_compressor(params, "worker")
+        for rnd in (0, 1):
+            for j in range(keys):
+                finished(lambda: worker.compress(xs[j], key=j, round=rnd, lr=0.1))()
+        comp.append((nbytes, _median_s(finished(lambda: worker.compress(xs[turn()], key=turn.now,
+                                                                        round=2 + turn.calls, lr=0.1)))))
+        header, buffers = worker.compress(base, key=keys, round=0, lr=0.1)
+        frames = [bytes(memoryview(np.ascontiguousarray(b)).cast("B")) for b in buffers]
+        decomp.append((nbytes, _median_s(finished(lambda: worker.decompress(header, frames, outs[turn()],
+                                                                            key=keys, round=0, divisor=2)))))
+    return CodecCost(fit_linear(comp), fit_linear(decomp), host_side.add, host_side.payload_ratio,
+                     server_compress=host_side.server_compress if host_side.server_compress is not None
+                     else (None if raw else host_side.compress))
 
 
 class _Turns:

@@ -147,6 +147,10 @@ class Profile:
     notes: dict = field(default_factory=dict)
     host: HostShare | None = None        # None: no CPU is shared (or it was not measured)
     local_size: int = 1                  # workers of a machine that sum each partition first (1: none)
+    # where the workers' gradients live: "cuda" moves each partition between the device and
+    # the host (the raw path's compress and decompress are then the copies, codecs run on the
+    # device, and a fused group is gathered on the device, at no cost that counts)
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         check(self.workers >= 1 and self.servers >= 1, "workers and servers must be at least 1")
@@ -156,6 +160,7 @@ class Profile:
               "partition_bytes, credit and engine_threads must be positive")
         check(self.link.bytes_per_s > 0 and self.link.alpha_s >= 0, f"link {self.link}: needs a positive rate")
         check(self.message_s >= 0, f"message_s {self.message_s}: must be >= 0")
+        check(self.device in ("cpu", "cuda"), f"device {self.device!r}: must be 'cpu' or 'cuda'")
         check(self.local_size >= 1 and self.workers % self.local_size == 0,
               f"local_size {self.local_size}: must be at least 1 and divide the {self.workers} workers")
         for t in self.tensors:
@@ -191,7 +196,7 @@ class Profile:
         return Profile(workers, servers, self.tensors, self.backward_end_s,
                        self.step_s, self.codecs, link, self.message_s, self.partition_bytes, self.credit,
                        self.engine_threads, self.version, dict(self.notes), host,
-                       self.local_size if workers % self.local_size == 0 else 1)
+                       self.local_size if workers % self.local_size == 0 else 1, self.device)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -216,7 +221,7 @@ class Profile:
             return cls(int(d["workers"]), int(d["servers"]), tensors, float(d["backward_end_s"]),
                        float(d["step_s"]), codecs, Link(**d["link"]), float(d["message_s"]), int(d["partition_bytes"]),
                        int(d["credit"]), int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})), host,
-                       int(d.get("local_size", 1)))
+                       int(d.get("local_size", 1)), str(d.get("device", "cpu")))
         except ProfileError:
             raise
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:

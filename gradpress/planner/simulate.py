@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kernels.cpu.timeline import finish_iteration, place_partitions, simulate_iteration
-from .profile import Profile
+from .profile import LinearCost, Profile
 
 Group = tuple[int, ...]  # indices into Profile.tensors, consecutive in ready order
 
@@ -57,7 +57,10 @@ class Layout:
     def __post_init__(self) -> None:
         prof, opts = self.profile, self.options
         sizes, ready, prio, group_of = [], [], [], []
-        copy = prof.codecs["none"].decompress  # one memory pass over the bytes
+        none = prof.codecs["none"]
+        # a fused group's gather: one memory pass on the host; on a GPU a device copy, noise
+        # beside the partitions' trips over the bus
+        copy = none.decompress if prof.device == "cpu" else LinearCost(0.0, 0.0)
         self.group_bytes = []
         for g, members in enumerate(self.groups):
             # a group is ready with its last member (a re-based timeline keeps the decision's
@@ -83,11 +86,14 @@ class Layout:
         self.tables = np.empty((4, len(opts), len(sizes)))
         raw_add, L = prof.codecs["none"].add, prof.local_size
         local_s = (L - 1) * (raw_add.fixed_s + raw_add.per_byte_s * b)   # an owner's sum of its peers' parts
-        handover_s = copy.fixed_s + copy.per_byte_s * b                   # a peer's copy into its segment
+        # a peer's copy into its segment (from the device: the raw path's device-to-host copy)
+        handover = none.decompress if prof.device == "cpu" else none.compress
+        handover_s = handover.fixed_s + handover.per_byte_s * b
         for o, name in enumerate(opts):
             c = prof.codecs[name]
             raw = name == "none"
-            compress = 0.0 if raw else c.compress.fixed_s + c.compress.per_byte_s * b
+            # the raw path's compress: nothing on a host; the copy off the device on a GPU
+            compress = 0.0 if raw and prof.device == "cpu" else c.compress.fixed_s + c.compress.per_byte_s * b
             self.tables[0, o] = b if raw else np.maximum(c.payload_ratio * b, 1.0)
             self.tables[1, o] = compress if L == 1 else (compress + local_s + (L - 1) * handover_s) / L
             self.tables[2, o] = c.decompress.fixed_s + c.decompress.per_byte_s * b

@@ -58,9 +58,11 @@ with torch.cuda.stream(s):
     for _ in range(20):  # keeps the side stream busy: stale memory would be zeros
         a = torch.tanh(a @ a)
     g.copy_(torch.full((n,), 3.0, device="cuda") + a.sum() * 0)
+    raw = g.clone()  # uncompressed: the DMA path (device to shared memory, back, divided on the device)
     handle = bps.push_pull_async_inplace(g, average=True, name="g", compression_params={"compressor": "fp16"})
-    out = bps.synchronize(handle)
-    ok = bool((out == 3.0).all())
+    raw_handle = bps.push_pull_async_inplace(raw, average=True, name="raw")
+    out, raw_out = bps.synchronize(handle), bps.synchronize(raw_handle)
+    ok = bool((out == 3.0).all()) and bool((raw_out == 3.0).all())  # read on s: after the output's event
 torch.cuda.synchronize()
 assert ok, "the push_pull read the gradient before the side stream had written it"
 bps.shutdown()
@@ -131,3 +133,18 @@ def test_cuda_training_with_every_codec_in_every_float_dtype(tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="one GPU: no device other than 0")
 def test_a_worker_on_a_device_other_than_0(tmp_path):
     _train(tmp_path, {"onebit": CODECS["onebit"], "none": None}, ["float32"], {"GP_DEVICE": "cuda:1"})
+
+
+def test_the_planner_times_the_codecs_and_copies_on_the_gpu(tmp_path, monkeypatch):
+    from gradpress.planner import calibrate
+    monkeypatch.setenv("GRADPRESS_CACHE_DIR", str(tmp_path))
+    costs = calibrate.codec_costs({"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"}},
+                                  torch.device("cuda:0"))
+    raw, onebit = costs["none"], costs["onebit"]
+    # the raw path's compress is the copy off the device: it costs something, per byte
+    assert raw.compress.per_byte_s > 0 and raw.decompress.per_byte_s > 0
+    assert onebit.server_compress is not None  # the servers recompress on the host, not at the card's cost
+    assert 0 < onebit.payload_ratio < 0.05
+    # cached per card: a second call reads the same numbers back
+    assert calibrate.codec_costs({"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"}},
+                                 torch.device("cuda:0")) == costs

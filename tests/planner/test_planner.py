@@ -51,6 +51,22 @@ def test_two_tensors_overlap_with_backward():
     assert fused == pytest.approx(land + 1e-10 * b + 0.01, rel=1e-12)
 
 
+def test_a_gpu_workers_partition_crosses_the_bus_both_ways_and_a_group_gathers_on_the_device():
+    # on a GPU the raw path's compress is the copy off the device and its decompress the
+    # copy back with the divide; a fused group's gather costs nothing that counts
+    off, back = LinearCost(1e-5, 5e-11), LinearCost(2e-5, 1e-10)
+    b, rate, alpha = 2 * MB, 100e6, 1e-4
+    trip = b / rate + alpha + 2e-10 * b + b / rate + alpha  # up, the server's sum, down
+    prof = replace(profile([(MB, 0.05), (MB, 0.1)], codecs={"none": CodecCost(off, back, LinearCost(0.0, 2e-10), 1.0)}),
+                   device="cuda")
+    assert predict(prof, [(0, 1)], ["none"]) == pytest.approx(0.1 + off(b) + trip + back(b) + 0.01, rel=1e-12)
+    on_host = replace(prof, device="cpu")  # the same costs on a host: no compress, the gather a copy
+    assert predict(on_host, [(0, 1)], ["none"]) == pytest.approx(0.1 + back(b) + trip + back(b) + 0.01, rel=1e-12)
+    with pytest.raises(ProfileError, match="device 'tpu'"):
+        replace(prof, device="tpu")
+    assert Profile.from_json(prof.to_json()).device == "cuda"
+
+
 def test_a_server_that_is_the_bottleneck():
     # 4 workers on one server: its link carries 4 copies of every push and every reply
     b, rate, alpha = MB, 100e6, 0.0

@@ -22,7 +22,8 @@ def first_profile(clock: StepClock, params: list[torch.Tensor], names: dict[int,
     """The profile of ``params`` from the profiled steps, the probe's times and the codecs'
     costs on this host (saved to ``GRADPRESS_PLAN_FILE`` too). ``given``: every tensor the
     planner was given, whose raw bytes the sockets' CPU per byte is measured over."""
-    costs = calibrate.codec_costs(options)
+    on_gpu = bool(params) and params[0].is_cuda  # the codecs and copies are then timed on that GPU
+    costs = calibrate.codec_costs(options, params[0].device if on_gpu else None)
     message_s = fit_message(batches)
     link = fit_link(round_trips, comm.size(), costs["none"].add, message_s)
     s = comm.settings
@@ -32,7 +33,8 @@ def first_profile(clock: StepClock, params: list[torch.Tensor], names: dict[int,
                       statistics.median(t for _, t in clock.timeline), costs, link, message_s,
                       s.partition_bytes, s.scheduling_credit, server_lanes(comm),
                       notes={"profiled_steps": len(clock.timeline), "round_trips": round_trips, "batches": batches},
-                      host=host_share(clock, comm, moved), local_size=getattr(comm.client.book, "local_size", 1))
+                      host=host_share(clock, comm, moved), local_size=getattr(comm.client.book, "local_size", 1),
+                      device="cuda" if on_gpu else "cpu")
     if s.plan_file:
         with open(s.plan_file, "w") as fh:
             fh.write(profile.to_json())
