@@ -6,7 +6,8 @@ With CURVE each connection's frames are encrypted and decrypted on the I/O threa
 it, so one server's throughput is capped by the cores its I/O threads get. Here ``--workers``
 workers (one connection each to the server) push_pull a float32 tensor of ``--mb`` MB to one
 server over loopback TCP (no shared memory), with ``GRADPRESS_IO_THREADS`` set to each count
-in turn, for every process. The server's throughput is what it receives and sends per
+in turn for the server (each worker keeps ``--worker-threads``: 1, as its one connection
+uses one). The server's throughput is what it receives and sends per
 second: 2 x workers x tensor bytes over the median seconds of a push_pull (every worker
 waits for the slowest). Ratios are against the one-thread figure of the same run.
 
@@ -28,7 +29,9 @@ WORKER = """
 import json, os, sys, time, numpy as np
 from gradpress.config import Settings
 from gradpress.worker import WorkerClient
-n, reps, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+n, reps, out, mine = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+if mine != "same":  # the workers' own count (the server keeps the launcher's)
+    os.environ["GRADPRESS_IO_THREADS"] = mine
 c = WorkerClient(Settings.load(os.environ))
 c.start()
 x = np.ones(n, np.float32)
@@ -48,7 +51,7 @@ c.finish()
 """
 
 
-def job_seconds(threads: int, workers: int, n: int, reps: int) -> float:
+def job_seconds(threads: int, workers: int, n: int, reps: int, worker_threads: str) -> float:
     env = dict(os.environ, **child_env(), GRADPRESS_SHM="0", GRADPRESS_SECURITY="curve",
                GRADPRESS_IO_THREADS=str(threads), BYTEPS_PARTITION_BYTES=str(64 << 20))
     env.pop("GRADPRESS_INSECURE", None)
@@ -57,7 +60,8 @@ def job_seconds(threads: int, workers: int, n: int, reps: int) -> float:
         with open(script, "w") as fh:
             fh.write(WORKER)
         subprocess.run([sys.executable, "-m", "gradpress.launcher", "--local", "--workers", str(workers),
-                        "--servers", "1", "--", sys.executable, script, str(n), str(reps), out],
+                        "--servers", "1", "--", sys.executable, script, str(n), str(reps), out,
+                        worker_threads],
                        check=True, env=env, timeout=600)
         with open(out) as fh:
             return statistics.median(json.load(fh))
@@ -69,13 +73,17 @@ def main() -> None:
     p.add_argument("--mb", type=float, default=64.0, help="tensor size in MB (10^6 bytes)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", default="1,2,4,8", help="I/O thread counts, the first is the baseline")
+    p.add_argument("--worker-threads", default="1",
+                   help="each worker's I/O threads (one connection each: one is all it uses); 'same': the server's count, "
+                        "so the workers' idle threads compete for the same cores")
     args = p.parse_args()
     n = int(args.mb * 1e6) // 4
     counts = [int(t) for t in args.threads.split(",")]
-    result = {"workers": args.workers, "tensor_MB": args.mb, "cores": os.cpu_count()}
+    result = {"workers": args.workers, "tensor_MB": args.mb, "cores": os.cpu_count(),
+              "worker_io_threads": args.worker_threads}
     base = None
     for threads in counts:
-        seconds = job_seconds(threads, args.workers, n, args.reps)
+        seconds = job_seconds(threads, args.workers, n, args.reps, args.worker_threads)
         gbps = 2 * args.workers * 4 * n / seconds / 1e9
         base = base or gbps
         result[f"io{threads}_server_GBps"] = round(gbps, 3)

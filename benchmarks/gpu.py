@@ -14,6 +14,9 @@ this machine (``gradpress.launcher --local``) for every setting, against compute
 (both workers at once, no communication) and torch DDP over gloo (and NCCL with one GPU
 per process), with and without PowerSGD. Median seconds per iteration, each synchronised.
 
+launches: the compress stage of one step of that transformer's 102 gradients, each codec
+with error feedback, in ms (the launches, the per-call Python and the copies).
+
 The last line is ``RESULT {json}`` (``results.emit``: a record too, where asked).
 """
 from __future__ import annotations
@@ -92,6 +95,33 @@ def encoders(n: int, reps: int) -> dict:
         out[f"{name}_torch_GBps"] = nbytes / native / 1e9
         out[f"{name}_over_torch"] = native / seconds
         out[f"{name}_over_card_read"] = out[f"{name}_GBps"] / out["card_read_GBps"]
+    return out
+
+
+def launches(reps: int) -> dict:
+    """The compress stage of one step of the transformer (102 gradients), each codec with
+    error feedback: every gradient compressed in turn as the worker does it, payloads to the
+    host, the last one finished on the device. Milliseconds per step: the launches, numba's
+    and torch's per-call Python and the copies; the goal is 2 ms."""
+    import torch
+
+    from bandwidth_models import MODELS
+    from gradpress.compressors import build_compressor
+    spec = MODELS["tfm"]
+    model = spec.build().cuda()
+    x, y = (t.cuda() for t in spec.batch(torch.Generator().manual_seed(1)))
+    torch.nn.CrossEntropyLoss()(model(x), y).backward()
+    grads = [p.grad.detach().reshape(-1) for p in model.parameters()]
+    out = {"tfm_tensors": len(grads)}
+    for name, params in ENCODERS.items():
+        codec = build_compressor(params, "worker")
+        rounds = iter(range(10 ** 6))
+
+        def step():
+            r = next(rounds)
+            for key, g in enumerate(grads):
+                codec.compress(g, key=key, round=r)
+        out[f"{name}_compress_stage_ms"] = 1e3 * timed(step, reps)
     return out
 
 
@@ -232,7 +262,7 @@ def jobs(iters: int, timeout: float, only: list | None) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and iterations")
-    ap.add_argument("--parts", default="encoders,jobs")
+    ap.add_argument("--parts", default="encoders,launches,jobs")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--job-timeout", type=float, default=600, help="seconds one setting's job may take")
     ap.add_argument("--profile", default="", help="append worker 0's sampled stacks of each job to this file")
@@ -249,6 +279,11 @@ def main() -> int:
         result.update(encoders(64 << 20, 5 if args.quick else 20))
         for key, value in result.items():
             if key.endswith(("_GBps", "_over_torch", "_over_card_read")):
+                print(f"{key:>28}  {value:.3f}")
+    if "launches" in parts:
+        result.update(launches(5 if args.quick else 20))
+        for key, value in result.items():
+            if key.endswith("_compress_stage_ms"):
                 print(f"{key:>28}  {value:.3f}")
     if "jobs" in parts:
         only = [s for s in args.systems.split(",") if s]
