@@ -24,7 +24,7 @@ import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -63,14 +63,12 @@ def kernels_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def codec_costs(options: dict[str, dict[str, Any]], device: Any = None) -> dict[str, CodecCost]:
+def codec_costs(options: dict[str, dict[str, Any]], on_device: Callable[[dict], CodecCost] | None = None,
+                card: str = "") -> dict[str, CodecCost]:
     """Costs of every option (and of the raw path ``none``), from the cache or measured now:
-    on the host, or where ``device`` is a CUDA ``torch.device`` as a GPU worker runs them."""
+    on the host, or by ``on_device`` (a GPU worker's, ``pipeline/planning/gpu_costs.py``;
+    this package imports no torch) cached under the name of its ``card``."""
     out = {}
-    card = ""
-    if device is not None:
-        import torch
-        card = torch.cuda.get_device_name(device)
     for name, params in {**options, "none": {"compressor": "none"}}.items():
         path = cache_path(name, params, card)
         try:
@@ -78,8 +76,8 @@ def codec_costs(options: dict[str, dict[str, Any]], device: Any = None) -> dict[
             continue
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        out[name] = measure(params) if device is None or params.get("compressor") in LOW_RANK \
-            else measure_on_device(params, device)
+        out[name] = measure(params) if on_device is None or params.get("compressor") in LOW_RANK \
+            else on_device(params)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(asdict(out[name])))
@@ -101,28 +99,28 @@ def measure(params: dict[str, Any]) -> CodecCost:
         base = rng.standard_normal(n).astype(np.float32)
         xs = [base * np.float32(1 + 1e-3 * j) for j in range(keys)]
         outs, accs = [np.zeros_like(base) for _ in range(keys)], [np.zeros_like(base) for _ in range(keys)]
-        turn = _Turns(keys)
+        turn = Turns(keys)
         if raw:
-            decomp.append((nbytes, _median_s(lambda: np.divide(xs[turn()], 2.0, out=outs[turn.now]))))
-            add.append((nbytes, _median_s(lambda: server_sum.accumulate(accs[turn()], xs[turn.now], first=False))))
+            decomp.append((nbytes, median_s(lambda: np.divide(xs[turn()], 2.0, out=outs[turn.now]))))
+            add.append((nbytes, median_s(lambda: server_sum.accumulate(accs[turn()], xs[turn.now], first=False))))
             continue
         worker, server = build_compressor(params, "worker"), build_compressor(params, "server")
         for rnd in (0, 1):  # every key's residual (and spare) exists before the timing
             for j in range(keys):
                 worker.compress(xs[j], key=j, round=rnd, lr=0.1)
-        comp.append((nbytes, _median_s(lambda: worker.compress(xs[turn()], key=turn.now, round=2 + turn.calls,
+        comp.append((nbytes, median_s(lambda: worker.compress(xs[turn()], key=turn.now, round=2 + turn.calls,
                                                                lr=0.1))))
         header, buffers = worker.compress(base, key=keys, round=0, lr=0.1)
         frames = [bytes(memoryview(np.ascontiguousarray(b)).cast("B")) for b in buffers]
-        decomp.append((nbytes, _median_s(lambda: worker.decompress(header, frames, outs[turn()], key=keys, round=0))))
+        decomp.append((nbytes, median_s(lambda: worker.decompress(header, frames, outs[turn()], key=keys, round=0))))
         sums = ValuesSum.for_key(server, keys, n)
         if sums is None:
-            add.append((nbytes, _median_s(lambda: server.decompress_add(header, frames, accs[turn()], key=keys,
+            add.append((nbytes, median_s(lambda: server.decompress_add(header, frames, accs[turn()], key=keys,
                                                                         round=0))))
         else:  # the server sums k values per push and recompresses them (server/values_sum.py)
             sums.take(header, frames, first=True)
-            add.append((nbytes, _median_s(lambda: sums.take(header, frames, first=False))))
-            recompress.append((nbytes, _median_s(lambda: (sums.take(header, frames, first=True),
+            add.append((nbytes, median_s(lambda: sums.take(header, frames, first=False))))
+            recompress.append((nbytes, median_s(lambda: (sums.take(header, frames, first=True),
                                                            sums.compress(1, 0.1)))))
         ratio = sum(len(f) for f in frames) / nbytes
     zero = LinearCost(0.0, 0.0)
@@ -150,63 +148,15 @@ def measure_low_rank(params: LowRankParams) -> CodecCost:
         def q_step():
             lowrank.factor_cols(m, e, p, qt, params.method == "acpsgd")
             lowrank.subtract_product(m, e, p, qt, params.method == "acpsgd")
-        both = _median_s(p_step) + _median_s(q_step)
+        both = median_s(p_step) + median_s(q_step)
         comp.append((4 * rows * cols, both if params.method == "powersgd" else both / 2))
-        decomp.append((4 * rows * cols, _median_s(lambda: lowrank.reconstruct(p, qt, 0.5, out))))
+        decomp.append((4 * rows * cols, median_s(lambda: lowrank.reconstruct(p, qt, 0.5, out))))
     raw = measure({"compressor": "none"})
     return CodecCost(fit_linear(comp), fit_linear(decomp), raw.add, 0.0, params.rank,
                      2 if params.method == "powersgd" else 1, params.min_compression_rate)
 
 
-def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
-    """``measure`` for a GPU worker: its compress (error feedback, encode on the device, the
-    payload's copy to the host) and decompress (the payload's copy to the device, decoding
-    there) on CUDA tensors, each call finished on the device before the clock stops. The
-    raw path's compress is the DMA copy of the partition into pinned host memory and its
-    decompress the copy back with the divide on the device, as ``worker/stages.py`` does
-    them. The servers' side is the host's (``measure``)."""
-    import torch
-
-    from ..kernels.cuda import device as gpu
-    raw = params.get("compressor", "none") == "none"
-    host_side = measure(params)
-    gen = torch.Generator(device=device).manual_seed(0)
-    comp, decomp = [], []
-    for n in SIZES:
-        nbytes = 4 * n
-        keys = max(REPEATS + 2, -(-COLD_BYTES // (3 * nbytes)))  # past the card's L2 cache too
-        base = torch.randn(n, device=device, generator=gen)
-        xs = [base * (1 + 1e-3 * j) for j in range(keys)]
-        outs = [torch.zeros_like(base) for _ in range(keys)]
-        turn = _Turns(keys)
-
-        def finished(fn):
-            def call():
-                with gpu.working_on(base):
-                    fn()
-                torch.cuda.synchronize(device)
-            return call
-        if raw:
-            hosts = [gpu.pinned_host(n, np.float32) for _ in range(2)]
-            comp.append((nbytes, _median_s(finished(lambda: gpu.copy_to_host_into(xs[turn()], hosts[turn.now % 2])))))
-            decomp.append((nbytes, _median_s(finished(lambda: gpu.land_divided(hosts[turn() % 2], outs[turn.now], 2)))))
-            continue
-        worker = build_compressor(params, "worker")
-        for rnd in (0, 1):
-            for j in range(keys):
-                finished(lambda: worker.compress(xs[j], key=j, round=rnd, lr=0.1))()
-        comp.append((nbytes, _median_s(finished(lambda: worker.compress(xs[turn()], key=turn.now,
-                                                                        round=2 + turn.calls, lr=0.1)))))
-        header, buffers = worker.compress(base, key=keys, round=0, lr=0.1)
-        frames = [bytes(memoryview(np.ascontiguousarray(b)).cast("B")) for b in buffers]
-        decomp.append((nbytes, _median_s(finished(lambda: worker.decompress(header, frames, outs[turn()],
-                                                                            key=keys, round=0, divisor=2)))))
-    return CodecCost(fit_linear(comp), fit_linear(decomp), host_side.add, host_side.payload_ratio,
-                     server_compress=host_side.server_compress if host_side.server_compress is not None
-                     else (None if raw else host_side.compress))
-
-
-class _Turns:
+class Turns:
     """The next of ``count`` keys, in turn (``now``: the one just handed out)."""
 
     def __init__(self, count: int):
@@ -218,7 +168,7 @@ class _Turns:
         return self.now
 
 
-def _median_s(fn) -> float:
+def median_s(fn) -> float:
     fn()  # first call: compiled kernels load, buffers fault in
     times = []
     for _ in range(REPEATS):

@@ -136,15 +136,16 @@ def test_a_worker_on_a_device_other_than_0(tmp_path):
 
 
 def test_the_planner_times_the_codecs_and_copies_on_the_gpu(tmp_path, monkeypatch):
+    from gradpress.pipeline.planning.gpu_costs import measure_on_device
     from gradpress.planner import calibrate
     monkeypatch.setenv("GRADPRESS_CACHE_DIR", str(tmp_path))
-    costs = calibrate.codec_costs({"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"}},
-                                  torch.device("cuda:0"))
+    options = {"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"}}
+    dev = torch.device("cuda:0")
+    costs = calibrate.codec_costs(options, lambda p: measure_on_device(p, dev), torch.cuda.get_device_name(dev))
     raw, onebit = costs["none"], costs["onebit"]
     # the raw path's compress is the copy off the device: it costs something, per byte
     assert raw.compress.per_byte_s > 0 and raw.decompress.per_byte_s > 0
     assert onebit.server_compress is not None  # the servers recompress on the host, not at the card's cost
     assert 0 < onebit.payload_ratio < 0.05
-    # cached per card: a second call reads the same numbers back
-    assert calibrate.codec_costs({"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"}},
-                                 torch.device("cuda:0")) == costs
+    # cached per card: a second call reads the same numbers back without measuring
+    assert calibrate.codec_costs(options, lambda p: 1 / 0, torch.cuda.get_device_name(dev)) == costs

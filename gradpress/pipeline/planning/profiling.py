@@ -23,7 +23,12 @@ def first_profile(clock: StepClock, params: list[torch.Tensor], names: dict[int,
     costs on this host (saved to ``GRADPRESS_PLAN_FILE`` too). ``given``: every tensor the
     planner was given, whose raw bytes the sockets' CPU per byte is measured over."""
     on_gpu = bool(params) and params[0].is_cuda  # the codecs and copies are then timed on that GPU
-    costs = calibrate.codec_costs(options, params[0].device if on_gpu else None)
+    if on_gpu:
+        from .gpu_costs import measure_on_device
+        dev = params[0].device
+        costs = calibrate.codec_costs(options, lambda p: measure_on_device(p, dev), torch.cuda.get_device_name(dev))
+    else:
+        costs = calibrate.codec_costs(options)
     message_s = fit_message(batches)
     link = fit_link(round_trips, comm.size(), costs["none"].add, message_s)
     s = comm.settings

@@ -1,0 +1,58 @@
+"""A GPU worker's side of the planner's calibration (``planner/calibrate.py``, which
+imports no torch): the codecs and the raw path's copies timed on CUDA tensors."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...compressors import build_compressor
+from ...kernels.cuda import device as gpu
+from ...planner.calibrate import COLD_BYTES, REPEATS, SIZES, Turns, measure, median_s
+from ...planner.profile import CodecCost, fit_linear
+
+
+def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
+    """``measure`` for a GPU worker: its compress (error feedback, encode on the device, the
+    payload's copy to the host) and decompress (the payload's copy to the device, decoding
+    there) on CUDA tensors, each call finished on the device before the clock stops. The
+    raw path's compress is the DMA copy of the partition into pinned host memory and its
+    decompress the copy back with the divide on the device, as ``worker/stages.py`` does
+    them. The servers' side is the host's (``measure``)."""
+    raw = params.get("compressor", "none") == "none"
+    host_side = measure(params)
+    gen = torch.Generator(device=device).manual_seed(0)
+    comp, decomp = [], []
+    for n in SIZES:
+        nbytes = 4 * n
+        keys = max(REPEATS + 2, -(-COLD_BYTES // (3 * nbytes)))  # past the card's L2 cache too
+        base = torch.randn(n, device=device, generator=gen)
+        xs = [base * (1 + 1e-3 * j) for j in range(keys)]
+        outs = [torch.zeros_like(base) for _ in range(keys)]
+        turn = Turns(keys)
+
+        def finished(fn):
+            def call():
+                with gpu.working_on(base):
+                    fn()
+                torch.cuda.synchronize(device)
+            return call
+        if raw:
+            hosts = [gpu.pinned_host(n, np.float32) for _ in range(2)]
+            comp.append((nbytes, median_s(finished(lambda: gpu.copy_to_host_into(xs[turn()], hosts[turn.now % 2])))))
+            decomp.append((nbytes, median_s(finished(lambda: gpu.land_divided(hosts[turn() % 2], outs[turn.now], 2)))))
+            continue
+        worker = build_compressor(params, "worker")
+        for rnd in (0, 1):
+            for j in range(keys):
+                finished(lambda: worker.compress(xs[j], key=j, round=rnd, lr=0.1))()
+        comp.append((nbytes, median_s(finished(lambda: worker.compress(xs[turn()], key=turn.now,
+                                                                        round=2 + turn.calls, lr=0.1)))))
+        header, buffers = worker.compress(base, key=keys, round=0, lr=0.1)
+        frames = [bytes(memoryview(np.ascontiguousarray(b)).cast("B")) for b in buffers]
+        decomp.append((nbytes, median_s(finished(lambda: worker.decompress(header, frames, outs[turn()],
+                                                                            key=keys, round=0, divisor=2)))))
+    return CodecCost(fit_linear(comp), fit_linear(decomp), host_side.add, host_side.payload_ratio,
+                     server_compress=host_side.server_compress if host_side.server_compress is not None
+                     else (None if raw else host_side.compress))
