@@ -14,6 +14,9 @@ this machine (``gradpress.launcher --local``) for every setting, against compute
 (both workers at once, no communication) and torch DDP over gloo (and NCCL with one GPU
 per process), with and without PowerSGD. Median seconds per iteration, each synchronised.
 
+copies: a 64 MB partition's copies off and onto the device, for each kind of host memory the
+worker uses (pageable, pinned, its own registered shared memory, a peer's registered).
+
 launches: the compress stage of one step of that transformer's 102 gradients, each codec
 with error feedback, in ms (the launches, the per-call Python and the copies).
 
@@ -95,6 +98,37 @@ def encoders(n: int, reps: int) -> dict:
         out[f"{name}_torch_GBps"] = nbytes / native / 1e9
         out[f"{name}_over_torch"] = native / seconds
         out[f"{name}_over_card_read"] = out[f"{name}_GBps"] / out["card_read_GBps"]
+    return out
+
+
+def copies(n: int, reps: int) -> dict:
+    """The worker's copies of a partition between the device and host memory of each kind it
+    uses, in GB/s: pageable numpy, torch's pinned memory, a shared-memory chunk of its own
+    registered with the driver (its push segment) and a peer's chunk mapped and registered
+    (the server's result slots), unregistered too. ``*_registered`` says whether the
+    driver took the registration."""
+    import numpy as np
+    import torch
+
+    from gradpress.kernels.cuda import device
+    from gradpress.net import shm
+    x = torch.randn(n, device="cuda")
+    own = shm.Arena("bench", chunk_bytes=4 * n, pin=lambda chunk: device.pin_host(chunk.map, chunk.nbytes))
+    region = own.alloc(4 * n)
+    theirs = shm.Arena("bench", chunk_bytes=4 * n).alloc(4 * n)  # as a server's: mapped here, then registered
+    peer = shm.PeerChunks().region([os.getpid(), theirs.chunk.fd, theirs.chunk.inode, 0], 4 * n)
+    other = shm.Arena("bench", chunk_bytes=4 * n).alloc(4 * n)
+    unregistered = shm.PeerChunks().region([os.getpid(), other.chunk.fd, other.chunk.inode, 0], 4 * n)
+    peer_pin = device.pin_host(peer.chunk.map, peer.chunk.nbytes)
+    hosts = {"pageable": np.empty(n, np.float32), "torch_pinned": torch.empty(n, pin_memory=True).numpy(),
+             "own_chunk": region.array("float32", n), "peer_chunk": peer.array("float32", n),
+             "peer_chunk_unregistered": unregistered.array("float32", n)}
+    out = {"copies_MB": 4 * n / 1e6, "own_chunk_registered": region.chunk.pinned is not None,
+           "peer_chunk_registered": peer_pin is not None}
+    for name, host in hosts.items():
+        with device.working_on(x):
+            out[f"d2h_{name}_GBps"] = 4 * n / timed(lambda: device.copy_to_host_into(x, host), reps) / 1e9
+            out[f"h2d_{name}_GBps"] = 4 * n / timed(lambda: device.land_divided(host, x, 1), reps) / 1e9
     return out
 
 
@@ -262,7 +296,7 @@ def jobs(iters: int, timeout: float, only: list | None) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and iterations")
-    ap.add_argument("--parts", default="encoders,launches,jobs")
+    ap.add_argument("--parts", default="copies,encoders,launches,jobs")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--job-timeout", type=float, default=600, help="seconds one setting's job may take")
     ap.add_argument("--profile", default="", help="append worker 0's sampled stacks of each job to this file")
@@ -280,6 +314,11 @@ def main() -> int:
         for key, value in result.items():
             if key.endswith(("_GBps", "_over_torch", "_over_card_read")):
                 print(f"{key:>28}  {value:.3f}")
+    if "copies" in parts:
+        result.update(copies(16 << 20, 5 if args.quick else 20))
+        for key, value in result.items():
+            if key.startswith(("d2h_", "h2d_")) or key.endswith("_registered"):
+                print(f"{key:>34}  {value}")
     if "launches" in parts:
         result.update(launches(5 if args.quick else 20))
         for key, value in result.items():

@@ -243,9 +243,9 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
         src = tensor.detach().reshape(-1)
         out = src if output is tensor else output.detach().reshape(-1)
         future = client.push_pull_async(name, src, out, divisor, priority, spec, lr,
-                                        ready=staging.produced(tensor, src, out))
+                                        ready=staging.produced(tensor))
 
-        def finish() -> None:
+        def finish(src=src) -> None:  # holds src too: the worker's stream may read it until this wait
             staging.before_consumer(output, future.device_event)
     elif direct:  # numpy's reshape of a contiguous array is a view, without torch's dispatch
         src = tensor.detach().numpy().reshape(-1)

@@ -46,6 +46,9 @@ class CommunicationThread(threading.Thread):
         self.fatal: JobError | None = None
         self.stages: PartitionStages | None = None
         self.ready = threading.Event()
+        # this thread does the worker's GPU work and nothing else: kernels/cuda/streams.py
+        # leaves numba's device and gradpress's stream current on it
+        self.owns_gpu_work = True
         self.stopped = threading.Event()
         self.table = KeyTable()
         self._commands: queue.Queue = queue.Queue()

@@ -1,11 +1,16 @@
 """Device-array plumbing: views of torch tensors / CUDA arrays, launches, copies."""
 import contextlib
+import logging
 import threading
 import warnings
 from typing import Any
 
 import numpy as np
 from numba import config, cuda
+
+from .streams import finished, on_device, produced, recycle, stream, torch_stream, wait_for, working_on  # noqa: F401
+
+log = logging.getLogger(__name__)
 
 THREADS = 128  # threads per block
 
@@ -21,85 +26,13 @@ def as_device(x: Any) -> Any:
     return cuda.as_cuda_array(x)
 
 
-_streams: dict = {}  # device id -> (numba stream, torch stream or None): gradpress's own
-
-
-def stream() -> Any:
-    """gradpress's own stream on the current device, for every launch and copy a worker
-    makes there: non-blocking where torch made it (torch's streams are), so a gradient's
-    copy or compress waits for its producer's event only, not for everything queued on
-    torch's default stream. Work on it is ordered after a producer by ``wait_for``; a host
-    read of a copy made on it waits for ``stream().synchronize()``."""
-    return _stream_pair()[0]
-
-
-def _stream_pair() -> tuple[Any, Any]:
-    if config.ENABLE_CUDASIM:
-        dev = 0
-    else:
-        dev = cuda.get_current_device().id
-    pair = _streams.get(dev)
-    if pair is None:
-        pair = _streams[dev] = _new_stream(dev)
-    return pair
-
-
-def _new_stream(dev: int) -> tuple[Any, Any]:
-    import sys
-    torch = sys.modules.get("torch")  # a torch user's worker: torch ops on the same stream
-    if not config.ENABLE_CUDASIM and torch is not None and torch.cuda.is_available():
-        made = torch.cuda.Stream(device=dev)
-        return cuda.external_stream(made.cuda_stream), made
-    return cuda.stream(), None
-
-
-def torch_stream(x: Any) -> Any:
-    """The torch view of gradpress's stream on ``x``'s device (None: no torch, or the simulator)."""
-    with on_device_of(x):
-        return _stream_pair()[1]
-
-
-@contextlib.contextmanager
-def working_on(x: Any):
-    """Launches, copies and torch ops on ``x`` (a CUDA tensor or device array) run on its
-    GPU, on gradpress's stream there."""
-    with on_device_of(x):
-        made = _stream_pair()[1]
-        if made is None:
-            yield
-            return
-        import torch
-        with torch.cuda.stream(made):
-            yield
-
-
-def wait_for(event: Any, x: Any) -> None:
-    """gradpress's stream on ``x``'s device waits (on the device, not the host) for
-    ``event``: a torch event recorded on the producer's stream."""
-    made = torch_stream(x)
-    if made is not None and event is not None:
-        made.wait_event(event)
-
-
-def finished(x: Any) -> Any:
-    """A torch event recorded on gradpress's stream on ``x``'s device after all work queued
-    so far (a consumer's stream waits on it); None where there is no torch stream."""
-    made = torch_stream(x)
-    if made is None:
-        return None
-    import torch
-    event = torch.cuda.Event()
-    event.record(made)
-    return event
-
-
 def on_device_of(x: Any):
     """A context in which numba launches on ``x``'s GPU (a torch CUDA tensor's device; the
     current one for anything else, and under the simulator)."""
     device = getattr(x, "device", None)
     if config.ENABLE_CUDASIM or getattr(device, "type", None) != "cuda" or device.index is None:
         return contextlib.nullcontext()
-    return cuda.gpus[device.index]
+    return on_device(device.index)
 
 
 def length(x: Any) -> int:
@@ -204,8 +137,15 @@ def pin_host(buffer: Any, nbytes: int) -> Any:
     try:
         from numba.cuda.cudadrv import driver
         return cuda.current_context().mempin(buffer, driver.host_pointer(buffer), nbytes, mapped=False)
-    except Exception:  # noqa: BLE001 - any refusal leaves the memory usable, only slower
+    except Exception as e:  # noqa: BLE001 - any refusal leaves the memory usable, only slower
+        if not _refusals:
+            log.warning("the CUDA driver refused to register %d bytes of host memory for DMA (%s: %s): "
+                        "copies between it and the GPU are staged, slower", nbytes, type(e).__name__, e)
+        _refusals.append(nbytes)
         return None
+
+
+_refusals: list[int] = []  # registrations the driver refused (the first is logged)
 
 
 _scratch = threading.local()
