@@ -46,6 +46,10 @@ def _wire(tensor: torch.Tensor, name: str) -> torch.dtype:
     return wire
 
 
+def _numpy_wire(wire: torch.dtype) -> np.dtype:
+    return torch.empty(0, dtype=wire).numpy().dtype
+
+
 def rows_of_coo(tensor: torch.Tensor, name: str) -> SparseRows:
     """A sparse COO tensor's rows, coalesced (duplicate indices summed in order)."""
     if tensor.sparse_dim() != 1:
@@ -65,10 +69,16 @@ def rows_of_dense(tensor: torch.Tensor, name: str) -> SparseRows:
     wire = _wire(t, name)
     if t.dim() < 2:
         raise ValueError(f"push_pull of {name!r}: a dense tensor travels row-sparse only with 2+ dimensions")
-    if t.is_cuda and t.dtype == torch.float32:
+    if t.is_cuda and t.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        # found on the device, on gradpress's stream after the gradient's producer: only the
+        # rows come to the host (float16 and bfloat16 widen exactly, and go back to the wire)
+        from ..kernels.cuda import device
         from ..kernels.cuda import rows as cuda_rows
-        indices, values = cuda_rows.nonzero_rows(t.reshape(t.shape[0], -1).contiguous())
-        return SparseRows(indices, values)
+        ready = device.produced(t)
+        with device.working_on(t):
+            device.wait_for(ready, t)
+            indices, values = cuda_rows.nonzero_rows(t.reshape(t.shape[0], -1).float().contiguous())
+        return SparseRows(indices, values.astype(_numpy_wire(wire), copy=False))
     return extract(t.to("cpu", wire).reshape(t.shape[0], -1).contiguous().numpy())
 
 

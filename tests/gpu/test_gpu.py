@@ -78,6 +78,41 @@ def test_a_gradient_made_on_a_side_stream_is_pushed_as_made(tmp_path):
         c.kill()
 
 
+ROWS = """
+import torch, gradpress.torch as bps
+bps.init()
+results = {}
+s = torch.cuda.Stream()
+for dtype in (torch.float16, torch.bfloat16, torch.float32):
+    with torch.cuda.stream(s):  # made on a side stream: the rows are found after it wrote them
+        a = torch.randn(2048, 2048, device="cuda")
+        for _ in range(10):
+            a = torch.tanh(a @ a)
+        m = torch.zeros(1000, 8, device="cuda", dtype=dtype)
+        m[[3, 500 + bps.rank()]] = (torch.arange(16, device="cuda", dtype=torch.float32).view(2, 8) + 1 + a.sum() * 0).to(dtype)
+        out = bps.synchronize(bps.push_pull_rows_async_inplace(m, average=True, name=f"rows.{dtype}"))
+        results[str(dtype)] = out.float().cpu()
+torch.cuda.synchronize()
+want = torch.zeros(1000, 8)
+rows = torch.arange(16, dtype=torch.float32).view(2, 8) + 1
+want[3] = rows[0]
+want[500] += rows[1] / 2
+want[501] += rows[1] / 2
+for dtype, got in results.items():
+    assert torch.equal(got, want), f"{dtype}: the rows' average differs"
+bps.shutdown()
+"""
+
+
+@pytest.mark.integ
+def test_rows_of_a_cuda_float16_bfloat16_float32_tensor_are_found_on_the_device(tmp_path):
+    c = LocalCluster(tmp_path, workers=2, servers=1)
+    try:
+        c.start(ROWS).assert_success(180)
+    finally:
+        c.kill()
+
+
 TRAIN = """
 import json, os, torch, gradpress.torch as bps
 bps.init()

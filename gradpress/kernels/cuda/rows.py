@@ -9,7 +9,7 @@ the counts into offsets, and each block then writes its rows in order from its o
 import numpy as np
 from numba import cuda, int32
 
-from .device import THREADS, as_device, blocks
+from .device import THREADS, as_device, blocks, stream
 
 
 @cuda.jit
@@ -59,16 +59,20 @@ def nonzero_rows(m) -> tuple[np.ndarray, np.ndarray]:
     m = as_device(m)
     rows, width = int(m.shape[0]), int(m.shape[1])
     nblocks = blocks(rows)
-    flags = cuda.device_array(max(rows, 1), np.uint8)
-    block_counts = cuda.device_array(nblocks, np.int64)
-    _flag_rows[nblocks, THREADS](m, flags, block_counts)
-    counts = block_counts.copy_to_host()
+    s = stream()
+    flags = cuda.device_array(max(rows, 1), np.uint8, stream=s)
+    block_counts = cuda.device_array(nblocks, np.int64, stream=s)
+    _flag_rows[nblocks, THREADS, s](m, flags, block_counts)
+    counts = block_counts.copy_to_host(stream=s)
+    s.synchronize()
     offsets = np.zeros(nblocks, np.int64)
     np.cumsum(counts[:-1], out=offsets[1:])
     n = int(counts.sum())
-    indices = cuda.device_array(max(n, 1), np.int64)
-    _compact[nblocks, THREADS](flags, cuda.to_device(offsets), indices)
-    values = cuda.device_array((max(n, 1), width), np.float32)
+    indices = cuda.device_array(max(n, 1), np.int64, stream=s)
+    _compact[nblocks, THREADS, s](flags, cuda.to_device(offsets, stream=s), indices)
+    values = cuda.device_array((max(n, 1), width), np.float32, stream=s)
     if n:
-        _gather[blocks(n * width), THREADS](m, indices, values)
-    return indices.copy_to_host()[:n], values.copy_to_host()[:n]
+        _gather[blocks(n * width), THREADS, s](m, indices, values)
+    host_indices, host_values = indices.copy_to_host(stream=s), values.copy_to_host(stream=s)
+    s.synchronize()
+    return host_indices[:n], host_values[:n]
