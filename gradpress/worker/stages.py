@@ -214,7 +214,9 @@ class PartitionStages:
                 with device.working_on(dst):
                     if h.get("dma") and "shm" in h:
                         self._register_slots(h["shm"], dst)
-                    device.land_divided(summed, dst, job.divisor)
+                    # no host wait: a frame is pageable (staged before the call returns), and a
+                    # slot is rewritten only after our next push of the key, queued after this copy
+                    device.land_divided(summed, dst, job.divisor, wait=False)
             elif job.divisor != 1 and summed.dtype == np.float16 and dst.flags.c_contiguous:
                 fp16.divide_half(summed, job.divisor, dst)  # numpy's float16 divide is a scalar loop
             elif job.divisor != 1:

@@ -87,16 +87,20 @@ def copy_to_host_into(x: Any, host: np.ndarray) -> None:
     s.synchronize()
 
 
-def land_divided(host: np.ndarray, out: Any, divisor: int) -> None:
+def land_divided(host: np.ndarray, out: Any, divisor: int, wait: bool = True) -> None:
     """``out[:] = host / divisor`` on the device: the host array goes over at its own size,
     and the divide runs there, in float32 arithmetic for float16 with one rounding (as the
-    host's ``divide_half``). A true division, never a multiply by the reciprocal."""
+    host's ``divide_half``). A true division, never a multiply by the reciprocal.
+
+    ``wait=False`` returns before the copy is done: right where ``host`` is pageable (the
+    driver has staged it before the call returns) or a result slot that nobody rewrites
+    before this worker's next push of the key, which its stream orders after this copy."""
     if hasattr(out, "copy_") and hasattr(out, "div_"):
         import torch
         with torch.no_grad(), warnings.catch_warnings():
             # a pulled frame is read-only memory: torch warns of writes that this copy never makes
             warnings.simplefilter("ignore", UserWarning)
-            out.copy_(torch.from_numpy(host))
+            out.copy_(torch.from_numpy(host), non_blocking=not wait)
             if divisor != 1:  # a 0-dim device tensor: torch turns a CPU scalar into 1/divisor
                 out.div_(_divisor_tensor(divisor, out.device))
         return
@@ -105,7 +109,8 @@ def land_divided(host: np.ndarray, out: Any, divisor: int) -> None:
     target.copy_to_device(np.ascontiguousarray(host, target.dtype), stream=s)
     if divisor != 1:
         _divide[blocks(target.shape[0]), THREADS, s](target, np.float64(divisor))
-    s.synchronize()  # ``host`` (a pulled frame or result slot) is reused once this returns
+    if wait:
+        s.synchronize()
 
 
 _DIVISORS: dict = {}
