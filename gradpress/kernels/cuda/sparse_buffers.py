@@ -6,9 +6,9 @@ reused by the next call on the same thread is ordered after this call's use of i
 
 Pinned payloads: the one copy of a payload to the host goes by DMA into page-locked
 memory. A payload handed to a caller may be kept as long as it likes, so a buffer returns
-to the pool only when every array viewing it has been garbage-collected (``payload``), or
-when the caller says it is done with it (``reused``: error feedback passes the key's
-previous payload, which nobody reads any more).
+to the pool only when every array viewing it has been garbage-collected, or is written
+over when the caller says that nobody reads it any more (``payload``'s ``reuse``: error
+feedback passes the key's previous payload).
 """
 import threading
 import weakref
