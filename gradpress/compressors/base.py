@@ -138,7 +138,7 @@ class Compressor(ABC):
         if n > MAX_ELEMENTS or self.encoded_nbytes(n, 4) >= 4 * n:
             return None
         if device:
-            encoded = self._encode_device_feedback(g, e, lam, e_out, key, round)
+            encoded = self._encode_device_feedback(g, e, lam, e_out, key, round, reuse)
         else:
             encoded = self._encode_feedback(g, e, lam, e_out, key, round, reuse)
         if encoded is None:
@@ -154,8 +154,9 @@ class Compressor(ABC):
         return None
 
     def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
-                                round: int) -> tuple[dict, list] | None:
-        """The same for float32 device arrays."""
+                                round: int, reuse: Buffers | None = None) -> tuple[dict, list] | None:
+        """The same for float32 device arrays; a codec that copies its payload into pinned
+        host memory writes it over ``reuse`` where that is one of its own."""
         return None
 
     def _compress_device(self, x: Any, key: int, round: int) -> tuple[Header, Buffers]:

@@ -81,7 +81,7 @@ class Dithering(Compressor):
         return self._fields(), [np.array([norm], np.float32), codes]
 
     def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
-                                round: int) -> tuple[dict, list]:
+                                round: int, reuse: Buffers | None = None) -> tuple[dict, list]:
         from gradpress.kernels.cuda import dithering as gpu_dithering
         encoded = gpu_dithering.encode_feedback(g, e, lam, self,
                                                 stream_id(self.seed, key, round), e_out)

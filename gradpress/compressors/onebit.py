@@ -60,7 +60,7 @@ class OneBit(Compressor):
         return {}, [np.array([scale], np.float32), bits]
 
     def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
-                                round: int) -> tuple[dict, list]:
+                                round: int, reuse: Buffers | None = None) -> tuple[dict, list]:
         from gradpress.kernels.cuda import onebit as gpu_onebit
         encoded = gpu_onebit.encode_feedback(g, e, lam, self.scaling, e_out)
         if encoded is None:

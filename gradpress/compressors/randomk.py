@@ -62,12 +62,11 @@ class RandomK(Compressor):
         return self._fields(k), [values]
 
     def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
-                                round: int) -> tuple[dict, list]:
+                                round: int, reuse: Buffers | None = None) -> tuple[dict, list]:
         from gradpress.kernels.cuda import randomk as gpu_randomk
         n, k = g.shape[0], keep_count(self.k, g.shape[0])
-        values = gpu_randomk.gather_feedback(g, e, lam, e_out,
-                                             chosen_indices(n, k, self.seed, key, round),
-                                             n / k if self.scaling else 1.0)
+        values = gpu_randomk.gather_feedback(g, e, lam, e_out, n, k, self._stream(key, round, n, k),
+                                             n / k if self.scaling else 1.0, reuse)
         if values is None:
             raise FeedbackRefused(self.name)
         return self._fields(k), [values]
@@ -75,10 +74,18 @@ class RandomK(Compressor):
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
         from gradpress.kernels.cuda import randomk as gpu_randomk
         n, k = x.shape[0], keep_count(self.k, x.shape[0])
-        values = gpu_randomk.gather_scaled(x, chosen_indices(n, k, self.seed, key, round),
+        values = gpu_randomk.gather_scaled(x, n, k, self._stream(key, round, n, k),
                                            n / k if self.scaling else 1.0)
-        reject_non_finite(values, self.name)
+        if values is None:
+            raise ValueError(f"{self.name} input contains NaN or inf")
         return self._fields(k), [values]
+
+    def _stream(self, key: int, round: int, n: int, k: int) -> np.uint64:
+        """The stream of this round on a GPU worker; the next round's indices are
+        computed meanwhile on the host, ready for its upload."""
+        from gradpress.kernels.cuda import randomk as gpu_randomk
+        gpu_randomk.compute_ahead(n, k, stream_id(self.seed, key, round + 1))
+        return stream_id(self.seed, key, round)
 
     def _fields(self, k: int) -> dict:
         return {"k": k, "seed": self.seed, "scaled": self.scaling}

@@ -3,8 +3,9 @@
 Keys are the float32 bit patterns of ``|x_i|`` (monotone in ``|x_i|``). The threshold
 ``T`` is the k-th largest key, found by two 16-bit histogram passes; every element with
 key > T is kept, and of those with key == T the lowest indices are kept until k are
-chosen. Output is in increasing index order. These helpers work on the histograms, which
-are small, so the GPU path runs them on the host.
+chosen. Output is in increasing index order. These helpers work on the histograms (the
+CPU's); the GPU path finds the same threshold on the device, by three smaller digits
+(``cuda/topk.py``).
 
 Finding T needs passes over the whole input; ``sample_plan`` lets both paths skip them: a
 strided sample of ``SAMPLE`` keys gives an estimate a little below T, one pass collects

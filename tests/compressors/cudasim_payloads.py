@@ -164,10 +164,70 @@ def device_decode_cases():
             else f"host/device: {problems}"
 
 
+def topk_kernel_cases():
+    """The device top-k against the CPU's full selection at its edges: ties at the
+    threshold, all equal, k near n, tiny n, and the estimate off (the fallback)."""
+    from gradpress.kernels.cpu import topk as cpu_topk
+    from gradpress.kernels.cuda import topk as gpu_topk
+    ties = np.round(gaussian(300, seed=3) * 2).astype(np.float32)
+    spikes = np.zeros(300, np.float32)
+    spikes[::97] = 1.0  # 4 non-zeros: k > 4 keeps zeros, lowest indices first
+    cases = [("ties-at-threshold", ties, 37), ("all-equal", np.full(200, -1.5, np.float32), 50),
+             ("k-near-n", gaussian(70, seed=4), 69), ("k-is-n", gaussian(70, seed=5), 70),
+             ("tiny-n", gaussian(2, seed=6), 1), ("n-1", gaussian(1, seed=7), 1),
+             ("zeros-and-signed-zero", np.array([0.0, -0.0, 0.0, 1.0], np.float32), 2),
+             ("fallback-spikes", spikes, 20)]
+    for label, x, k in cases:
+        want_indices, want_values = np.empty(k, np.uint32), np.empty(k, np.float32)
+        cpu_topk.select_topk(x, want_indices, want_values)
+        indices, values = gpu_topk.select_topk(cuda.to_device(x), k)
+        problem = "" if indices.tobytes() == want_indices.tobytes() and \
+            values.tobytes() == want_values.tobytes() else f"indices {indices[:8]} want {want_indices[:8]}"
+        yield f"topk-kernel/{label}", problem
+    x = gaussian(150, seed=8)
+    x[77] = np.nan
+    try:
+        gpu_topk.select_topk(cuda.to_device(x), 10)
+        yield "topk-kernel/nan", "no ValueError for NaN input"
+    except ValueError:
+        yield "topk-kernel/nan", ""
+
+
+def sparse_feedback_cases():
+    """top-k and random-k with error feedback over several rounds on the device: the
+    payload lands in the key's previous pinned buffer (``reuse``), bytes equal the host
+    wrapper's; a NaN later is refused with the residual unchanged."""
+    for name in ("topk-frac", "topk-count", "randomk-scaled"):
+        params = {**dict(CODEC_PARAMS)[name], "ef": "vanilla"}
+        host, device = build_compressor(params, "worker"), build_compressor(params, "worker")
+        problem, addresses = "", set()
+        for round in range(3):
+            g = np.round(gaussian(150, seed=round) * 2).astype(np.float32)
+            sent = device.compress(cuda.to_device(g), key=2, round=round)
+            problem = problem or same_payload(host.compress(g, key=2, round=round), sent)
+            addresses.add(sent[1][0].ctypes.data)
+        if not problem and len(addresses) != 1:
+            problem = f"payload not written over the previous one: {len(addresses)} buffers"
+        before = device.state_dict()["residuals"][2]
+        bad = gaussian(150, seed=9)
+        bad[3] = np.nan
+        try:
+            device.compress(cuda.to_device(bad), key=2, round=3)
+            problem = problem or "no ValueError for NaN input"
+        except ValueError:
+            if device.state_dict()["residuals"][2].tobytes() != before.tobytes():
+                problem = problem or "the residual changed"
+        yield f"sparse-feedback/{name}", problem
+
+
 if __name__ == "__main__":
-    warnings.simplefilter("ignore")  # simulated uint64 arithmetic warns on (intended) wrap
+    warnings.simplefilter("ignore")
+    # simulated threads meet at every syncthreads: switching between them every 50 us
+    # instead of Python's 5 ms makes the block-scan kernels several times faster here
+    sys.setswitchinterval(5e-5)  # simulated uint64 arithmetic warns on (intended) wrap
     with np.errstate(over="ignore"):
         for source in (codec_cases, rejection_cases, wrapper_cases, decompress_case,
-                       device_decode_cases, fused_cases):
+                       device_decode_cases, fused_cases, topk_kernel_cases,
+                       sparse_feedback_cases):
             for case, problem in source():
                 print(json.dumps({"case": case, "problem": problem}), flush=True)

@@ -63,6 +63,13 @@ def _compensate_checked(g, e, lam, e_out, flag):
             cuda.atomic.max(flag, 0, 1)
 
 
+def compensate_flagged(g: Any, e: Any, lam: float, e_out: Any, flag: Any) -> None:
+    """e_out = g + lam * e on gradpress's stream; ``flag[0]`` (a device int) becomes 1 on
+    a NaN/inf, for a later kernel or copy to read: the host does not wait for it."""
+    _compensate_checked[blocks(e_out.shape[0]), THREADS, device.stream()](
+        g, e, np.float32(lam), e_out, flag)
+
+
 def compensate_checked(g: Any, e: Any, lam: float, e_out: Any) -> bool:
     """e_out = g + lam * e in one pass; whether all of it is finite."""
     flag = cuda.to_device(np.zeros(1, np.int32))

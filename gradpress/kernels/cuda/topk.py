@@ -1,173 +1,324 @@
-"""top-k on the GPU with the rule of ``kernels.selection``, as on the CPU: a threshold
-estimated from a strided sample, one counting pass and one compaction of the candidates
-(each thread owns a segment of ``SEGMENT`` elements; a host-side prefix sum gives each its
-place), then the exact choice among the candidates on the host (they are few: about
-1.25k). When the estimate is off, the full selection: two histogram passes (global
-atomics), then the same kind of compaction of the k pairs."""
+"""top-k on the GPU with the rule of ``kernels.selection``, as on the CPU, with no host
+round trip before the single copy of the payload (k indices, k values, one status word)
+into a pinned host buffer. Everything the host used to decide lives in a small device
+``state`` that each kernel reads:
+
+1. a strided sample of ``selection.sample_plan`` sorted in shared memory by one block
+   (bitonic: 4096 keys at most) gives the estimate, a little below the k-th largest key;
+2. one counting pass per tile, a one-block scan of the tile counts, and an
+   order-preserving compaction of the candidates (keys >= estimate) with their indices;
+   the same pass flags NaN/inf;
+3. the exact threshold among the candidates by radix select, three 10- or 11-bit digits,
+   each a histogram in shared memory per block summed into a global one, and a one-block
+   pick of the digit holding the rank;
+4. the k pairs: per-tile counts of keys above and equal to the threshold, scanned, then
+   each thread writes its pairs at its place (ties: the lowest indices, as the CPU).
+
+When the estimate was off (fewer than k candidates, or more than the capacity) the scan
+of step 2 sets ``FALLBACK`` and steps 3 and 4 run over the whole input instead. Both
+variants are always launched and one of them returns at once, so the host never waits to
+learn which: an empty launch costs microseconds, a round trip a synchronisation.
+"""
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 from gradpress.kernels.cpu.norms import INF_BITS
-from gradpress.kernels.cuda import norms
-from gradpress.kernels.cpu.topk import choose_among
-from gradpress.kernels.cuda.device import THREADS, blocks
-from gradpress.kernels.cuda.elementwise import compensate_checked
-from gradpress.kernels.selection import (
-    HIGH_BINS, LOW_BINS, bin_holding_rank, sample_plan, threshold_from_histograms)
+from gradpress.kernels.cuda import device, sparse_buffers
+from gradpress.kernels.cuda.blockscan import SCAN_THREADS, exclusive_scan, scan_in_place
+from gradpress.kernels.cuda.elementwise import compensate_flagged
+from gradpress.kernels.selection import SAMPLE, sample_plan
 
-SEGMENT = 256
+# threads per block: few under the simulator, which runs each as a Python thread (and so
+# splits its small test arrays into several tiles, as large ones are split on a GPU)
+THREADS = 8 if config.ENABLE_CUDASIM else 128
+ITEMS = 8  # consecutive elements per thread: its pairs are written in index order
+TILE = THREADS * ITEMS
+BINS = 2048  # shared histogram: 8 KiB
+DIGITS = ((20, 11), (10, 10), (0, 10))  # (shift, width) of the 31 key bits, high first
+# slots of ``state``
+NONFINITE, ESTIMATE, COUNT, FALLBACK, PREFIX, RANK = range(6)  # RANK: k, then still to take
+STATE = 8
 _ABS = np.uint32(0x7FFFFFFF)
 
 
-@cuda.jit
-def _histogram(keys, high_bin, histogram):
-    """high_bin < 0: histogram of the high 16 bits; else of the low 16 bits within it."""
-    i = cuda.grid(1)
-    if i < keys.shape[0]:
-        key = keys[i] & _ABS
-        if high_bin < 0:
-            cuda.atomic.add(histogram, key >> 16, 1)
-        elif key >> 16 == high_bin:
-            cuda.atomic.add(histogram, key & 0xFFFF, 1)
+def tiles(n: int) -> int:
+    return max(1, (n + TILE - 1) // TILE)
 
 
 @cuda.jit
-def _segment_counts(keys, threshold, above, equal):
-    s = cuda.grid(1)
-    if s >= above.shape[0]:
-        return
-    n_above, n_equal = 0, 0
-    for i in range(s * SEGMENT, min((s + 1) * SEGMENT, keys.shape[0])):
-        key = keys[i] & _ABS
-        n_above += key > threshold
-        n_equal += key == threshold
-    above[s] = n_above
-    equal[s] = n_equal
+def _reset(state, histogram, k):
+    """One block (a few thousand words: a grid would cost more to launch)."""
+    t = cuda.threadIdx.x
+    for i in range(t, histogram.shape[0], THREADS):
+        histogram[i] = 0
+    if t < STATE:
+        state[t] = k if t == RANK else 0
 
 
 @cuda.jit
-def _compact(x, keys, threshold, offsets, equal_take, indices, values):
-    s = cuda.grid(1)
-    if s >= offsets.shape[0]:
-        return
-    out = offsets[s]
-    take = equal_take[s]
-    for i in range(s * SEGMENT, min((s + 1) * SEGMENT, keys.shape[0])):
-        key = keys[i] & _ABS
-        if key > threshold or (key == threshold and take > 0):
-            if key == threshold:
-                take -= 1
-            indices[out] = i
-            values[out] = x[i]
+def _estimate(bits, m, padded, rank, state):
+    """One block: sort the sample (padded with zero keys, which sort below every real
+    key) in shared memory; the rank-th largest is the estimate."""
+    sample = cuda.shared.array(SAMPLE, np.uint32)
+    t = cuda.threadIdx.x
+    n = bits.shape[0]
+    for j in range(t, padded, THREADS):
+        sample[j] = bits[(j * n) // m] & _ABS if j < m else 0
+    cuda.syncthreads()
+    size = 2
+    while size <= padded:
+        stride = size // 2
+        while stride > 0:
+            for j in range(t, padded // 2, THREADS):
+                low = 2 * j - (j & (stride - 1))
+                high = low + stride
+                a, b = sample[low], sample[high]
+                if (a > b) == ((low & size) == 0):
+                    sample[low], sample[high] = b, a
+            cuda.syncthreads()
+            stride //= 2
+        size *= 2
+    if t == 0:
+        state[ESTIMATE] = sample[padded - rank]
+
+
+@cuda.jit
+def _count_candidates(bits, state, counts):
+    """Per tile: how many keys reach the estimate; any NaN/inf is flagged."""
+    scan = cuda.shared.array(THREADS, np.int64)
+    t = cuda.threadIdx.x
+    estimate = state[ESTIMATE]
+    first = cuda.blockIdx.x * TILE + t * ITEMS
+    own = np.int64(0)
+    for i in range(first, min(first + ITEMS, bits.shape[0])):
+        key = np.int64(bits[i] & _ABS)
+        own += key >= estimate
+        if key >= INF_BITS:
+            cuda.atomic.max(state, NONFINITE, 1)
+    _, total = exclusive_scan(scan, t, own)
+    if t == 0:
+        counts[cuda.blockIdx.x] = total
+
+
+@cuda.jit
+def _scan_candidates(counts, state, k, capacity):
+    scan = cuda.shared.array(SCAN_THREADS, np.int64)
+    t = cuda.threadIdx.x
+    total = scan_in_place(counts, counts.shape[0], scan, t)
+    if t == 0:
+        state[COUNT] = total
+        state[FALLBACK] = 0 if k <= total <= capacity else 1
+
+
+@cuda.jit
+def _compact(bits, state, offsets, candidate_index, candidate_bits):
+    """The candidates, in index order, at the places the scan gave their tile."""
+    if state[FALLBACK]:
+        return  # the whole block: no barrier is left waiting
+    scan = cuda.shared.array(THREADS, np.int64)
+    t = cuda.threadIdx.x
+    estimate = state[ESTIMATE]
+    first = cuda.blockIdx.x * TILE + t * ITEMS
+    last = min(first + ITEMS, bits.shape[0])
+    own = np.int64(0)
+    for i in range(first, last):
+        own += np.int64(bits[i] & _ABS) >= estimate
+    before, _ = exclusive_scan(scan, t, own)
+    out = offsets[cuda.blockIdx.x] + before
+    for i in range(first, last):
+        if np.int64(bits[i] & _ABS) >= estimate:
+            candidate_index[out] = i
+            candidate_bits[out] = bits[i]
             out += 1
 
 
-def _threshold(keys, k: int) -> tuple:
-    high = cuda.to_device(np.zeros(HIGH_BINS, np.int64))
-    _histogram[blocks(keys.shape[0]), THREADS](keys, -1, high)
-    high_bin, above_high = bin_holding_rank(high.copy_to_host(), k)
-    low = cuda.to_device(np.zeros(LOW_BINS, np.int64))
-    _histogram[blocks(keys.shape[0]), THREADS](keys, high_bin, low)
-    return threshold_from_histograms(high_bin, above_high, low.copy_to_host(), k)
-
-
-def _full_selection(x, k: int) -> tuple:
-    keys = x.view(np.uint32)
-    threshold, keep_equal = _threshold(keys, k)
-    segments = (x.shape[0] + SEGMENT - 1) // SEGMENT
-    above = cuda.device_array(segments, np.int64)
-    equal = cuda.device_array(segments, np.int64)
-    _segment_counts[blocks(segments), THREADS](keys, np.uint32(threshold), above, equal)
-    above, equal = above.copy_to_host(), equal.copy_to_host()
-    equal_before = np.concatenate([[0], np.cumsum(equal)[:-1]])
-    equal_take = np.clip(keep_equal - equal_before, 0, equal)
-    kept = above + equal_take
-    offsets = np.concatenate([[0], np.cumsum(kept)[:-1]])
-    indices = cuda.device_array(k, np.uint32)
-    values = cuda.device_array(k, np.float32)
-    _compact[blocks(segments), THREADS](x, keys, np.uint32(threshold), cuda.to_device(offsets),
-                                        cuda.to_device(equal_take), indices, values)
-    return indices.copy_to_host(), values.copy_to_host()
+@cuda.jit(device=True)
+def _length(bits, direct, state):
+    """Elements of the source: all of ``bits``, or the candidates stored in it."""
+    return bits.shape[0] if direct else state[COUNT]
 
 
 @cuda.jit
-def _sample(x, m, sample):
-    j = cuda.grid(1)
-    if j < m:
-        sample[j] = x[(j * x.shape[0]) // m]
-
-
-@cuda.jit
-def _candidate_counts(keys, estimate, counts):
-    s = cuda.grid(1)
-    if s >= counts.shape[0]:
+def _histogram(bits, direct, state, histogram, digit, shift, width):
+    """Keys that share the threshold's digits found so far, by their next digit."""
+    if state[FALLBACK] != direct:
         return
-    count = 0
-    for i in range(s * SEGMENT, min((s + 1) * SEGMENT, keys.shape[0])):
-        count += (keys[i] & _ABS) >= estimate
-    counts[s] = count
+    local = cuda.shared.array(BINS, np.int32)
+    t = cuda.threadIdx.x
+    for b in range(t, BINS, THREADS):
+        local[b] = 0
+    cuda.syncthreads()
+    known = state[PREFIX] >> (shift + width)
+    first = cuda.blockIdx.x * TILE + t * ITEMS
+    for i in range(first, min(first + ITEMS, _length(bits, direct, state))):
+        key = np.int64(bits[i] & _ABS)
+        if key >> (shift + width) == known:
+            cuda.atomic.add(local, (key >> shift) & ((1 << width) - 1), 1)
+    cuda.syncthreads()
+    for b in range(t, 1 << width, THREADS):
+        if local[b]:
+            cuda.atomic.add(histogram, digit * BINS + b, local[b])
 
 
 @cuda.jit
-def _compact_candidates(x, keys, estimate, offsets, indices, values):
-    s = cuda.grid(1)
-    if s >= offsets.shape[0]:
+def _pick(histogram, direct, state, digit, shift, width):
+    """One block: from the top, the bin where the rank is reached becomes the digit."""
+    if state[FALLBACK] != direct:
         return
-    out = offsets[s]
-    for i in range(s * SEGMENT, min((s + 1) * SEGMENT, keys.shape[0])):
-        if (keys[i] & _ABS) >= estimate:
-            indices[out] = i
-            values[out] = x[i]
+    scan = cuda.shared.array(SCAN_THREADS, np.int64)
+    t = cuda.threadIdx.x
+    rank = state[RANK]
+    bins = 1 << width
+    per = (bins + SCAN_THREADS - 1) // SCAN_THREADS
+    top = bins - 1 - t * per  # this thread's bins, descending
+    own = np.int64(0)
+    for r in range(per):
+        if top - r >= 0:
+            own += histogram[digit * BINS + top - r]
+    higher, _ = exclusive_scan(scan, t, own)
+    if higher < rank <= higher + own:  # one thread: its bins hold the rank
+        for r in range(per):
+            count = histogram[digit * BINS + top - r]
+            if higher + count >= rank:
+                state[RANK] = rank - higher
+                state[PREFIX] |= np.int64(top - r) << shift
+                break
+            higher += count
+
+
+@cuda.jit
+def _count_kept(bits, direct, state, above, equal):
+    """Per tile: keys above the threshold, and equal to it."""
+    if state[FALLBACK] != direct:
+        return
+    scan = cuda.shared.array(THREADS, np.int64)
+    t = cuda.threadIdx.x
+    threshold = state[PREFIX]
+    first = cuda.blockIdx.x * TILE + t * ITEMS
+    own_above, own_equal = np.int64(0), np.int64(0)
+    for i in range(first, min(first + ITEMS, _length(bits, direct, state))):
+        key = np.int64(bits[i] & _ABS)
+        own_above += key > threshold
+        own_equal += key == threshold
+    _, total_above = exclusive_scan(scan, t, own_above)
+    _, total_equal = exclusive_scan(scan, t, own_equal)
+    if t == 0:
+        above[cuda.blockIdx.x] = total_above
+        equal[cuda.blockIdx.x] = total_equal
+
+
+@cuda.jit
+def _scan_kept(above, equal, tile_count, direct, state):
+    if state[FALLBACK] != direct:
+        return
+    scan = cuda.shared.array(SCAN_THREADS, np.int64)
+    t = cuda.threadIdx.x
+    scan_in_place(above, tile_count, scan, t)
+    scan_in_place(equal, tile_count, scan, t)
+
+
+@cuda.jit
+def _write_pairs(bits, index, direct, state, above, equal, k, payload, zero, target):
+    """Each thread's pairs at its place: the keys above the threshold before it, plus the
+    equal ones before it that the tie rule keeps (the first ``RANK``). With ``zero``,
+    ``target`` (p) gets 0 where a pair was taken."""
+    if state[FALLBACK] != direct:
+        return
+    scan = cuda.shared.array(THREADS, np.int64)
+    t = cuda.threadIdx.x
+    threshold, keep_equal = state[PREFIX], state[RANK]
+    first = cuda.blockIdx.x * TILE + t * ITEMS
+    last = min(first + ITEMS, _length(bits, direct, state))
+    own_above, own_equal = np.int64(0), np.int64(0)
+    for i in range(first, last):
+        key = np.int64(bits[i] & _ABS)
+        own_above += key > threshold
+        own_equal += key == threshold
+    above_before, _ = exclusive_scan(scan, t, own_above)
+    equal_before, _ = exclusive_scan(scan, t, own_equal)
+    above_before += above[cuda.blockIdx.x]
+    equal_before += equal[cuda.blockIdx.x]
+    out = above_before + min(equal_before, keep_equal)
+    for i in range(first, last):
+        key = np.int64(bits[i] & _ABS)
+        keep = key > threshold
+        if key == threshold:
+            keep = equal_before < keep_equal
+            equal_before += 1
+        if keep and out < k:
+            at = i if direct else np.int64(index[i])
+            payload[out] = at
+            payload[k + out] = bits[i]
+            if zero:
+                target[at] = 0.0
             out += 1
+    if t == 0 and cuda.blockIdx.x == 0:
+        payload[2 * k] = state[NONFINITE]
 
 
-@cuda.jit
-def _zero_at(x, indices):
-    j = cuda.grid(1)
-    if j < indices.shape[0]:
-        x[indices[j]] = 0.0
-
-
-def _by_estimate(x, k: int) -> tuple | None:
-    """The k pairs through the sampled estimate; None when it was off."""
-    n = x.shape[0]
+def _select(p, k: int, state, zero: bool) -> np.ndarray:
+    """Launch steps 1-4 over ``p`` (float32, its NaN flag already reset) and copy the
+    payload out; returns the pinned host words (indices, value bits, NaN flag)."""
+    stream = device.stream()
+    n = p.shape[0]
+    bits = p.view(np.uint32)
     m, rank, capacity = sample_plan(n, k)
-    sample = cuda.device_array(m, np.float32)
-    _sample[blocks(m), THREADS](x, m, sample)
-    sample_keys = np.sort(sample.copy_to_host().view(np.uint32) & _ABS)
-    estimate = np.uint32(sample_keys[m - rank])
-    keys = x.view(np.uint32)
-    segments = (n + SEGMENT - 1) // SEGMENT
-    counts = cuda.device_array(segments, np.int64)
-    _candidate_counts[blocks(segments), THREADS](keys, estimate, counts)
-    counts = counts.copy_to_host()
-    total = int(counts.sum())
-    if not k <= total <= capacity:
+    _estimate[1, THREADS, stream](bits, m, 1 << (m - 1).bit_length(), rank, state)
+    counts = sparse_buffers.scratch("topk-counts", tiles(n), np.int64)
+    _count_candidates[tiles(n), THREADS, stream](bits, state, counts)
+    _scan_candidates[1, SCAN_THREADS, stream](counts, state, k, capacity)
+    index = sparse_buffers.scratch("topk-index", capacity, np.uint32)
+    found = sparse_buffers.scratch("topk-bits", capacity, np.uint32)
+    _compact[tiles(n), THREADS, stream](bits, state, counts, index, found)
+    histogram = sparse_buffers.scratch("topk-histogram", len(DIGITS) * BINS, np.int32)
+    payload = sparse_buffers.scratch("topk-payload", 2 * k + 1, np.uint32)
+    for direct, source in ((0, found), (1, bits)):  # one of the two returns at once
+        grid = tiles(source.shape[0])
+        for digit, (shift, width) in enumerate(DIGITS):
+            _histogram[grid, THREADS, stream](source, direct, state, histogram, digit, shift,
+                                              width)
+            _pick[1, SCAN_THREADS, stream](histogram, direct, state, digit, shift, width)
+        above = sparse_buffers.scratch("topk-above", grid, np.int64)
+        equal = sparse_buffers.scratch("topk-equal", grid, np.int64)
+        _count_kept[grid, THREADS, stream](source, direct, state, above, equal)
+        _scan_kept[1, SCAN_THREADS, stream](above, equal, grid, direct, state)
+        _write_pairs[grid, THREADS, stream](source, index, direct, state, above, equal, k,
+                                            payload, zero, p)
+    return payload
+
+
+def _start(k: int):
+    state = sparse_buffers.scratch("topk-state", STATE, np.int64)
+    histogram = sparse_buffers.scratch("topk-histogram", len(DIGITS) * BINS, np.int32)
+    _reset[1, THREADS, device.stream()](state, histogram, k)
+    return state
+
+
+def _land(payload, k: int, reuse) -> tuple | None:
+    """The one copy to the host, and the wait for it; None when the input had a NaN/inf."""
+    host = sparse_buffers.payload(2 * k + 1, reuse)
+    payload.copy_to_host(host, stream=device.stream())
+    device.stream().synchronize()
+    if host[2 * k]:
         return None
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    indices = cuda.device_array(total, np.uint32)
-    values = cuda.device_array(total, np.float32)
-    _compact_candidates[blocks(segments), THREADS](x, keys, estimate, cuda.to_device(offsets),
-                                                   indices, values)
-    chosen_indices = np.empty(k, np.uint32)
-    chosen_values = np.empty(k, np.float32)
-    choose_among(indices.copy_to_host(), values.copy_to_host(), chosen_indices, chosen_values)
-    return chosen_indices, chosen_values
+    return host[:k], host[k:2 * k].view(np.float32)
 
 
 def select_topk(x, k: int) -> tuple:
-    """Host (indices uint32, values float32) of the k largest magnitudes of device ``x``."""
-    if norms.max_abs_bits(x) >= INF_BITS:
+    """Host (indices uint32, values float32) of the k (1 <= k <= n) largest magnitudes of
+    device ``x``: views of one pinned buffer, returned to a pool once both are gone."""
+    state = _start(k)
+    selected = _land(_select(x, k, state, False), k, None)
+    if selected is None:
         raise ValueError("topk input contains NaN or inf")
-    return _by_estimate(x, k) or _full_selection(x, k)
+    return selected
 
 
-def select_topk_feedback(g, e, lam: float, e_out, k: int) -> tuple | None:
+def select_topk_feedback(g, e, lam: float, e_out, k: int, reuse=None) -> tuple | None:
     """Error feedback fused into top-k: e_out = p = g + lam * e in one checked pass, the
-    pairs of top-k(p), and the chosen entries of e_out zeroed (exactly p - D(c)).
+    pairs of top-k(p), and the chosen entries of e_out zeroed (exactly p - D(c)). The
+    pairs land in ``reuse`` (the key's previous payload) where it is one of ours.
     None when p is not finite (e_out then holds garbage; it must not be e)."""
-    if not compensate_checked(g, e, lam, e_out):
-        return None
-    indices, values = _by_estimate(e_out, k) or _full_selection(e_out, k)
-    _zero_at[blocks(k), THREADS](e_out, cuda.to_device(indices))
-    return indices, values
+    state = _start(k)
+    compensate_flagged(g, e, lam, e_out, state[NONFINITE:NONFINITE + 1])
+    return _land(_select(e_out, k, state, True), k, reuse)

@@ -1,0 +1,80 @@
+"""Reused memory of the sparse encoders (top-k, random-k) on the GPU.
+
+Device scratch: allocating per call costs a cuMemFree later, which synchronises the whole
+device; every launch and copy of these encoders is on ``device.stream()``, so scratch
+reused by the next call on the same thread is ordered after this call's use of it.
+
+Pinned payloads: the one copy of a payload to the host goes by DMA into page-locked
+memory. A payload handed to a caller may be kept as long as it likes, so a buffer returns
+to the pool only when every array viewing it has been garbage-collected, or is written
+over when the caller says that nobody reads it any more (``payload``'s ``reuse``: error
+feedback passes the key's previous payload).
+"""
+import threading
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+from numba import config, cuda
+
+from gradpress.kernels.cuda import device
+
+_MAX_ENTRIES = 256  # partitions come in a few sizes: a job of many sizes is not hoarded
+_local = threading.local()
+
+
+def _current_device() -> int:
+    return 0 if config.ENABLE_CUDASIM else cuda.get_current_device().id
+
+
+def scratch(role: str, count: int, dtype: Any) -> Any:
+    """A device array of ``count`` ``dtype`` for ``role`` (one name per array a kernel
+    sequence needs), this thread's own on the current device, the same one every call."""
+    cache = _local.__dict__.setdefault("scratch", {})
+    key = (role, _current_device(), count, np.dtype(dtype).str)
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= _MAX_ENTRIES:
+            cache.clear()
+        found = cache[key] = cuda.device_array(max(count, 1), dtype)
+    return found
+
+
+_pool_lock = threading.Lock()
+_pool: dict = {}  # word count -> pinned uint32 arrays whose payload views have all died
+
+
+def _take_pinned(words: int) -> np.ndarray:
+    with _pool_lock:
+        free = _pool.get(words)
+        if free:
+            return free.pop()
+    return device.pinned_host(words, np.uint32)
+
+
+def _give_back(words: int, owner: np.ndarray) -> None:
+    with _pool_lock:
+        free = _pool.setdefault(words, [])
+        if len(free) < 4:  # a few in flight per size; more are freed
+            free.append(owner)
+
+
+_ours: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()
+
+
+def payload(words: int, reuse: Sequence[Any] | None = None) -> np.ndarray:
+    """A pinned host uint32 array of ``words`` to land a payload in: the one under
+    ``reuse[0]`` when that is a payload of this size from here (its readers are done),
+    else one from the pool, returned to it once nothing views it any more."""
+    old = reuse[0] if reuse else None
+    whole = getattr(old, "base", None)
+    if (isinstance(whole, np.ndarray) and whole.shape == (words,)
+            and _ours.get(whole.ctypes.data) is whole):
+        return whole
+    owner = _take_pinned(words)
+    # a view whose base is not an ndarray: numpy does not skip it, so every slice of it
+    # keeps it alive, and its death means that no slice is left
+    view = np.frombuffer(memoryview(owner), np.uint32)
+    _ours[view.ctypes.data] = view
+    weakref.finalize(view, _give_back, words, owner)
+    return view
