@@ -15,16 +15,16 @@ import weakref
 from typing import Any, Sequence
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 
-from gradpress.kernels.cuda import device
+from gradpress.kernels.cuda import device, streams
 
 _MAX_ENTRIES = 256  # partitions come in a few sizes: a job of many sizes is not hoarded
 _local = threading.local()
 
 
 def _current_device() -> int:
-    return 0 if config.ENABLE_CUDASIM else cuda.get_current_device().id
+    return streams.current_index()
 
 
 def scratch(role: str, count: int, dtype: Any) -> Any:

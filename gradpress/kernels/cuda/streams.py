@@ -71,6 +71,15 @@ def _index_of(x: Any) -> int:
     return current if current is not None else cuda.get_current_device().id
 
 
+def current_index() -> int:
+    """The device numba launches on from this thread (``working_on``'s, without a driver
+    call where a thread keeps it); 0 under the simulator."""
+    if config.ENABLE_CUDASIM:
+        return 0
+    current = getattr(_local, "device", None)
+    return current if current is not None else cuda.get_current_device().id
+
+
 def stream() -> Any:
     """The numba stream to launch and copy on: gradpress's stream of the device that the
     enclosing ``working_on`` named (else of numba's current device)."""
