@@ -138,7 +138,7 @@ class Compressor(ABC):
         if n > MAX_ELEMENTS or self.encoded_nbytes(n, 4) >= 4 * n:
             return None
         if device:
-            encoded = self._encode_device_feedback(g, e, lam, e_out, key, round)
+            encoded = self._encode_device_feedback(g, e, lam, e_out, key, round, reuse)
         else:
             encoded = self._encode_feedback(g, e, lam, e_out, key, round, reuse)
         if encoded is None:
@@ -154,8 +154,9 @@ class Compressor(ABC):
         return None
 
     def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
-                                round: int) -> tuple[dict, list] | None:
-        """The same for float32 device arrays."""
+                                round: int, reuse: Buffers | None) -> tuple[dict, list] | None:
+        """The same for float32 device arrays; the payload comes back to host buffers, those
+        of ``reuse`` where they fit (pinned ones, made by an earlier device payload)."""
         return None
 
     def _compress_device(self, x: Any, key: int, round: int) -> tuple[Header, Buffers]:
