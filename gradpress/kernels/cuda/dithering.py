@@ -39,14 +39,14 @@ def _encode(g, e, lam, feedback, totals, l2, s, natural, width, draws, norm_out,
     norm = np.float64(norm32)
     sign_bit = 1 << (width - 1)
     table = cuda.shared.array(256, float32)
-    if feedback and t < (1 << width):
-        lv = t & (sign_bit - 1)
+    for code in range(t, (1 << width) if feedback else 0, PACK_THREADS):
+        lv = code & (sign_bit - 1)
         value = np.float32(0.0)
         if lv <= s:
             value = np.float32(_level_value(lv, norm, s, natural))
-            if t & sign_bit:
+            if code & sign_bit:
                 value = -value
-        table[t] = value
+        table[code] = value
     cuda.syncthreads()
     per_byte = 8 // width
     stage = cuda.shared.array(STAGE, uint8)

@@ -13,13 +13,15 @@ swaps a device function's module's ``cuda`` per call, which races between its th
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, float64, uint32
+from numba import config, cuda, float32, float64, uint32
 
 from gradpress.kernels.cuda import device, scratch
 from gradpress.kernels.cuda.device import THREADS, blocks
 from gradpress.kernels.reduction import CHUNK, LANES, chunk_count
 
-TOTAL_THREADS = 256  # threads of the one block that runs ``block_totals``
+# threads of the one block that pairs the chunk values (a power of two); fewer under the
+# simulator, which runs each as a Python thread
+TOTAL_THREADS = 32 if config.ENABLE_CUDASIM else 256
 _SHARED_VALUES = 2 * TOTAL_THREADS  # levels with at most this many values pair in shared memory
 _FLOAT32_MAX = np.float32(3.4028235e38)
 ABS, SQUARE, LARGEST = 0, 1, 2  # rows of the chunk values and of the totals
@@ -41,7 +43,7 @@ def _chunk_norms(g, e, lam, feedback, work):
     float32 maxima order as their bits do)."""
     c = cuda.blockIdx.x
     j = cuda.threadIdx.x
-    lanes = cuda.shared.array((3, LANES), float64)
+    lanes = cuda.shared.array((2, 3, LANES), float64)  # read from one half, write the other
     total = 0.0
     squares = 0.0
     largest = float32(0.0)
@@ -57,28 +59,22 @@ def _chunk_norms(g, e, lam, feedback, work):
             if not magnitude <= _FLOAT32_MAX:
                 magnitude = float32(np.inf)
             largest = max(largest, magnitude)
-    lanes[ABS, j] = total
-    lanes[SQUARE, j] = squares
-    lanes[LARGEST, j] = largest
+    lanes[0, ABS, j] = total
+    lanes[0, SQUARE, j] = squares
+    lanes[0, LARGEST, j] = largest
+    src = 0
     width = LANES
-    a = q = 0.0
-    top = 0.0
-    while width > 1:  # lane_tree's pairing; read, then write after every thread has read
+    while width > 1:  # lane_tree's pairing, one barrier a level
         width //= 2
         cuda.syncthreads()
         if j < width:
-            a = lanes[ABS, 2 * j] + lanes[ABS, 2 * j + 1]
-            q = lanes[SQUARE, 2 * j] + lanes[SQUARE, 2 * j + 1]
-            top = max(lanes[LARGEST, 2 * j], lanes[LARGEST, 2 * j + 1])
-        cuda.syncthreads()
-        if j < width:
-            lanes[ABS, j] = a
-            lanes[SQUARE, j] = q
-            lanes[LARGEST, j] = top
-    if j == 0:
-        work[0, ABS, c] = lanes[ABS, 0]
-        work[0, SQUARE, c] = lanes[SQUARE, 0]
-        work[0, LARGEST, c] = lanes[LARGEST, 0]
+            for row in range(2):
+                lanes[1 - src, row, j] = lanes[src, row, 2 * j] + lanes[src, row, 2 * j + 1]
+            lanes[1 - src, LARGEST, j] = max(lanes[src, LARGEST, 2 * j], lanes[src, LARGEST, 2 * j + 1])
+        src = 1 - src
+    if j == 0:  # thread 0 wrote the last level itself
+        for row in range(3):
+            work[0, row, c] = lanes[src, row, 0]
 
 
 @cuda.jit
@@ -101,30 +97,27 @@ def _totals(work, totals):
         n = half + n % 2
         src = 1 - src
         cuda.syncthreads()
-    values = cuda.shared.array((2, _SHARED_VALUES), float64)
+    values = cuda.shared.array((2, 2, _SHARED_VALUES), float64)  # halves as work's
     for j in range(t, n, TOTAL_THREADS):
-        values[ABS, j] = work[src, ABS, j]
-        values[SQUARE, j] = work[src, SQUARE, j]
+        for row in range(2):
+            values[0, row, j] = work[src, row, j]
     top = cuda.shared.array(TOTAL_THREADS, float64)
     largest = 0.0
     for j in range(t, work.shape[2], TOTAL_THREADS):  # any order gives the same maximum
         largest = max(largest, work[0, LARGEST, j])
     top[t] = largest
+    src = 0
     cuda.syncthreads()
-    a = q = 0.0
-    while n > 1:  # one value per thread at most: read, wait, write, wait
+    while n > 1:
         half = n // 2
-        if t < half:
-            a = values[ABS, 2 * t] + values[ABS, 2 * t + 1]
-            q = values[SQUARE, 2 * t] + values[SQUARE, 2 * t + 1]
-        elif t == half and n % 2:
-            a = values[ABS, n - 1]
-            q = values[SQUARE, n - 1]
-        cuda.syncthreads()
-        if t < half or (t == half and n % 2):
-            values[ABS, t] = a
-            values[SQUARE, t] = q
+        for j in range(t, half, TOTAL_THREADS):
+            for row in range(2):
+                values[1 - src, row, j] = values[src, row, 2 * j] + values[src, row, 2 * j + 1]
+        if n % 2 and t == 0:
+            for row in range(2):
+                values[1 - src, row, half] = values[src, row, n - 1]
         n = half + n % 2
+        src = 1 - src
         cuda.syncthreads()
     width = TOTAL_THREADS
     while width > 1:
@@ -133,8 +126,8 @@ def _totals(work, totals):
             top[t] = max(top[t], top[t + width])
         cuda.syncthreads()
     if t == 0:
-        totals[ABS] = values[ABS, 0] if n == 1 else 0.0
-        totals[SQUARE] = values[SQUARE, 0] if n == 1 else 0.0
+        totals[ABS] = values[src, ABS, 0] if n == 1 else 0.0
+        totals[SQUARE] = values[src, SQUARE, 0] if n == 1 else 0.0
         totals[LARGEST] = top[0]
 
 

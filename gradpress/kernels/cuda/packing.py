@@ -7,9 +7,11 @@ and after a ``cuda.syncthreads()`` packs byte t of the block from the stage. One
 per byte reading its own 8 elements would read 32 bytes apart per thread, uncoalesced.
 These device functions take the thread and block index as arguments: see ``norms``.
 """
-from numba import cuda
+from numba import config, cuda
 
-PACK_THREADS = 256
+# The simulator runs every thread as a Python thread: small blocks there keep the tests
+# fast (and give small arrays several blocks); nothing here depends on the size.
+PACK_THREADS = 32 if config.ENABLE_CUDASIM else 256
 STAGE = 8 * PACK_THREADS  # codes a block stages at most (onebit's 1-bit codes)
 
 
