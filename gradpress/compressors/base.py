@@ -154,9 +154,9 @@ class Compressor(ABC):
         return None
 
     def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
-                                round: int, reuse: Buffers | None = None) -> tuple[dict, list] | None:
-        """The same for float32 device arrays; a codec that copies its payload into pinned
-        host memory writes it over ``reuse`` where that is one of its own."""
+                                round: int, reuse: Buffers | None) -> tuple[dict, list] | None:
+        """The same for float32 device arrays; the payload comes back to host buffers, those
+        of ``reuse`` where they fit (pinned ones, made by an earlier device payload)."""
         return None
 
     def _compress_device(self, x: Any, key: int, round: int) -> tuple[Header, Buffers]:

@@ -81,19 +81,17 @@ class Dithering(Compressor):
         return self._fields(), [np.array([norm], np.float32), codes]
 
     def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
-                                round: int, reuse: Buffers | None = None) -> tuple[dict, list]:
+                                round: int, reuse: Buffers | None) -> tuple[dict, list]:
         from gradpress.kernels.cuda import dithering as gpu_dithering
-        encoded = gpu_dithering.encode_feedback(g, e, lam, self,
-                                                stream_id(self.seed, key, round), e_out)
-        if encoded is None:
+        buffers = gpu_dithering.encode_feedback(g, e, lam, self, stream_id(self.seed, key, round),
+                                                e_out, reuse)
+        if buffers is None:
             raise FeedbackRefused(self.name)
-        norm, codes = encoded
-        return self._fields(), [np.array([norm], np.float32), codes]
+        return self._fields(), buffers
 
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
         from gradpress.kernels.cuda import dithering as gpu_dithering
-        norm, codes = gpu_dithering.encode(x, self, stream_id(self.seed, key, round))
-        return self._fields(), [np.array([norm], np.float32), codes]
+        return self._fields(), gpu_dithering.encode(x, self, stream_id(self.seed, key, round))
 
     def _fields(self) -> dict:
         return {"s": self.s, "partition": self.partition}

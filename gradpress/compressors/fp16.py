@@ -38,9 +38,9 @@ class Fp16(Compressor):
         return {}, [bits]
 
     def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
-                                round: int, reuse: Buffers | None = None) -> tuple[dict, list]:
+                                round: int, reuse: Buffers | None) -> tuple[dict, list]:
         from gradpress.kernels.cuda import fp16 as gpu_fp16
-        bits = gpu_fp16.encode_feedback(g, e, lam, e_out)
+        bits = gpu_fp16.encode_feedback(g, e, lam, e_out, reuse)
         if bits is None:
             raise FeedbackRefused(self.name)
         return {}, [bits]

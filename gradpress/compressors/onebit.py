@@ -9,12 +9,11 @@ from gradpress.compressors.arrays import as_float32, divided
 from gradpress.compressors.base import Buffers, Compressor, FeedbackRefused, reusable
 from gradpress.kernels.bitlayout import packed_nbytes
 from gradpress.kernels.cpu import norms, onebit
-from gradpress.kernels.scaling import reject_non_finite, scale_from_norms
+from gradpress.kernels.scaling import SCALINGS, reject_non_finite, scale_from_norms
 from gradpress.compressors.params import choice, flag
 from gradpress.compressors.payload import buffer_array, expect_buffer_count, finite_scale
 from gradpress.compressors.registry import register
 
-SCALINGS = ("none", "l1", "l2")
 
 
 @register
@@ -60,9 +59,9 @@ class OneBit(Compressor):
         return {}, [np.array([scale], np.float32), bits]
 
     def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
-                                round: int, reuse: Buffers | None = None) -> tuple[dict, list]:
+                                round: int, reuse: Buffers | None) -> tuple[dict, list]:
         from gradpress.kernels.cuda import onebit as gpu_onebit
-        encoded = gpu_onebit.encode_feedback(g, e, lam, self.scaling, e_out)
+        encoded = gpu_onebit.encode_feedback(g, e, lam, self.scaling, e_out, reuse)
         if encoded is None:
             raise FeedbackRefused(self.name)
         return encoded

@@ -62,7 +62,7 @@ class RandomK(Compressor):
         return self._fields(k), [values]
 
     def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
-                                round: int, reuse: Buffers | None = None) -> tuple[dict, list]:
+                                round: int, reuse: Buffers | None) -> tuple[dict, list]:
         from gradpress.kernels.cuda import randomk as gpu_randomk
         n, k = g.shape[0], keep_count(self.k, g.shape[0])
         values = gpu_randomk.gather_feedback(g, e, lam, e_out, n, k, self._stream(key, round, n, k),

@@ -47,7 +47,7 @@ class TopK(Compressor):
         return {"k": k}, [indices, values]
 
     def _encode_device_feedback(self, g: Any, e: Any, lam: float, e_out: Any, key: int,
-                                round: int, reuse: Buffers | None = None) -> tuple[dict, list]:
+                                round: int, reuse: Buffers | None) -> tuple[dict, list]:
         from gradpress.kernels.cuda import topk as gpu_topk
         k = keep_count(self.k, g.shape[0])
         selected = gpu_topk.select_topk_feedback(g, e, lam, e_out, k, reuse)

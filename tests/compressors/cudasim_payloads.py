@@ -123,6 +123,44 @@ def fused_cases():
         yield f"fused-nan/{name}", problem
 
 
+CHUNKED = 2 * 4096 + 300  # three chunks of kernels/reduction.py, the last partial: an odd count
+
+
+def chunked_cases():
+    """Sizes across chunk boundaries: payloads of the device reductions against the CPU's,
+    fused error feedback against the generic steps, the key's payload buffer reused."""
+    x = gaussian(CHUNKED, seed=3)
+    x[::97] *= 1e4  # magnitudes far apart, so that another summation order gives other bits
+    for name in ("onebit-l1", "onebit-l2", "dither-linear-l2", "dither-natural-max", "fp16"):
+        c = build_compressor(dict(CODEC_PARAMS)[name], "server")
+        yield f"chunks/{name}", same_payload(c.compress(x, key=KEY, round=ROUND),
+                                             c.compress(cuda.to_device(x), key=KEY, round=ROUND))
+    for name in ("onebit-l2", "dither-natural-l2", "fp16"):
+        pair = [ErrorFeedback(build_compressor(dict(CODEC_PARAMS)[name], "server"), False, fused)
+                for fused in (True, False)]
+        problem, bases = "", []
+        for round in range(2):
+            g = cuda.to_device(x if round else gaussian(CHUNKED, seed=4))
+            fused, generic = (c.compress(g, key=1, round=round) for c in pair)
+            bases.append(fused[1][-1].base)
+            problem = problem or same_payload(fused, generic)
+            residuals = [c.residual(1).copy_to_host() for c in pair]
+            if not problem and residuals[0].tobytes() != residuals[1].tobytes():
+                problem = f"residuals differ at round {round}"
+        yield f"chunks-fused/{name}", problem
+        yield f"payload-reused/{name}", "" if bases[0] is bases[1] else \
+            "the key's previous payload buffer was not written over"
+
+
+def pooled_payload_case():
+    """A plain compress's payload stays intact while it is held, whatever compresses next."""
+    c = build_compressor(dict(CODEC_PARAMS)["onebit-l1"], "server")
+    first, second = gaussian(300, seed=5), gaussian(300, seed=6)
+    held = c.compress(cuda.to_device(first), key=KEY, round=ROUND)
+    c.compress(cuda.to_device(second), key=KEY, round=ROUND)
+    yield "pooled-payload-held", same_payload(held, c.compress(first, key=KEY, round=ROUND))
+
+
 def decompress_case():
     c = build_compressor(dict(CODEC_PARAMS)["topk-frac"], "server")
     x = gaussian(100)
@@ -228,6 +266,6 @@ if __name__ == "__main__":
     with np.errstate(over="ignore"):
         for source in (codec_cases, rejection_cases, wrapper_cases, decompress_case,
                        device_decode_cases, fused_cases, topk_kernel_cases,
-                       sparse_feedback_cases):
+                       sparse_feedback_cases, chunked_cases, pooled_payload_case):
             for case, problem in source():
                 print(json.dumps({"case": case, "problem": problem}), flush=True)

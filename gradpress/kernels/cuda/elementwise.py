@@ -1,11 +1,12 @@
-"""Device counterparts of ``array_ops.HostOps`` for the stateful wrappers."""
+"""Device counterparts of ``array_ops.HostOps`` for the stateful wrappers, on gradpress's
+stream (``device.stream()``)."""
 from typing import Any
 
 import numpy as np
 from numba import cuda
 
 from gradpress.kernels.cpu.norms import INF_BITS
-from gradpress.kernels.cuda import device, norms
+from gradpress.kernels.cuda import device, norms, scratch
 from gradpress.kernels.cuda.device import THREADS, blocks
 
 
@@ -34,11 +35,11 @@ class DeviceOps:
 
     @staticmethod
     def add_scaled(out: Any, a: Any, alpha: float, b: Any) -> None:
-        _add_scaled[blocks(out.shape[0]), THREADS](out, a, np.float32(alpha), b)
+        _add_scaled[blocks(out.shape[0]), THREADS, device.stream()](out, a, np.float32(alpha), b)
 
     @staticmethod
     def subtract(out: Any, a: Any, b: Any) -> None:
-        _subtract[blocks(out.shape[0]), THREADS](out, a, b)
+        _subtract[blocks(out.shape[0]), THREADS, device.stream()](out, a, b)
 
     @staticmethod
     def all_finite(x: Any) -> bool:
@@ -53,14 +54,18 @@ class DeviceOps:
 
 
 @cuda.jit
-def _compensate_checked(g, e, lam, e_out, flag):
-    """e_out = p = g + lam * e (``_add_scaled``'s arithmetic); flag[0] = 1 on a NaN/inf."""
+def _compensate_checked(g, e, lam, e_out, flag, epoch):
+    """e_out = p = g + lam * e (``_add_scaled``'s arithmetic); flag[0] = epoch on a NaN/inf
+    (see ``scratch.epoch``)."""
     i = cuda.grid(1)
     if i < e_out.shape[0]:
         p = g[i] + lam * e[i]
         e_out[i] = p
         if not abs(p) < np.inf:
-            cuda.atomic.max(flag, 0, 1)
+            flag[0] = epoch
+
+
+_FLAG = scratch.Layout(((np.int32, 1),), 1)
 
 
 def compensate_flagged(g: Any, e: Any, lam: float, e_out: Any, flag: Any) -> None:
@@ -71,7 +76,10 @@ def compensate_flagged(g: Any, e: Any, lam: float, e_out: Any, flag: Any) -> Non
 
 
 def compensate_checked(g: Any, e: Any, lam: float, e_out: Any) -> bool:
-    """e_out = g + lam * e in one pass; whether all of it is finite."""
-    flag = cuda.to_device(np.zeros(1, np.int32))
-    _compensate_checked[blocks(e_out.shape[0]), THREADS](g, e, np.float32(lam), e_out, flag)
-    return int(flag.copy_to_host()[0]) == 0
+    """e_out = g + lam * e in one pass; whether all of it is finite (one host read)."""
+    whole, (flag,) = scratch.staged(_FLAG)
+    epoch = scratch.epoch()
+    _compensate_checked[blocks(e_out.shape[0]), THREADS, device.stream()](
+        g, e, np.float32(lam), e_out, flag, epoch)
+    (flag_host,) = scratch.copy_back(whole, _FLAG, np.empty(_FLAG.nbytes, np.uint8))
+    return bool(flag_host[0] != epoch)

@@ -1,8 +1,10 @@
 """fp16 encoder on the GPU: the hardware float32 -> float16 conversion rounds to nearest
-even, as numpy does (NaN payload bits may differ)."""
+even, as numpy does (NaN payload bits may differ). One launch, one element per thread,
+and one copy of the halves (with error feedback, a status word travels in the same copy)."""
 import numpy as np
 from numba import cuda
 
+from gradpress.kernels.cuda import device, scratch
 from gradpress.kernels.cuda.device import THREADS, blocks
 
 
@@ -14,13 +16,18 @@ def _to_half(x, half):
 
 
 def to_half_bits(x) -> np.ndarray:
-    half = cuda.device_array(x.shape[0], np.float16)
-    _to_half[blocks(x.shape[0]), THREADS](x, half)
-    return half.copy_to_host().view(np.uint16)
+    """half(x) bits, in a pinned host buffer of the pool (``scratch.pooled_host``)."""
+    layout = scratch.Layout(((np.float16, x.shape[0]),), 1)
+    whole, (half,) = scratch.staged(layout)
+    _to_half[blocks(x.shape[0]), THREADS, device.stream()](x, half)
+    (bits,) = scratch.copy_back(whole, layout, scratch.pooled_host(layout.nbytes))
+    return bits.view(np.uint16)
 
 
 @cuda.jit
-def _encode_feedback(g, e, lam, half, e_out, flag):
+def _encode_feedback(g, e, lam, half, e_out, flag, epoch):
+    """half(p) and e_out = p - float(half(p)); flag[0] = epoch where a residual is not
+    finite (an earlier call's flag holds another epoch, so nothing clears it)."""
     i = cuda.grid(1)
     if i < g.shape[0]:
         p = g[i] + lam * e[i]
@@ -29,18 +36,22 @@ def _encode_feedback(g, e, lam, half, e_out, flag):
         residual = p - np.float32(h)
         e_out[i] = residual
         if not abs(residual) < np.inf:
-            cuda.atomic.max(flag, 0, 1)
+            flag[0] = epoch
 
 
-def encode_feedback(g, e, lam: float, e_out) -> np.ndarray | None:
+def encode_feedback(g, e, lam: float, e_out, reuse=None) -> np.ndarray | None:
     """Error feedback fused into fp16, one pass: half(p) bits and e_out = p - float(half(p));
-    None when a residual is not finite (e_out then holds garbage; it must not be e)."""
-    half = cuda.device_array(g.shape[0], np.float16)
-    flag = cuda.to_device(np.zeros(1, np.int32))
-    _encode_feedback[blocks(g.shape[0]), THREADS](g, e, np.float32(lam), half, e_out, flag)
-    if int(flag.copy_to_host()[0]):
+    None when a residual is not finite (e_out then holds garbage; it must not be e). The
+    bits land in ``reuse``'s host buffer where it is this layout's."""
+    layout = scratch.Layout(((np.float16, g.shape[0]), (np.int32, 1)), 1)
+    whole, (half, flag) = scratch.staged(layout)
+    epoch = scratch.epoch()
+    _encode_feedback[blocks(g.shape[0]), THREADS, device.stream()](
+        g, e, np.float32(lam), half, e_out, flag, epoch)
+    bits, flag_host = scratch.copy_back(whole, layout, scratch.feedback_host(layout, reuse))
+    if flag_host[0] == epoch:
         return None
-    return half.copy_to_host().view(np.uint16)
+    return bits.view(np.uint16)
 
 
 @cuda.jit

@@ -1,107 +1,186 @@
-"""Norm lanes on the GPU: thread (chunk c, lane j) adds the lane of
-``kernels.reduction``; the host finishes with the same trees as the CPU kernel."""
+"""Norms on the GPU in the summation order of ``kernels.reduction``, reduced on the device.
+
+``launch_totals`` queues two kernels: one block of 64 threads per chunk, thread j being
+lane j (a warp's loads are 32 consecutive floats), each chunk's lanes paired in shared
+memory as ``lane_tree`` pairs them; then one block pairing the chunk values level by level
+as ``pairwise_total`` does. The totals stay on the device: an encoder's next kernel
+derives its scale or norm from them, and nothing comes back to the host before the
+payload does.
+
+Device functions here and in the other modules use no ``cuda.*`` inside: the simulator
+swaps a device function's module's ``cuda`` per call, which races between its threads.
+"""
+from typing import Any
+
 import numpy as np
-from numba import cuda
+from numba import config, cuda, float32, float64, uint32
 
+from gradpress.kernels.cuda import device, scratch
 from gradpress.kernels.cuda.device import THREADS, blocks
-from gradpress.kernels.reduction import CHUNK, LANES, chunk_count, finish_lane_sums
+from gradpress.kernels.reduction import CHUNK, LANES, chunk_count
 
+# threads of the one block that pairs the chunk values (a power of two); fewer under the
+# simulator, which runs each as a Python thread
+TOTAL_THREADS = 32 if config.ENABLE_CUDASIM else 256
+_SHARED_VALUES = 2 * TOTAL_THREADS  # levels with at most this many values pair in shared memory
 _FLOAT32_MAX = np.float32(3.4028235e38)
+ABS, SQUARE, LARGEST = 0, 1, 2  # rows of the chunk values and of the totals
+
+
+@cuda.jit(device=True, inline=True)
+def load(g, e, lam, feedback, i):
+    """p_i = g_i + lam * e_i with error feedback (the arithmetic of ``elementwise``'s
+    ``_add_scaled``), else g_i."""
+    if feedback:
+        return g[i] + lam * e[i]
+    return g[i]
 
 
 @cuda.jit
-def _lane_sums(x, square, lane_sums):
-    t = cuda.grid(1)
-    if t >= lane_sums.shape[0]:
-        return
-    start = (t // LANES) * CHUNK + t % LANES
+def _chunk_norms(g, e, lam, feedback, work):
+    """Block c: work[0, ABS, c] = sum |p| and work[0, SQUARE, c] = sum p^2 over chunk c in
+    the order of ``kernels.reduction``, work[0, LARGEST, c] = largest |p| (inf for NaN/inf:
+    float32 maxima order as their bits do)."""
+    c = cuda.blockIdx.x
+    j = cuda.threadIdx.x
+    lanes = cuda.shared.array((2, 3, LANES), float64)  # read from one half, write the other
     total = 0.0
-    for m in range(CHUNK // LANES):
-        i = start + m * LANES
-        if i < x.shape[0]:
-            v = np.float64(x[i])
-            total += v * v if square else abs(v)
-    lane_sums[t] = total
-
-
-@cuda.jit
-def _lane_max_bits(x_bits, lane_max):
-    t = cuda.grid(1)
-    if t >= lane_max.shape[0]:
-        return
-    start = (t // LANES) * CHUNK + t % LANES
-    best = np.uint32(0)
-    for m in range(CHUNK // LANES):
-        i = start + m * LANES
-        if i < x_bits.shape[0]:
-            best = max(best, x_bits[i] & np.uint32(0x7FFFFFFF))
-    lane_max[t] = best
-
-
-def _ordered_sum(x, square: bool) -> float:
-    lanes = cuda.device_array(chunk_count(x.shape[0]) * LANES, np.float64)
-    _lane_sums[blocks(lanes.shape[0]), THREADS](x, square, lanes)
-    return finish_lane_sums(lanes.copy_to_host())
-
-
-def abs_sum(x) -> float:
-    return _ordered_sum(x, False)
-
-
-def square_sum(x) -> float:
-    return _ordered_sum(x, True)
-
-
-def max_abs_bits(x) -> int:
-    lanes = cuda.device_array(chunk_count(x.shape[0]) * LANES, np.uint32)
-    _lane_max_bits[blocks(lanes.shape[0]), THREADS](x.view(np.uint32), lanes)
-    return int(lanes.copy_to_host().max())
-
-
-@cuda.jit
-def _feedback_lane_sums(g, e, lam, square, lane_sums):
-    """``_lane_sums`` of p = g + lam * e, p computed on the fly."""
-    t = cuda.grid(1)
-    if t >= lane_sums.shape[0]:
-        return
-    start = (t // LANES) * CHUNK + t % LANES
-    total = 0.0
+    squares = 0.0
+    largest = float32(0.0)
+    start = c * CHUNK + j
     for m in range(CHUNK // LANES):
         i = start + m * LANES
         if i < g.shape[0]:
-            v = np.float64(g[i] + lam * e[i])
-            total += v * v if square else abs(v)
-    lane_sums[t] = total
-
-
-@cuda.jit
-def _feedback_lane_max(g, e, lam, lane_max):
-    """Largest |p| per lane as float32 (inf for a NaN/inf): float32 maxima order as
-    their bits do, and no bit cast of a register is needed."""
-    t = cuda.grid(1)
-    if t >= lane_max.shape[0]:
-        return
-    start = (t // LANES) * CHUNK + t % LANES
-    best = np.float32(0.0)
-    for m in range(CHUNK // LANES):
-        i = start + m * LANES
-        if i < g.shape[0]:
-            magnitude = abs(g[i] + lam * e[i])
+            p = load(g, e, lam, feedback, i)
+            v = float64(p)
+            total += abs(v)
+            squares += v * v  # exact in float64: a fused multiply-add changes nothing
+            magnitude = abs(p)
             if not magnitude <= _FLOAT32_MAX:
-                magnitude = np.float32(np.inf)
-            best = max(best, magnitude)
-    lane_max[t] = best
+                magnitude = float32(np.inf)
+            largest = max(largest, magnitude)
+    lanes[0, ABS, j] = total
+    lanes[0, SQUARE, j] = squares
+    lanes[0, LARGEST, j] = largest
+    src = 0
+    width = LANES
+    while width > 1:  # lane_tree's pairing, one barrier a level
+        width //= 2
+        cuda.syncthreads()
+        if j < width:
+            for row in range(2):
+                lanes[1 - src, row, j] = lanes[src, row, 2 * j] + lanes[src, row, 2 * j + 1]
+            lanes[1 - src, LARGEST, j] = max(lanes[src, LARGEST, 2 * j], lanes[src, LARGEST, 2 * j + 1])
+        src = 1 - src
+    if j == 0:  # thread 0 wrote the last level itself
+        for row in range(3):
+            work[0, row, c] = lanes[src, row, 0]
 
 
-def feedback_sum(g, e, lam: float, square: bool) -> float:
-    """``abs_sum`` / ``square_sum`` of p = g + lam * e without storing p."""
-    lanes = cuda.device_array(chunk_count(g.shape[0]) * LANES, np.float64)
-    _feedback_lane_sums[blocks(lanes.shape[0]), THREADS](g, e, np.float32(lam), square, lanes)
-    return finish_lane_sums(lanes.copy_to_host())
+@cuda.jit
+def _totals(work, totals):
+    """One block of ``TOTAL_THREADS``: totals[ABS] and totals[SQUARE] = ``pairwise_total``
+    of the chunk values, totals[LARGEST] their largest; ``work`` is overwritten. Levels of
+    many values pair in global memory (work[0] and work[1] in turn), the last ones in
+    shared memory."""
+    t = cuda.threadIdx.x
+    n = work.shape[2]
+    src = 0
+    while n > _SHARED_VALUES:
+        half = n // 2
+        for j in range(t, half, TOTAL_THREADS):
+            for row in range(2):
+                work[1 - src, row, j] = work[src, row, 2 * j] + work[src, row, 2 * j + 1]
+        if n % 2 and t == 0:
+            for row in range(2):
+                work[1 - src, row, half] = work[src, row, n - 1]
+        n = half + n % 2
+        src = 1 - src
+        cuda.syncthreads()
+    values = cuda.shared.array((2, 2, _SHARED_VALUES), float64)  # halves as work's
+    for j in range(t, n, TOTAL_THREADS):
+        for row in range(2):
+            values[0, row, j] = work[src, row, j]
+    top = cuda.shared.array(TOTAL_THREADS, float64)
+    largest = 0.0
+    for j in range(t, work.shape[2], TOTAL_THREADS):  # any order gives the same maximum
+        largest = max(largest, work[0, LARGEST, j])
+    top[t] = largest
+    src = 0
+    cuda.syncthreads()
+    while n > 1:
+        half = n // 2
+        for j in range(t, half, TOTAL_THREADS):
+            for row in range(2):
+                values[1 - src, row, j] = values[src, row, 2 * j] + values[src, row, 2 * j + 1]
+        if n % 2 and t == 0:
+            for row in range(2):
+                values[1 - src, row, half] = values[src, row, n - 1]
+        n = half + n % 2
+        src = 1 - src
+        cuda.syncthreads()
+    width = TOTAL_THREADS
+    while width > 1:
+        width //= 2
+        if t < width:
+            top[t] = max(top[t], top[t + width])
+        cuda.syncthreads()
+    if t == 0:
+        totals[ABS] = values[src, ABS, 0] if n == 1 else 0.0
+        totals[SQUARE] = values[src, SQUARE, 0] if n == 1 else 0.0
+        totals[LARGEST] = top[0]
 
 
-def feedback_max_abs_bits(g, e, lam: float) -> int:
-    """``max_abs_bits`` of p = g + lam * e without storing p."""
-    lanes = cuda.device_array(chunk_count(g.shape[0]) * LANES, np.float32)
-    _feedback_lane_max[blocks(lanes.shape[0]), THREADS](g, e, np.float32(lam), lanes)
-    return int(np.float32(lanes.copy_to_host().max()).view(np.uint32))
+def launch_totals(g: Any, e: Any, lam: np.float32, feedback: bool) -> Any:
+    """Queue, on gradpress's stream, the norms of p (of g alone without ``feedback``): a
+    device float64 array of 3 (sum |p|, sum p^2, largest |p| with inf for a NaN/inf) that
+    the encoder's next kernel reads; nothing comes back to the host."""
+    chunks = chunk_count(g.shape[0])
+    work = scratch.device_array((2, 3, chunks), np.float64)
+    totals = scratch.device_array((3,), np.float64)
+    stream = device.stream()
+    _chunk_norms[chunks, LANES, stream](g, e, lam, feedback, work)
+    _totals[1, TOTAL_THREADS, stream](work, totals)
+    return totals
+
+
+@cuda.jit
+def _largest_bits(x_bits, largest):
+    """largest[0] = max(largest[0], the largest |x| bits) (NaN's above inf's): a block's
+    maximum in shared memory, then one atomic per block."""
+    top = cuda.shared.array(THREADS, uint32)
+    t = cuda.threadIdx.x
+    best = uint32(0)
+    for i in range(cuda.grid(1), x_bits.shape[0], cuda.gridsize(1)):
+        best = max(best, x_bits[i] & uint32(0x7FFFFFFF))
+    top[t] = best
+    width = THREADS
+    while width > 1:
+        width //= 2
+        cuda.syncthreads()
+        if t < width:
+            top[t] = max(top[t], top[t + width])
+    if t == 0:
+        cuda.atomic.max(largest, 0, top[0])
+
+
+@cuda.jit
+def _clear(word):
+    word[0] = 0
+
+
+_MOST_BLOCKS = 4096  # a grid-stride loop beyond: enough blocks to fill any card
+
+
+def max_abs_bits(x: Any) -> int:
+    """Largest |x_i| as float32 bits (>= ``INF_BITS`` for a NaN or inf); one host read."""
+    largest = scratch.device_array((1,), np.uint32)
+    stream = device.stream()
+    _clear[1, 1, stream](largest)
+    grid = min(blocks(x.shape[0]), _MOST_BLOCKS)
+    _largest_bits[grid, THREADS, stream](x.view(np.uint32), largest)
+    host = np.empty(1, np.uint32)
+    largest.copy_to_host(host, stream=stream)
+    stream.synchronize()
+    return int(host[0])
+

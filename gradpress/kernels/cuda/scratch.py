@@ -1,0 +1,149 @@
+"""Memory the GPU encoders reuse from call to call: device scratch, one allocation per
+payload layout, and pinned host buffers the finished payload is copied into.
+
+Why: a ``cuda.device_array`` per call costs an allocation, and its free (cuMemFree)
+synchronises the whole device; a fresh pageable host array makes the copy back go through
+the driver's bounce buffers, and a fresh pinned one costs a page-locking per call.
+"""
+import itertools
+import sys
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+from numba import config, cuda
+
+from gradpress.kernels.cuda import device
+
+_ALIGN = 8  # bytes: every part of a layout starts at a multiple of its largest itemsize
+_MOST_ENTRIES = 64  # per thread: partitions come in a few sizes; a job of many is not hoarded
+
+
+class Layout:
+    """Buffers laid end to end in one uint8 allocation, each at a multiple of 8 bytes, so
+    that kernels fill all of them on the device and one copy brings them back. The first
+    ``payload`` parts are the payload's buffers; the rest are status words (a flag) that
+    travel in the same copy.
+
+    Args:
+        parts: (dtype, count) per buffer, in order.
+        payload: how many leading parts form the payload.
+    """
+
+    def __init__(self, parts: Sequence[tuple[Any, int]], payload: int) -> None:
+        self.parts = tuple((np.dtype(dtype), int(count)) for dtype, count in parts)
+        self.payload = payload
+        self.offsets = []
+        end = 0
+        for dtype, count in self.parts:
+            self.offsets.append(end)
+            end += -(-dtype.itemsize * count // _ALIGN) * _ALIGN
+        self.nbytes = max(end, _ALIGN)
+        self.key = (self.parts, payload)
+
+    def views(self, whole: Any) -> list:
+        """Typed views of every part of ``whole`` (a host or device uint8 array of ``nbytes``)."""
+        return [whole[offset:offset + dtype.itemsize * count].view(dtype)
+                for offset, (dtype, count) in zip(self.offsets, self.parts)]
+
+    def fits(self, buffers: Any, whole: Any) -> bool:
+        """Whether ``buffers`` are the payload views of ``whole`` (any dtype, same bytes)."""
+        if buffers is None or len(buffers) < self.payload:
+            return False
+        start = whole.ctypes.data
+        for old, offset, (dtype, count) in zip(buffers, self.offsets, self.parts):
+            if not isinstance(old, np.ndarray) or old.ctypes.data != start + offset \
+                    or old.nbytes != dtype.itemsize * count:
+                return False
+        return True
+
+
+_local = threading.local()
+
+
+def _device_id() -> int:
+    return 0 if config.ENABLE_CUDASIM else cuda.get_current_device().id
+
+
+def _cached(key: tuple, make) -> Any:
+    """This thread's entry for ``key`` on the current device. Per thread, because a compress
+    owns its scratch from its first launch to its synchronize, and threads of a worker
+    compress different keys at once."""
+    cache = _local.__dict__.setdefault("entries", {})
+    key = (_device_id(),) + key
+    if key not in cache:
+        if len(cache) >= _MOST_ENTRIES:
+            cache.clear()
+        cache[key] = make()
+    return cache[key]
+
+
+def device_array(shape: tuple, dtype: Any) -> Any:
+    """A device array of ``shape`` (contents undefined), this thread's own, reused."""
+    return _cached(("array", tuple(shape), np.dtype(dtype)),
+                   lambda: cuda.device_array(shape, dtype, stream=device.stream()))
+
+
+def staged(layout: Layout) -> tuple[Any, list]:
+    """(the whole uint8 device allocation, its typed views) for ``layout``, this thread's
+    own, reused; zeroed when made, so a status word holds 0 or what a kernel wrote."""
+    def make():
+        whole = cuda.to_device(np.zeros(layout.nbytes, np.uint8), stream=device.stream())
+        return whole, layout.views(whole)
+    return _cached(("staged", layout.key), make)
+
+
+_epochs = itertools.count(1)
+
+
+def epoch() -> np.int32:
+    """A number per call for a status word: a kernel writes it where it flags a problem, so
+    a flag left by an earlier call (another epoch) is never read as this call's, and no
+    clearing launch is needed."""
+    return np.int32(next(_epochs) % ((1 << 31) - 1) + 1)
+
+
+def copy_back(whole: Any, layout: Layout, host: np.ndarray) -> list:
+    """Copy ``whole`` into ``host`` on gradpress's stream, wait for it (and so for every
+    kernel queued before it), and return the typed host views."""
+    stream = device.stream()
+    whole.copy_to_host(host, stream=stream)
+    stream.synchronize()
+    return layout.views(host)
+
+
+def feedback_host(layout: Layout, reuse: Any) -> np.ndarray:
+    """The host buffer for a fused error-feedback payload: the one behind ``reuse`` (the
+    key's previous payload, which nobody reads any more) when it has this layout, else a
+    new pinned one (kept by the key through its payload's views)."""
+    whole = getattr(reuse[0], "base", None) if reuse else None
+    if isinstance(whole, np.ndarray) and whole.dtype == np.uint8 and whole.ndim == 1 \
+            and whole.shape[0] == layout.nbytes and whole.flags.writeable \
+            and layout.fits(reuse, whole):
+        return whole
+    return device.pinned_host(layout.nbytes, np.uint8)
+
+
+_POOL_PER_SIZE = 4
+_pool: dict = {}  # nbytes -> pinned uint8 arrays
+_pool_lock = threading.Lock()
+
+
+def pooled_host(nbytes: int) -> np.ndarray:
+    """A pinned uint8 host array of ``nbytes`` for a payload with no owner to reuse it
+    (plain ``compress``). One from the pool only when nothing but the pool refers to it:
+    a payload's buffers are views whose ``base`` is the array, so while any view (or a
+    memoryview or zero-copy frame of one) lives, its array is not handed out again."""
+    with _pool_lock:
+        arrays = _pool.setdefault(nbytes, [])
+        for whole in arrays:
+            # references: the pool's list, this loop's variable and getrefcount's argument
+            if sys.getrefcount(whole) <= 3:
+                return whole
+        whole = device.pinned_host(nbytes, np.uint8)
+        if len(arrays) < _POOL_PER_SIZE:
+            if len(_pool) > _MOST_ENTRIES:
+                _pool.clear()
+                _pool[nbytes] = arrays
+            arrays.append(whole)
+        return whole
