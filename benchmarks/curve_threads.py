@@ -74,8 +74,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", default="1,2,4,8", help="I/O thread counts, the first is the baseline")
     p.add_argument("--worker-threads", default="1",
-                   help="each worker's I/O threads (one connection each: one is all it uses); 'same': the server's count, "
-                        "so the workers' idle threads compete for the same cores")
+                   help="each worker's I/O threads (one connection each: one is all it uses); 'same': the "
+                        "server's count, so the workers' idle threads compete for the same cores")
     args = p.parse_args()
     n = int(args.mb * 1e6) // 4
     counts = [int(t) for t in args.threads.split(",")]

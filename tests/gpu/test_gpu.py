@@ -89,7 +89,8 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for _ in range(10):
             a = torch.tanh(a @ a)
         m = torch.zeros(1000, 8, device="cuda", dtype=dtype)
-        m[[3, 500 + bps.rank()]] = (torch.arange(16, device="cuda", dtype=torch.float32).view(2, 8) + 1 + a.sum() * 0).to(dtype)
+        rows = torch.arange(16, device="cuda", dtype=torch.float32).view(2, 8) + 1 + a.sum() * 0
+        m[[3, 500 + bps.rank()]] = rows.to(dtype)
         out = bps.synchronize(bps.push_pull_rows_async_inplace(m, average=True, name=f"rows.{dtype}"))
         results[str(dtype)] = out.float().cpu()
 torch.cuda.synchronize()

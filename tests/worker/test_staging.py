@@ -29,7 +29,8 @@ def test_the_source_is_read_only_after_its_ready_event():
             return {}, []
     job = SimpleNamespace(ready=RecordingEvent(log), src=src, tensor=SimpleNamespace(layout=None, compressor=Codec()),
                           lr=None)
-    stages = SimpleNamespace(tracer=SimpleNamespace(add=lambda *a, **k: None), await_source=PartitionStages.await_source)
+    stages = SimpleNamespace(tracer=SimpleNamespace(add=lambda *a, **k: None),
+                             await_source=PartitionStages.await_source)
     for index in (0, 1):  # two partitions of one job: one wait
         op = SimpleNamespace(job=job, chunk=src[4 * index:4 * index + 4], wkey=SimpleNamespace(key=index, via=None),
                              round=0)

@@ -26,10 +26,10 @@ def scatter(indices: np.ndarray, values: np.ndarray, out) -> None:
     """``out = 0; out[indices] = values`` (indices checked: increasing, below n)."""
     s = stream()
     _zero[blocks(out.shape[0]), THREADS, s](out)
-    if indices.shape[0]:
-        _scatter[blocks(indices.shape[0]), THREADS, s](cuda.to_device(np.ascontiguousarray(indices), stream=s),
-                                                       cuda.to_device(np.ascontiguousarray(values, np.float32), stream=s),
-                                                       out)
+    if indices.shape[0]:  # pageable frames: staged before each upload returns
+        where = cuda.to_device(np.ascontiguousarray(indices), stream=s)
+        what = cuda.to_device(np.ascontiguousarray(values, np.float32), stream=s)
+        _scatter[blocks(indices.shape[0]), THREADS, s](where, what, out)
 
 
 @cuda.jit

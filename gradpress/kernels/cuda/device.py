@@ -60,7 +60,10 @@ def to_host(x: Any) -> np.ndarray:
     if hasattr(x, "cpu") and hasattr(x, "numpy"):
         x = x.detach()
         return (x.float() if str(x.dtype) == "torch.bfloat16" else x).cpu().numpy()
-    return as_device(x).copy_to_host()
+    s = stream()
+    host = as_device(x).copy_to_host(stream=s)
+    s.synchronize()
+    return host
 
 
 def copy_from_host(host: np.ndarray, out: Any) -> None:

@@ -64,5 +64,7 @@ def _widen_divided(half, divisor, out):
 def decode(bits: np.ndarray, divisor: int, out) -> None:
     """``out = float32(half) / divisor`` on the device (a true float32 division, as the
     host decoder's), from the half-precision bits as they came: 2 bytes an element go over."""
-    half = cuda.to_device(np.ascontiguousarray(bits).view(np.float16))
-    _widen_divided[blocks(out.shape[0]), THREADS](half, np.float32(divisor), out)
+    s = device.stream()
+    half = scratch.device_array((out.shape[0],), np.float16)  # reused: the next upload waits on the stream
+    half.copy_to_device(np.ascontiguousarray(bits).view(np.float16), stream=s)  # a pageable frame: staged
+    _widen_divided[blocks(out.shape[0]), THREADS, s](half, np.float32(divisor), out)

@@ -89,4 +89,7 @@ def _unpack_signs(bits, scale, out):
 def decode(bits: np.ndarray, scale: np.float32, out) -> None:
     """``out[i] = -scale`` where sign bit i is set, else ``scale``, on the device: the
     payload goes over at its own size (n/8 bytes), never as n floats."""
-    _unpack_signs[blocks(out.shape[0]), THREADS](cuda.to_device(bits), np.float32(scale), out)
+    s = device.stream()
+    packed = scratch.device_array((bits.shape[0],), np.uint8)  # reused: the next upload waits on the stream
+    packed.copy_to_device(np.ascontiguousarray(bits), stream=s)  # a pageable frame: staged before this returns
+    _unpack_signs[blocks(out.shape[0]), THREADS, s](packed, np.float32(scale), out)

@@ -12,7 +12,7 @@ those of the stream named for the next round are computed on a background thread
 work is off the compress's path, and only a copy of 4k bytes remains on it.
 """
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numba import cuda

@@ -11,9 +11,9 @@ import threading
 from typing import Any, Sequence
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 
-from gradpress.kernels.cuda import device
+from gradpress.kernels.cuda import device, streams
 
 _ALIGN = 8  # bytes: every part of a layout starts at a multiple of its largest itemsize
 _MOST_ENTRIES = 64  # per thread: partitions come in a few sizes; a job of many is not hoarded
@@ -62,7 +62,7 @@ _local = threading.local()
 
 
 def _device_id() -> int:
-    return 0 if config.ENABLE_CUDASIM else cuda.get_current_device().id
+    return streams.current_index()
 
 
 def _cached(key: tuple, make) -> Any:
