@@ -9,6 +9,11 @@ import numpy as np
 
 assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run under the CUDA simulator"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
+
+import cudasim_shared  # noqa: E402
+
+cudasim_shared.install()  # before any kernel runs: the simulator's shared arrays, made under a lock
 
 from numba import cuda  # noqa: E402
 

@@ -72,7 +72,7 @@ def compensate_flagged(g: Any, e: Any, lam: float, e_out: Any, flag: Any) -> Non
     """e_out = g + lam * e on gradpress's stream; ``flag[0]`` (a device int) becomes 1 on
     a NaN/inf, for a later kernel or copy to read: the host does not wait for it."""
     _compensate_checked[blocks(e_out.shape[0]), THREADS, device.stream()](
-        g, e, np.float32(lam), e_out, flag)
+        g, e, np.float32(lam), e_out, flag, np.int32(1))
 
 
 def compensate_checked(g: Any, e: Any, lam: float, e_out: Any) -> bool:

@@ -20,25 +20,17 @@ variants are always launched and one of them returns at once, so the host never 
 learn which: an empty launch costs microseconds, a round trip a synchronisation.
 """
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 
 from gradpress.kernels.cpu.norms import INF_BITS
 from gradpress.kernels.cuda import device, sparse_buffers
 from gradpress.kernels.cuda.blockscan import SCAN_THREADS, exclusive_scan, scan_in_place
 from gradpress.kernels.cuda.elementwise import compensate_flagged
+from gradpress.kernels.cuda.topk_radix import (
+    ABS, BINS, COUNT, DIGITS, ESTIMATE, FALLBACK, ITEMS, NONFINITE, PREFIX, RANK, STATE, THREADS, TILE,
+    digit_histogram, source_length, pick_digit)
 from gradpress.kernels.selection import SAMPLE, sample_plan
 
-# threads per block: few under the simulator, which runs each as a Python thread (and so
-# splits its small test arrays into several tiles, as large ones are split on a GPU)
-THREADS = 8 if config.ENABLE_CUDASIM else 128
-ITEMS = 8  # consecutive elements per thread: its pairs are written in index order
-TILE = THREADS * ITEMS
-BINS = 2048  # shared histogram: 8 KiB
-DIGITS = ((20, 11), (10, 10), (0, 10))  # (shift, width) of the 31 key bits, high first
-# slots of ``state``
-NONFINITE, ESTIMATE, COUNT, FALLBACK, PREFIX, RANK = range(6)  # RANK: k, then still to take
-STATE = 8
-_ABS = np.uint32(0x7FFFFFFF)
 
 
 def tiles(n: int) -> int:
@@ -63,7 +55,7 @@ def _estimate(bits, m, padded, rank, state):
     t = cuda.threadIdx.x
     n = bits.shape[0]
     for j in range(t, padded, THREADS):
-        sample[j] = bits[(j * n) // m] & _ABS if j < m else 0
+        sample[j] = bits[(j * n) // m] & ABS if j < m else 0
     cuda.syncthreads()
     size = 2
     while size <= padded:
@@ -91,7 +83,7 @@ def _count_candidates(bits, state, counts):
     first = cuda.blockIdx.x * TILE + t * ITEMS
     own = np.int64(0)
     for i in range(first, min(first + ITEMS, bits.shape[0])):
-        key = np.int64(bits[i] & _ABS)
+        key = np.int64(bits[i] & ABS)
         own += key >= estimate
         if key >= INF_BITS:
             cuda.atomic.max(state, NONFINITE, 1)
@@ -122,68 +114,14 @@ def _compact(bits, state, offsets, candidate_index, candidate_bits):
     last = min(first + ITEMS, bits.shape[0])
     own = np.int64(0)
     for i in range(first, last):
-        own += np.int64(bits[i] & _ABS) >= estimate
+        own += np.int64(bits[i] & ABS) >= estimate
     before, _ = exclusive_scan(scan, t, own)
     out = offsets[cuda.blockIdx.x] + before
     for i in range(first, last):
-        if np.int64(bits[i] & _ABS) >= estimate:
+        if np.int64(bits[i] & ABS) >= estimate:
             candidate_index[out] = i
             candidate_bits[out] = bits[i]
             out += 1
-
-
-@cuda.jit(device=True)
-def _length(bits, direct, state):
-    """Elements of the source: all of ``bits``, or the candidates stored in it."""
-    return bits.shape[0] if direct else state[COUNT]
-
-
-@cuda.jit
-def _histogram(bits, direct, state, histogram, digit, shift, width):
-    """Keys that share the threshold's digits found so far, by their next digit."""
-    if state[FALLBACK] != direct:
-        return
-    local = cuda.shared.array(BINS, np.int32)
-    t = cuda.threadIdx.x
-    for b in range(t, BINS, THREADS):
-        local[b] = 0
-    cuda.syncthreads()
-    known = state[PREFIX] >> (shift + width)
-    first = cuda.blockIdx.x * TILE + t * ITEMS
-    for i in range(first, min(first + ITEMS, _length(bits, direct, state))):
-        key = np.int64(bits[i] & _ABS)
-        if key >> (shift + width) == known:
-            cuda.atomic.add(local, (key >> shift) & ((1 << width) - 1), 1)
-    cuda.syncthreads()
-    for b in range(t, 1 << width, THREADS):
-        if local[b]:
-            cuda.atomic.add(histogram, digit * BINS + b, local[b])
-
-
-@cuda.jit
-def _pick(histogram, direct, state, digit, shift, width):
-    """One block: from the top, the bin where the rank is reached becomes the digit."""
-    if state[FALLBACK] != direct:
-        return
-    scan = cuda.shared.array(SCAN_THREADS, np.int64)
-    t = cuda.threadIdx.x
-    rank = state[RANK]
-    bins = 1 << width
-    per = (bins + SCAN_THREADS - 1) // SCAN_THREADS
-    top = bins - 1 - t * per  # this thread's bins, descending
-    own = np.int64(0)
-    for r in range(per):
-        if top - r >= 0:
-            own += histogram[digit * BINS + top - r]
-    higher, _ = exclusive_scan(scan, t, own)
-    if higher < rank <= higher + own:  # one thread: its bins hold the rank
-        for r in range(per):
-            count = histogram[digit * BINS + top - r]
-            if higher + count >= rank:
-                state[RANK] = rank - higher
-                state[PREFIX] |= np.int64(top - r) << shift
-                break
-            higher += count
 
 
 @cuda.jit
@@ -196,8 +134,8 @@ def _count_kept(bits, direct, state, above, equal):
     threshold = state[PREFIX]
     first = cuda.blockIdx.x * TILE + t * ITEMS
     own_above, own_equal = np.int64(0), np.int64(0)
-    for i in range(first, min(first + ITEMS, _length(bits, direct, state))):
-        key = np.int64(bits[i] & _ABS)
+    for i in range(first, min(first + ITEMS, source_length(bits, direct, state))):
+        key = np.int64(bits[i] & ABS)
         own_above += key > threshold
         own_equal += key == threshold
     _, total_above = exclusive_scan(scan, t, own_above)
@@ -228,10 +166,10 @@ def _write_pairs(bits, index, direct, state, above, equal, k, payload, zero, tar
     t = cuda.threadIdx.x
     threshold, keep_equal = state[PREFIX], state[RANK]
     first = cuda.blockIdx.x * TILE + t * ITEMS
-    last = min(first + ITEMS, _length(bits, direct, state))
+    last = min(first + ITEMS, source_length(bits, direct, state))
     own_above, own_equal = np.int64(0), np.int64(0)
     for i in range(first, last):
-        key = np.int64(bits[i] & _ABS)
+        key = np.int64(bits[i] & ABS)
         own_above += key > threshold
         own_equal += key == threshold
     above_before, _ = exclusive_scan(scan, t, own_above)
@@ -240,7 +178,7 @@ def _write_pairs(bits, index, direct, state, above, equal, k, payload, zero, tar
     equal_before += equal[cuda.blockIdx.x]
     out = above_before + min(equal_before, keep_equal)
     for i in range(first, last):
-        key = np.int64(bits[i] & _ABS)
+        key = np.int64(bits[i] & ABS)
         keep = key > threshold
         if key == threshold:
             keep = equal_before < keep_equal
@@ -275,9 +213,9 @@ def _select(p, k: int, state, zero: bool) -> np.ndarray:
     for direct, source in ((0, found), (1, bits)):  # one of the two returns at once
         grid = tiles(source.shape[0])
         for digit, (shift, width) in enumerate(DIGITS):
-            _histogram[grid, THREADS, stream](source, direct, state, histogram, digit, shift,
+            digit_histogram[grid, THREADS, stream](source, direct, state, histogram, digit, shift,
                                               width)
-            _pick[1, SCAN_THREADS, stream](histogram, direct, state, digit, shift, width)
+            pick_digit[1, SCAN_THREADS, stream](histogram, direct, state, digit, shift, width)
         above = sparse_buffers.scratch("topk-above", grid, np.int64)
         equal = sparse_buffers.scratch("topk-equal", grid, np.int64)
         _count_kept[grid, THREADS, stream](source, direct, state, above, equal)

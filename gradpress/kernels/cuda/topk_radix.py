@@ -1,0 +1,75 @@
+"""The shared layout of the GPU top-k (``topk.py``) and its radix select: the exact
+threshold among the candidates (or, when the estimate was off, the whole input), found
+digit by digit, high first. Each digit is a histogram in shared memory per block, summed
+into a global one, and a one-block pick of the bin where the rank is reached; ``state``
+keeps the digits found so far (PREFIX) and the rank still to take (RANK)."""
+import numpy as np
+from numba import config, cuda
+
+from gradpress.kernels.cuda.blockscan import SCAN_THREADS, exclusive_scan
+
+# threads per block: few under the simulator, which runs each as a Python thread (and so
+# splits its small test arrays into several tiles, as large ones are split on a GPU)
+THREADS = 8 if config.ENABLE_CUDASIM else 128
+ITEMS = 8  # consecutive elements per thread: its pairs are written in index order
+TILE = THREADS * ITEMS
+BINS = 2048  # shared histogram: 8 KiB
+DIGITS = ((20, 11), (10, 10), (0, 10))  # (shift, width) of the 31 key bits, high first
+# slots of ``state``
+NONFINITE, ESTIMATE, COUNT, FALLBACK, PREFIX, RANK = range(6)  # RANK: k, then still to take
+STATE = 8
+ABS = np.uint32(0x7FFFFFFF)
+
+
+@cuda.jit(device=True)
+def source_length(bits, direct, state):
+    """Elements of the source: all of ``bits``, or the candidates stored in it."""
+    return bits.shape[0] if direct else state[COUNT]
+
+
+@cuda.jit
+def digit_histogram(bits, direct, state, histogram, digit, shift, width):
+    """Keys that share the threshold's digits found so far, by their next digit."""
+    if state[FALLBACK] != direct:
+        return
+    local = cuda.shared.array(BINS, np.int32)
+    t = cuda.threadIdx.x
+    for b in range(t, BINS, THREADS):
+        local[b] = 0
+    cuda.syncthreads()
+    known = state[PREFIX] >> (shift + width)
+    first = cuda.blockIdx.x * TILE + t * ITEMS
+    for i in range(first, min(first + ITEMS, source_length(bits, direct, state))):
+        key = np.int64(bits[i] & ABS)
+        if key >> (shift + width) == known:
+            cuda.atomic.add(local, (key >> shift) & ((1 << width) - 1), 1)
+    cuda.syncthreads()
+    for b in range(t, 1 << width, THREADS):
+        if local[b]:
+            cuda.atomic.add(histogram, digit * BINS + b, local[b])
+
+
+@cuda.jit
+def pick_digit(histogram, direct, state, digit, shift, width):
+    """One block: from the top, the bin where the rank is reached becomes the digit."""
+    if state[FALLBACK] != direct:
+        return
+    scan = cuda.shared.array(SCAN_THREADS, np.int64)
+    t = cuda.threadIdx.x
+    rank = state[RANK]
+    bins = 1 << width
+    per = (bins + SCAN_THREADS - 1) // SCAN_THREADS
+    top = bins - 1 - t * per  # this thread's bins, descending
+    own = np.int64(0)
+    for r in range(per):
+        if top - r >= 0:
+            own += histogram[digit * BINS + top - r]
+    higher, _ = exclusive_scan(scan, t, own)
+    if higher < rank <= higher + own:  # one thread: its bins hold the rank
+        for r in range(per):
+            count = histogram[digit * BINS + top - r]
+            if higher + count >= rank:
+                state[RANK] = rank - higher
+                state[PREFIX] |= np.int64(top - r) << shift
+                break
+            higher += count
