@@ -80,6 +80,7 @@ def test_a_gradient_made_on_a_side_stream_is_pushed_as_made(tmp_path):
 
 ROWS = """
 import torch, gradpress.torch as bps
+from gradpress.torch import ops
 bps.init()
 results = {}
 s = torch.cuda.Stream()
@@ -91,7 +92,7 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
         m = torch.zeros(1000, 8, device="cuda", dtype=dtype)
         rows = torch.arange(16, device="cuda", dtype=torch.float32).view(2, 8) + 1 + a.sum() * 0
         m[[3, 500 + bps.rank()]] = rows.to(dtype)
-        out = bps.synchronize(bps.push_pull_rows_async_inplace(m, average=True, name=f"rows.{dtype}"))
+        out = bps.synchronize(ops.push_pull_rows_async_inplace(m, average=True, name=f"rows.{dtype}"))
         results[str(dtype)] = out.float().cpu()
 torch.cuda.synchronize()
 want = torch.zeros(1000, 8)
