@@ -315,6 +315,17 @@ def render_gpu(r: dict) -> list[str]:
                       "torch's own, GB/s", "against torch's"],
                      [[c, f(r[f"{c}_GBps"], 1), f(r.get(f"{c}_over_card_read"), 4), f(r.get(f"{c}_torch_GBps"), 1),
                        f"{r[f'{c}_over_torch']:.3f}x"] for c in codecs])
+    kinds = [k for k in ("pageable", "torch_pinned", "own_chunk", "peer_chunk", "peer_chunk_unregistered")
+             if f"d2h_{k}_GBps" in r]
+    if kinds:
+        out += ([""] if out else []) + table(
+            [f"a {r.get('copies_MB', 0):.0f} MB partition, GB/s", "device to host", "host to device"],
+            [[k.replace("_", " "), f(r[f"d2h_{k}_GBps"], 1), f(r[f"h2d_{k}_GBps"], 1)] for k in kinds])
+    stages = [c for c in ("onebit", "topk", "randomk", "fp16") if f"{c}_compress_stage_ms" in r]
+    if stages:
+        out += ([""] if out else []) + table(
+            [f"compress stage of the {r.get('tfm_tensors', 102)} gradients, error feedback on", "ms per step"],
+            [[c, f(r[f"{c}_compress_stage_ms"], 1)] for c in stages])
     notes = [f"{r.get('card', 'GPU not recorded')}, {r.get('gpus', 1)} GPU(s)"]
     if "card_read_GBps" in r:
         notes.append(f"read {f(r['card_read_GBps'], 0)} GB/s and a pinned device-to-host copy "
@@ -327,7 +338,9 @@ def render_gpu(r: dict) -> list[str]:
 def render_curve_threads(r: dict) -> list[str]:
     counts = sorted(int(k[2:].split("_")[0]) for k in r if k.endswith("_server_GBps"))
     rows = [[str(n), f(r[f"io{n}_server_GBps"], 2), f"{r[f'io{n}_over_io{counts[0]}']:.2f}x"] for n in counts]
-    return table(["I/O threads (every process)", "server GB/s, in and out", f"against {counts[0]}"], rows) + [
+    mine = r.get("worker_io_threads", "same")  # older runs gave every process the same count
+    who = "I/O threads (every process)" if mine == "same" else f"the server's I/O threads (each worker {mine})"
+    return table([who, "server GB/s, in and out", f"against {counts[0]}"], rows) + [
         "", f"{r['workers']} workers and 1 server on {r['cores']} cores, a {r['tensor_MB']:g} MB float32 tensor, "
             f"CURVE over loopback TCP."]
 
