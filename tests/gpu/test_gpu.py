@@ -69,13 +69,18 @@ bps.shutdown()
 """
 
 
-@pytest.mark.integ
-def test_a_gradient_made_on_a_side_stream_is_pushed_as_made(tmp_path):
+def _job(tmp_path, script: str) -> None:
+    """``script`` on 2 workers and 1 server, every process ending well."""
     c = LocalCluster(tmp_path, workers=2, servers=1)
     try:
-        c.start(SIDE_STREAM).assert_success(180)
+        c.start(script).assert_success(180)
     finally:
         c.kill()
+
+
+@pytest.mark.integ
+def test_a_gradient_made_on_a_side_stream_is_pushed_as_made(tmp_path):
+    _job(tmp_path, SIDE_STREAM)
 
 
 ROWS = """
@@ -108,11 +113,7 @@ bps.shutdown()
 
 @pytest.mark.integ
 def test_rows_of_a_cuda_float16_bfloat16_float32_tensor_are_found_on_the_device(tmp_path):
-    c = LocalCluster(tmp_path, workers=2, servers=1)
-    try:
-        c.start(ROWS).assert_success(180)
-    finally:
-        c.kill()
+    _job(tmp_path, ROWS)
 
 
 TRAIN = """
