@@ -129,6 +129,9 @@ def fused_cases():
 
 
 CHUNKED = 2 * 4096 + 300  # three chunks of kernels/reduction.py, the last partial: an odd count
+# two chunks, the second partial: where fused and generic error feedback must cross a chunk
+# boundary alike (each simulated block is a second or so here: the odd count is checked once)
+TWO_CHUNKS = 4096 + 300
 
 
 def chunked_cases():
@@ -136,7 +139,7 @@ def chunked_cases():
     fused error feedback against the generic steps, the key's payload buffer reused."""
     x = gaussian(CHUNKED, seed=3)
     x[::97] *= 1e4  # magnitudes far apart, so that another summation order gives other bits
-    for name in ("onebit-l1", "onebit-l2", "dither-linear-l2", "dither-natural-max", "fp16"):
+    for name in ("onebit-l2", "dither-natural-max"):  # both norms, and the largest |p|
         c = build_compressor(dict(CODEC_PARAMS)[name], "server")
         yield f"chunks/{name}", same_payload(c.compress(x, key=KEY, round=ROUND),
                                              c.compress(cuda.to_device(x), key=KEY, round=ROUND))
@@ -145,7 +148,7 @@ def chunked_cases():
                 for fused in (True, False)]
         problem, bases = "", []
         for round in range(2):
-            g = cuda.to_device(x if round else gaussian(CHUNKED, seed=4))
+            g = cuda.to_device(x[:TWO_CHUNKS] if round else gaussian(TWO_CHUNKS, seed=4))
             fused, generic = (c.compress(g, key=1, round=round) for c in pair)
             bases.append(fused[1][-1].base)
             problem = problem or same_payload(fused, generic)
