@@ -16,7 +16,9 @@ from numba import cuda
 from gradpress.kernels.cuda import device, streams
 
 _ALIGN = 8  # bytes: every part of a layout starts at a multiple of its largest itemsize
-_MOST_ENTRIES = 64  # per thread: partitions come in a few sizes; a job of many is not hoarded
+# per thread (topk takes 9 a size): partitions come in a few sizes; a job of many is not hoarded
+_MOST_ENTRIES = 256
+_MOST_POOLED_SIZES = 64  # pinned host sizes the pool keeps
 
 
 class Layout:
@@ -78,9 +80,11 @@ def _cached(key: tuple, make) -> Any:
     return cache[key]
 
 
-def device_array(shape: tuple, dtype: Any) -> Any:
-    """A device array of ``shape`` (contents undefined), this thread's own, reused."""
-    return _cached(("array", tuple(shape), np.dtype(dtype)),
+def device_array(shape: tuple, dtype: Any, role: str = "") -> Any:
+    """A device array of ``shape`` (contents undefined), this thread's own, reused. ``role``
+    names it apart from another of the same shape and dtype that one kernel sequence uses
+    at the same time (topk's candidate indices and their keys)."""
+    return _cached(("array", role, tuple(shape), np.dtype(dtype)),
                    lambda: cuda.device_array(shape, dtype, stream=device.stream()))
 
 
@@ -142,7 +146,7 @@ def pooled_host(nbytes: int) -> np.ndarray:
                 return whole
         whole = device.pinned_host(nbytes, np.uint8)
         if len(arrays) < _POOL_PER_SIZE:
-            if len(_pool) > _MOST_ENTRIES:
+            if len(_pool) > _MOST_POOLED_SIZES:
                 _pool.clear()
                 _pool[nbytes] = arrays
             arrays.append(whole)

@@ -1,8 +1,9 @@
 """Reused memory of the sparse encoders (top-k, random-k) on the GPU.
 
-Device scratch: allocating per call costs a cuMemFree later, which synchronises the whole
-device; every launch and copy of these encoders is on ``device.stream()``, so scratch
-reused by the next call on the same thread is ordered after this call's use of it.
+Device scratch (``scratch.device_array``, shared with the other encoders): allocating per
+call costs a cuMemFree later, which synchronises the whole device; every launch and copy of
+these encoders is on ``device.stream()``, so scratch reused by the next call on the same
+thread is ordered after this call's use of it.
 
 Pinned payloads: the one copy of a payload to the host goes by DMA into page-locked
 memory. A payload handed to a caller may be kept as long as it likes, so a buffer returns
@@ -15,29 +16,15 @@ import weakref
 from typing import Any, Sequence
 
 import numpy as np
-from numba import cuda
 
-from gradpress.kernels.cuda import device, streams
-
-_MAX_ENTRIES = 256  # partitions come in a few sizes: a job of many sizes is not hoarded
-_local = threading.local()
-
-
-def _current_device() -> int:
-    return streams.current_index()
+from gradpress.kernels.cuda import device
+from gradpress.kernels.cuda import scratch as reused
 
 
 def scratch(role: str, count: int, dtype: Any) -> Any:
     """A device array of ``count`` ``dtype`` for ``role`` (one name per array a kernel
     sequence needs), this thread's own on the current device, the same one every call."""
-    cache = _local.__dict__.setdefault("scratch", {})
-    key = (role, _current_device(), count, np.dtype(dtype).str)
-    found = cache.get(key)
-    if found is None:
-        if len(cache) >= _MAX_ENTRIES:
-            cache.clear()
-        found = cache[key] = cuda.device_array(max(count, 1), dtype)
-    return found
+    return reused.device_array((max(count, 1),), dtype, role)
 
 
 _pool_lock = threading.Lock()
