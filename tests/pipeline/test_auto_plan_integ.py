@@ -109,6 +109,38 @@ def test_the_job_measures_the_alternatives_and_keeps_the_fastest(cluster):
         a["broadcasts"] == [last + ".data", last + ".length"], a["broadcasts"]
 
 
+@pytest.mark.integ
+def test_a_plan_measured_slower_than_the_profiled_steps_gives_way_to_them(cluster):
+    """Where ``none`` is an option, the profiled steps (every tensor apart, uncompressed) are
+    one more measured candidate: a decision that measures slower than they did (by a sleep
+    here; on a GPU, by launches the calibration did not see) is dropped for them when the
+    trial ends, on every worker alike, and every sum across the switch (the onebit residuals
+    handed over to the raw pushes) is the replay's."""
+    import json
+    per = 3
+    shape = Shape(steps=SHAPE.plan_steps + per + 3)
+    auto = {"compressor": "auto", "allowed": ["onebit", "none"]}
+    c = cluster(workers=2, servers=1, env={"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(shape.plan_steps),
+                                           "BYTEPS_MIN_COMPRESS_BYTES": "0", "GP_DECIDE_ONEBIT": "1",
+                                           "GP_SLOW_TRIALS": "0.3", "GP_REFINE_STEPS": str(per - 1)})
+    c.start(worker_script(shape)).assert_success(180)
+    a = check_against_replay(c, auto, None, shape, options={"none"})
+    b = torch.load(c.tmp / "w1.pt", weights_only=False)
+    assert a["measured_plans"] == b["measured_plans"], "workers read different measurements"
+    (decided, decided_options, decided_s, _), (profiled, profiled_options, profiled_s, _) = a["measured_plans"]
+    assert decided_options == ("onebit",) and len(decided) == 1
+    assert set(profiled_options) == {"none"} and sorted(g for (g,) in profiled) == list(range(len(a["state"])))
+    assert decided_s > profiled_s + 0.25, a["measured_plans"]
+    settled = shape.plan_steps + per
+    assert [len(groups) for groups in a["step_groups"][shape.plan_steps:settled]] == [1] * per
+    for step in range(settled, shape.steps):
+        assert all(len(members) == 1 and compression is None for members, _, compression in a["step_groups"][step])
+        assert len(a["step_groups"][step]) == len(a["state"])
+    # drift is measured against the profiled steps' time, which the job now runs as
+    assert a["reference"] == b["reference"] == profiled_s
+    assert a["refined"][settled - 1] and not any(a["refined"][:settled - 1])
+
+
 def check_against_replay(c, auto, versions, shape, options=None):
     """Both workers' plans alike and ``versions`` re-plans (None: any), parameters equal to the
     replay, the final plan's options ``options`` (default: every allowed option)."""

@@ -52,6 +52,14 @@ if os.environ.get("GP_FORCE_TRIAL"):  # the decision's alternatives: its groups 
             dataclasses.replace(plan, options=("none",) * len(plan.groups)),
             dataclasses.replace(plan, groups=apart, options=plan.options[:1] * len(apart))))
     planning.decide = forced
+if os.environ.get("GP_DECIDE_ONEBIT"):  # the decision: every tensor in one onebit group, no alternative
+    from gradpress.planner.decide import Plan
+    from gradpress.planner.simulate import predict
+    def onebit(profile, options, min_bytes):
+        plan = Plan((tuple(range(len(profile.tensors))),), ("onebit",), 0.0, 0.0)
+        return dataclasses.replace(plan, predicted_s=predict(*plan.simulated(profile)))
+    planning.decide = onebit
+slow_trials = float(os.environ.get("GP_SLOW_TRIALS", "0"))  # seconds added to every step a trial measures
 pause_at = int(os.environ.get("GP_PAUSE_AFTER_STEP", "-1"))  # the test changes the link meanwhile
 test_dir = os.environ["GP_TEST_DIR"]
 bps.init()
@@ -73,6 +81,8 @@ for step in range({steps}):
     step_groups.append(groups_now() if planned[-1] else None)
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()
+    if slow_trials and planner.stage.name == "TRIALS":
+        time.sleep(slow_trials)
     opt.step()
     refined.append(planner.refined)
     # every key a step used (a plan left behind is released, so read them while they exist)

@@ -10,7 +10,11 @@
    steps each; each is re-based on the backward measured under it (raw traffic slowed the
    profiled backward on a shared host), and the job keeps the one ``choose`` picks from
    rank 0's measurements. Deciding again on a re-based timeline would alternate: a plan
-   whose codecs cost more CPU slows the backward it was decided on.
+   whose codecs cost more CPU slows the backward it was decided on. Where ``none`` is an
+   option, the profiled steps themselves (every tensor apart, uncompressed: what
+   ``compression_params`` without a codec does) are one more measured candidate, so a plan
+   the model mispredicts (a GPU's launches and Python, which calibration in isolation does
+   not see) is never kept over sending the gradients as they are.
 3. ``SETTLED``: every ``drift_check_steps`` steps the workers vote on drift (iterations off
    the reference by more than ``drift`` for ``drift_steps`` steps). On drift they re-measure
    the link; if it changed they plan again (``TRIALS``), each plan's residuals handed to its
@@ -86,6 +90,7 @@ class AutoPlanner:
         self.agreement = Agreement(self.label, comm, self.tuning)
         self.trials: list[tuple[Plan, Profile, float]] = []   # measured so far: (plan, re-based profile, median s)
         self.pending: list[Plan] = []                          # the trial's plans not yet run
+        self.baseline: tuple[Plan, Profile, float] | None = None   # the profiled steps, as a measured plan
         self.measured_plans: list[tuple[Plan, float, float]] = []   # the last trial: plan, measured s, modelled s
         self.reference_s = 0.0     # what drift is measured against
         self._steps = 0
@@ -114,6 +119,7 @@ class AutoPlanner:
             clock.mark_cpu(self.comm.client.comm)
             if self._steps > 1:  # the first step compiles, allocates and declares
                 clock.timeline.append((clock.backward_end, step_s))
+                clock.measured.append(clock.elapsed())
             if self._steps >= max(2, self.comm.settings.plan_steps):
                 self._make_plan()
         elif self.stage != PlanStage.IDLE:
@@ -181,7 +187,20 @@ class AutoPlanner:
             return
         self.profile = Profile.from_json(text, "rank 0's profile")
         self._keep({t.name for t in self.profile.tensors})
+        self.baseline = self._profiled_plan()
         self._start(decide(self.profile, list(self.options), self.comm.settings.min_compress_bytes))
+
+    def _profiled_plan(self) -> tuple[Plan, Profile, float] | None:
+        """What the profiled steps ran, as a trial: every planned tensor apart and uncompressed,
+        with rank 0's median iteration over them; None where ``none`` is not an option (the
+        user asked for codecs) or nothing was measured."""
+        profiled_s = self.profile.notes.get("profiled_s")
+        if "none" not in self.options or not profiled_s:
+            return None
+        n = len(self.profile.tensors)
+        plan = Plan(tuple((i,) for i in range(n)), ("none",) * n, 0.0, 0.0)
+        return dataclasses.replace(plan, predicted_s=predict(*plan.simulated(self.profile))), self.profile, \
+            float(profiled_s)
 
     def _keep(self, planned: set[str]) -> None:
         """Plan only the tensors rank 0's profile names; the rest stay on their own routes."""
@@ -218,17 +237,20 @@ class AutoPlanner:
         if self.pending:
             self._switch(self.pending.pop(0))
             return
-        best, modelled = choose(self.trials, self.tuning.trial_noise)
-        plan, kept, kept_s = self.trials[best]
         # each trial's profile starts from the one before, so the last one carries every cost
         # the trial measured (a low-rank option's factor work): a re-plan decides on them
-        latest = self.trials[-1][1]
+        in_force, latest = len(self.trials) - 1, self.trials[-1][1]
+        baseline, self.baseline = self.baseline, None  # (a re-plan's link differs from the profiled one)
+        if baseline is not None and not any(baseline[0].same_as(p) for p, _, _ in self.trials):
+            self.trials.append(baseline)
+        best, modelled = choose(self.trials, self.tuning.trial_noise)
+        plan, kept, kept_s = self.trials[best]
         self.profile = dataclasses.replace(kept, codecs=latest.codecs, notes={**latest.notes, **kept.notes})
         if len(self.trials) > 1:
             log.info("gradpress: plans measured (ms, and as modelled on common ground): %s; keeping %s",
                      "; ".join(f"{p.summary()}: {1e3 * m:.1f} ({1e3 * t:.1f})"
                                for (p, _, m), t in zip(self.trials, modelled)), plan.summary())
-        if best != len(self.trials) - 1:
+        if best != in_force:
             self._switch(plan)
         else:
             self.agreement.release()

@@ -37,7 +37,9 @@ def first_profile(clock: StepClock, params: list[torch.Tensor], names: dict[int,
                       statistics.median(b for b, _ in clock.timeline),
                       statistics.median(t for _, t in clock.timeline), costs, link, message_s,
                       s.partition_bytes, s.scheduling_credit, server_lanes(comm),
-                      notes={"profiled_steps": len(clock.timeline), "round_trips": round_trips, "batches": batches},
+                      notes={"profiled_steps": len(clock.timeline), "round_trips": round_trips, "batches": batches,
+                             # the iteration with every tensor apart and uncompressed: a candidate of the trial
+                             "profiled_s": statistics.median(clock.measured) if clock.measured else None},
                       host=host_share(clock, comm, moved), local_size=getattr(comm.client.book, "local_size", 1),
                       device="cuda" if on_gpu else "cpu")
     if s.plan_file:
