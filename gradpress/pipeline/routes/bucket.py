@@ -5,7 +5,9 @@ backward order) and a low-rank reducer's uncompressed tensors all use it. When t
 member's tensor is submitted, the tensors are copied into the bucket's flat buffer (made
 once, on the members' device, in their dtype; float32 where a codec takes half-precision
 members or the dtypes differ) and the buffer travels; ``finish`` copies the average back
-into each submitted tensor. A bucket of one sends its tensor in place where it can.
+into each submitted tensor. Both copies are batched (``torch.cat`` into the buffer, torch's
+multi-tensor copy out of it): on a GPU a group of many small tensors costs a launch or a
+few, not one per member. A bucket of one sends its tensor in place where it can.
 
 ``views`` (DistributedOptimizer's gradients, as DDP's ``gradient_as_bucket_view``): the
 averages come back as slices of the buffer instead of copies, and a tensor that is still
@@ -100,11 +102,8 @@ class Bucket(Route):
             return self.buffer  # backward accumulated into the buffer itself
         if _host_float32(tensors) and self.buffer.device.type == "cpu":
             np.concatenate([t.numpy().reshape(-1) for t in tensors], out=self.buffer.numpy())
-        else:
-            offset = 0
-            for t in tensors:
-                self.buffer[offset:offset + t.numel()].copy_(t.reshape(-1))
-                offset += t.numel()
+        else:  # one batched copy (on a GPU one launch for the group, not one per member)
+            torch.cat([t.detach().reshape(-1) for t in tensors], out=self.buffer)
         return self.buffer
 
     def finish(self, p: torch.Tensor | None = None) -> dict[int, torch.Tensor]:
@@ -127,8 +126,7 @@ class Bucket(Route):
                 offset += view.size
         else:
             with torch.no_grad():
-                for t, part in zip(tensors, self.split(out)):
-                    t.copy_(part)
+                _copy_all(tensors, self.split(out))
         return {id(q): t for q, t in zip(self.members, tensors)}
 
     def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -150,6 +148,18 @@ class Bucket(Route):
                 return False
             offset += t.numel()
         return True
+
+
+def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """``targets[i][:] = sources[i]`` for all i: torch's multi-tensor copy where there is one
+    (a few launches for a whole group on a GPU; per-tensor copies where dtypes or layouts
+    differ, as torch itself falls back)."""
+    copy_all = getattr(torch, "_foreach_copy_", None)
+    if copy_all is not None:
+        copy_all(targets, sources)
+        return
+    for t, part in zip(targets, sources):
+        t.copy_(part)
 
 
 def _host_float32(tensors: list[torch.Tensor]) -> bool:
