@@ -197,10 +197,18 @@ def render_server_round(r: dict) -> list[str]:
 
 
 def render_half_average(r: dict) -> list[str]:
-    return table(["float16 push_pull", "ms"], [["average", f(1e3 * r["f16_average_s"], 1)],
+    rows = table(["float16 push_pull", "ms"], [["average", f(1e3 * r["f16_average_s"], 1)],
                                                ["sum", f(1e3 * r["f16_sum_s"], 1)],
                                                ["average / sum (goal: at most 1.15x)",
                                                 f"{r['f16_average_over_sum']:.2f}x"]])
+    if "sum_f16_ms" not in r:  # (records before the sum kernels were timed)
+        return rows
+    f32 = r["sum_f32_ms"]
+    return rows + [""] + table(["a round's sum, two pushes of 2M elements", "ms", "against float32"], [
+        ["float32", f(f32, 3), "1.00x"],
+        ["float16, the CPU's conversions", f(r["sum_f16_ms"], 3), f"{r['sum_f16_ms'] / f32:.2f}x"],
+        ["float16, software conversions (before)", f(r["sum_f16_software_ms"], 3),
+         f"{r['sum_f16_software_ms'] / f32:.2f}x"]])
 
 
 def render_fused_copies(r: dict) -> list[str]:

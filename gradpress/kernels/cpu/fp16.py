@@ -31,6 +31,24 @@ def _widen_add(bits, out):
         out[i] += half_bits_to_float(bits[i])
 
 
+@njit(nogil=True, cache=True)
+def _widen_hardware(bits, out):
+    for i in range(bits.shape[0]):
+        out[i] = hardware_from_half(bits[i])
+
+
+@njit(nogil=True, cache=True)
+def _widen_add_hardware(bits, out):
+    for i in range(bits.shape[0]):
+        out[i] += hardware_from_half(bits[i])
+
+
+@njit(nogil=True, cache=True)
+def _narrow_hardware(x, bits):
+    for i in range(x.shape[0]):
+        bits[i] = hardware_to_half(x[i])
+
+
 def to_half_bits(x: np.ndarray, bits: np.ndarray) -> None:
     """``bits = x.astype(float16).view(uint16)`` for contiguous float32 ``x``."""
     _narrow(x.view(np.uint32), bits)
@@ -39,6 +57,26 @@ def to_half_bits(x: np.ndarray, bits: np.ndarray) -> None:
 def from_half_bits(bits: np.ndarray, out: np.ndarray, accumulate: bool = False) -> None:
     """``out (+)= bits.view(float16).astype(out.dtype)`` for a float32 or float64 ``out``."""
     (_widen_add if accumulate else _widen)(bits, out)
+
+
+def sum_half_bits(bits: np.ndarray, acc: np.ndarray, first: bool) -> None:
+    """A sum's step: ``acc (+)= bits.view(float16)`` for a float32 ``acc``, with the CPU's
+    conversions where it has them (about 3x the software loop's speed, which made a
+    float16 sum 2.8x slower per element than a float32 one on this host). Finite values
+    give numpy's bits; a NaN stays NaN, its payload possibly not numpy's."""
+    if HARDWARE_HALF and acc.dtype == np.float32:
+        (_widen_hardware if first else _widen_add_hardware)(bits, acc)
+    else:
+        from_half_bits(bits, acc, accumulate=not first)
+
+
+def round_half_bits(acc: np.ndarray, bits: np.ndarray) -> None:
+    """A sum's result: ``bits = acc.astype(float16).view(uint16)`` for contiguous float32
+    ``acc``, as ``sum_half_bits`` (numpy's bits for everything but a NaN's payload)."""
+    if HARDWARE_HALF:
+        _narrow_hardware(acc, bits)
+    else:
+        to_half_bits(acc, bits)
 
 
 _HALF_ABS = np.uint16(0x7FFF)

@@ -25,13 +25,17 @@ def _add(acc, src):
 def accumulate(acc: np.ndarray, src: np.ndarray, first: bool) -> None:
     """``acc = src`` (first push of a round) or ``acc += src``, src of any wire dtype."""
     if src.dtype == np.float16:
-        fp16.from_half_bits(src.view(np.uint16), acc, accumulate=not first)
+        fp16.sum_half_bits(src.view(np.uint16), acc, first)
     else:
         (_store if first else _add)(acc, src)
 
 
 def to_half(acc: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """The fp32 accumulator rounded to float16 (into ``out`` if given), exactly as numpy's astype."""
+    """The fp32 accumulator rounded to float16 (into ``out`` if given), as numpy's astype
+    (a NaN's payload aside)."""
     out = np.empty(acc.size, np.float16) if out is None else out
-    fp16.to_half_bits(acc, out.view(np.uint16))
+    if acc.dtype == np.float32:
+        fp16.round_half_bits(acc, out.view(np.uint16))
+    else:
+        fp16.to_half_bits(np.ascontiguousarray(acc, np.float32), out.view(np.uint16))
     return out
