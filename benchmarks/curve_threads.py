@@ -11,6 +11,12 @@ uses one). The server's throughput is what it receives and sends per
 second: 2 x workers x tensor bytes over the median seconds of a push_pull (every worker
 waits for the slowest). Ratios are against the one-thread figure of the same run.
 
+The server listens on one lane per I/O thread (``GRADPRESS_SERVER_LANES``, its default with
+CURVE), the workers spread over them by rank. ``--compare-lanes`` also runs every count of
+more than one thread with a single endpoint (``GRADPRESS_SERVER_LANES=1``, as before lanes:
+libzmq then gives the connections accepted together to whichever threads its stale load
+counts name), right after the same count with lanes.
+
 The last line is ``RESULT {json}`` (``results.emit``).
 """
 from __future__ import annotations
@@ -51,9 +57,10 @@ c.finish()
 """
 
 
-def job_seconds(threads: int, workers: int, n: int, reps: int, worker_threads: str) -> float:
+def job_seconds(threads: int, workers: int, n: int, reps: int, worker_threads: str, lanes: int = -1) -> float:
     env = dict(os.environ, **child_env(), GRADPRESS_SHM="0", GRADPRESS_SECURITY="curve",
-               GRADPRESS_IO_THREADS=str(threads), BYTEPS_PARTITION_BYTES=str(64 << 20))
+               GRADPRESS_IO_THREADS=str(threads), BYTEPS_PARTITION_BYTES=str(64 << 20),
+               GRADPRESS_SERVER_LANES=str(lanes))
     env.pop("GRADPRESS_INSECURE", None)
     with tempfile.TemporaryDirectory() as tmp:
         script, out = os.path.join(tmp, "w.py"), os.path.join(tmp, "times.json")
@@ -76,6 +83,8 @@ def main() -> None:
     p.add_argument("--worker-threads", default="1",
                    help="each worker's I/O threads (one connection each: one is all it uses); 'same': the "
                         "server's count, so the workers' idle threads compete for the same cores")
+    p.add_argument("--compare-lanes", action="store_true",
+                   help="also run each count above 1 with one endpoint (GRADPRESS_SERVER_LANES=1)")
     args = p.parse_args()
     n = int(args.mb * 1e6) // 4
     counts = [int(t) for t in args.threads.split(",")]
@@ -90,6 +99,12 @@ def main() -> None:
         result[f"io{threads}_over_io{counts[0]}"] = round(gbps / base, 3)
         print(f"I/O threads {threads:2d}: {seconds:.4f} s per push_pull, server {gbps:.2f} GB/s, "
               f"{gbps / base:.2f}x", flush=True)
+        if args.compare_lanes and threads > 1:
+            seconds = job_seconds(threads, args.workers, n, args.reps, args.worker_threads, lanes=1)
+            one = 2 * args.workers * 4 * n / seconds / 1e9
+            result[f"io{threads}_one_endpoint_server_GBps"] = round(one, 3)
+            print(f"  one endpoint: {seconds:.4f} s per push_pull, server {one:.2f} GB/s, {one / base:.2f}x; "
+                  f"lanes / one endpoint {gbps / one:.2f}x", flush=True)
     emit("curve_threads", result)
 
 

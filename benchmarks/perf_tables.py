@@ -344,11 +344,17 @@ def render_gpu(r: dict) -> list[str]:
 
 
 def render_curve_threads(r: dict) -> list[str]:
-    counts = sorted(int(k[2:].split("_")[0]) for k in r if k.endswith("_server_GBps"))
+    counts = sorted({int(k[2:].split("_")[0]) for k in r if k.endswith("_server_GBps")})
     rows = [[str(n), f(r[f"io{n}_server_GBps"], 2), f"{r[f'io{n}_over_io{counts[0]}']:.2f}x"] for n in counts]
     mine = r.get("worker_io_threads", "same")  # older runs gave every process the same count
     who = "I/O threads (every process)" if mine == "same" else f"the server's I/O threads (each worker {mine})"
-    return table([who, "server GB/s, in and out", f"against {counts[0]}"], rows) + [
+    header = [who, "server GB/s, in and out", f"against {counts[0]}"]
+    if any(f"io{n}_one_endpoint_server_GBps" in r for n in counts):  # lanes against one endpoint
+        header += ["one endpoint, GB/s", "lanes / one endpoint"]
+        for row, n in zip(rows, counts):
+            one = r.get(f"io{n}_one_endpoint_server_GBps")
+            row += [f(one, 2), f"{r[f'io{n}_server_GBps'] / one:.2f}x"] if one else ["", ""]
+    return table(header, rows) + [
         "", f"{r['workers']} workers and 1 server on {r['cores']} cores, a {r['tensor_MB']:g} MB float32 tensor, "
             f"CURVE over loopback TCP."]
 
@@ -394,6 +400,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "lowrank_kernels": render_lowrank_kernels, "sparse_density": render_sparse_density,
     "host_floor": render_host_floor, "sparse": render_sparse, "cross_barrier": render_cross_barrier,
     "linkrate": render_linkrate, "soak": render_soak, "gpu": render_gpu, "curve_threads": render_curve_threads,
+    "curve_threads-lanes": render_curve_threads,
     "hierarchy": render_hierarchy,
 }
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 ROLES = ("scheduler", "server", "worker")
+MAX_SERVER_LANES = 16  # (the I/O threads a process runs at most by default: net/transport.py)
 
 
 def _setting(default: Any, env: str, doc: str, secret: bool = False) -> Any:
@@ -62,6 +63,7 @@ class Settings:
     server_max_keys: int = _setting(-1, "GRADPRESS_SERVER_MAX_KEYS", "keys a server holds for the job at most (a new one past it is refused with an ERROR); -1: twice what the job declared for that server, plus 4096")
     server_max_key_bytes: int = _setting(-1, "GRADPRESS_SERVER_MAX_KEY_BYTES", "bytes of keys (their element counts times itemsize) a server holds for the job at most; -1: twice what the job declared for that server, plus 256 MiB")
     io_threads: int = _setting(-1, "GRADPRESS_IO_THREADS", "ZeroMQ I/O threads per process (each connection's bytes are encrypted on one of them); -1: with curve, one per core this process may use, 2 to 16; otherwise 2")
+    server_lanes: int = _setting(-1, "GRADPRESS_SERVER_LANES", "endpoints a server listens on, each tied to one of its ZeroMQ I/O threads, the workers spread over them by rank so that their connections' encryption spreads over its cores (libzmq puts connections accepted together on one thread); a fixed GRADPRESS_SERVER_PORT P takes P to P + lanes - 1; -1: with curve, one per I/O thread (GRADPRESS_IO_THREADS), otherwise 1")
     security: str = _setting("curve", "GRADPRESS_SECURITY", "curve: members prove the job secret and every byte is encrypted (CURVE); auth: members prove the job secret when they connect, data travels unencrypted (a trusted fabric: no per-byte cost); off: neither (logs a warning)")
 
     def __post_init__(self) -> None:
@@ -99,6 +101,12 @@ class Settings:
             raise ValueError("GRADPRESS_JOB_SECRET and GRADPRESS_JOB_SECRET_FILE are both set: set only one")
         if self.io_threads == 0 or self.io_threads < -1:
             raise ValueError(f"GRADPRESS_IO_THREADS={self.io_threads}: a count of at least 1, or -1 for the default")
+        if self.server_lanes == 0 or self.server_lanes < -1 or self.server_lanes > MAX_SERVER_LANES:
+            raise ValueError(f"GRADPRESS_SERVER_LANES={self.server_lanes}: a count from 1 to {MAX_SERVER_LANES}, "
+                             "or -1 for the default")
+        if self.server_lanes > 0 and self.io_threads > 0 and self.server_lanes > self.io_threads:
+            raise ValueError(f"GRADPRESS_SERVER_LANES={self.server_lanes} is more than GRADPRESS_IO_THREADS="
+                             f"{self.io_threads}: each lane is tied to one I/O thread")
         if self.security not in ("curve", "auth", "off"):
             raise ValueError(f"GRADPRESS_SECURITY={self.security!r}: expected curve, auth or off")
         if self.insecure and self.security == "auth":

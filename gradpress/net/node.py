@@ -33,6 +33,11 @@ class NodeInfo:
     host: str
     port: int
     machine: str = ""   # nodes with the same one share CPUs (host.machine_id)
+    ports: tuple[int, ...] = ()   # a server's lanes (transport.lanes_router), the first ``port``
+
+    def port_for(self, rank: int) -> int:
+        """Where the worker of ``rank`` connects: its lane, or the one port."""
+        return transport.lane_of(self.ports, rank) if self.ports else self.port
 
     @property
     def name(self) -> str:
@@ -58,10 +63,12 @@ class AddressBook:
 
 
 class SchedulerLink:
-    def __init__(self, settings: Settings, role: str, ctx: zmq.Context, port: int = 0):
+    def __init__(self, settings: Settings, role: str, ctx: zmq.Context, port: int = 0,
+                 lanes: list[int] | None = None):
         self.settings = settings
         self.role = role
         self.port = port
+        self.lanes = lanes if lanes and len(lanes) > 1 else None   # a server's ports, lane by lane
         self.host = transport.announce_host(settings)
         self.sock = transport.dealer(ctx, settings, settings.root_uri, settings.root_port,
                                      f"{role}-{uuid.uuid4().hex[:12]}".encode())
@@ -79,7 +86,8 @@ class SchedulerLink:
         self._send(Op.REGISTER, role=self.role, host=self.host, port=self.port,
                    worker_id=s.worker_id if self.role == "worker" else -1,
                    local_rank=s.local_rank, local_size=s.local_size, pid=os.getpid(),
-                   machine=host.machine_id(), **({"local_reduce": s.local_reduce} if self.role == "worker" else {}))
+                   machine=host.machine_id(), **({"local_reduce": s.local_reduce} if self.role == "worker" else {}),
+                   **({"ports": self.lanes} if self.lanes else {}))
         deadline = time.monotonic() + s.connect_timeout_s
         while self.book is None:
             left = deadline - time.monotonic()
@@ -109,8 +117,8 @@ class SchedulerLink:
         if op == Op.HEARTBEAT:
             return None
         if op == Op.ADDRESS_BOOK:
-            nodes = tuple(NodeInfo(n["role"], n["rank"], n["host"], n["port"], n.get("machine", ""))
-                          for n in header["nodes"])
+            nodes = tuple(NodeInfo(n["role"], n["rank"], n["host"], n["port"], n.get("machine", ""),
+                                   tuple(n.get("ports", ()))) for n in header["nodes"])
             self.book = AddressBook(header["rank"], nodes, header["num_workers"], header["num_servers"],
                                     header.get("local_size", 1))
             self.name = transport.node_name(self.role, header["rank"])

@@ -87,26 +87,65 @@ def bound(sock: zmq.Socket, settings: Settings) -> None:
 def router(ctx: zmq.Context, settings: Settings, port: int) -> tuple[zmq.Socket, int]:
     """A ROUTER bound to ``port`` (0: any free port) at this node's own address
     (:func:`listen_host`). Returns it and its port."""
+    sock, ports = lanes_router(ctx, settings, port, 1)
+    return sock, ports[0]
+
+
+def server_lanes(settings: Settings) -> int:
+    """``GRADPRESS_SERVER_LANES``, or its default: one per I/O thread with CURVE, else 1."""
+    if settings.server_lanes > 0:
+        return min(settings.server_lanes, io_threads(settings))
+    return io_threads(settings) if settings.security == "curve" else 1
+
+
+def lanes_router(ctx: zmq.Context, settings: Settings, port: int, lanes: int) -> tuple[zmq.Socket, list[int]]:
+    """A ROUTER listening on ``lanes`` endpoints, the i-th tied to I/O thread i (ZMQ_AFFINITY,
+    which libzmq copies into every connection it accepts there): ``port`` (0: any free port)
+    and, for a fixed port, the ones after it. libzmq gives an accepted connection the least
+    loaded I/O thread, but it counts the load only once the thread has taken the connection
+    over, so connections accepted together (a job's workers, which connect as the address
+    book arrives) pile onto one thread: 4 at once went 3 to one thread and 1 to another
+    here. With CURVE a thread encrypts its connections' bytes, so a server's cores stayed idle.
+    Returns the socket and its ports, lane by lane."""
     sock = job_socket(ctx, zmq.ROUTER, settings, binds=True)
     # Fail loudly rather than silently drop when a peer identity is unknown.
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     host = listen_host(settings)
+    ports: list[int] = []
+    want = port
     try:
-        if port == 0:
-            port = sock.bind_to_random_port(f"tcp://{host}")
-        else:
-            sock.bind(f"tcp://{host}:{port}")
+        for lane in range(lanes):
+            if lanes > 1:
+                sock.setsockopt(zmq.AFFINITY, 1 << lane)
+            want = 0 if port == 0 else port + lane
+            if want == 0:
+                ports.append(sock.bind_to_random_port(f"tcp://{host}"))
+            else:
+                sock.bind(f"tcp://{host}:{want}")
+                ports.append(want)
     except zmq.ZMQError as e:
         sock.close(linger=0)
-        raise OSError(f"cannot listen at {host}:{port} ({e}); DMLC_NODE_HOST={settings.node_host!r} "
+        lane_note = f" (lane {len(ports)} of {lanes}: GRADPRESS_SERVER_LANES)" if lanes > 1 else ""
+        raise OSError(f"cannot listen at {host}:{want}{lane_note} ({e}); DMLC_NODE_HOST={settings.node_host!r} "
                       "must be an address of this machine") from None
-    return sock, port
+    sock.setsockopt(zmq.AFFINITY, 0)
+    return sock, ports
 
 
-def dealer(ctx: zmq.Context, settings: Settings, host: str, port: int, identity: bytes) -> zmq.Socket:
-    """A DEALER connected to ``host:port``, calling itself ``identity``."""
+def lane_of(ports: tuple[int, ...], rank: int) -> int:
+    """The port a worker of ``rank`` connects to among a server's lanes: ranks in turn."""
+    return ports[rank % len(ports)]
+
+
+def dealer(ctx: zmq.Context, settings: Settings, host: str, port: int, identity: bytes,
+           io_thread: int | None = None) -> zmq.Socket:
+    """A DEALER connected to ``host:port``, calling itself ``identity``; its connection on I/O
+    thread ``io_thread`` (modulo the context's count) where given, as ``lanes_router`` ties a
+    server's (connections made together would otherwise share one)."""
     sock = job_socket(ctx, zmq.DEALER, settings, binds=False)
     sock.setsockopt(zmq.IDENTITY, identity)
+    if io_thread is not None:
+        sock.setsockopt(zmq.AFFINITY, 1 << (io_thread % ctx.get(zmq.IO_THREADS)))
     sock.connect(f"tcp://{host}:{port}")
     return sock
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import logs
+from ..config import MAX_SERVER_LANES
 from ..net import transport
 
 # Worker processes on one machine, at most (a machine has a few GPUs).
@@ -32,6 +33,7 @@ class Member:
     pid: int
     machine: str = ""
     local_reduce: bool = False
+    ports: tuple[int, ...] = ()   # a server's lanes (the first is ``port``)
     rank: int = -1
     last_seen: float = field(default_factory=time.monotonic)
     finished: bool = False
@@ -88,7 +90,7 @@ class Roster:
         """Keep a REGISTER that refusal() let through."""
         member = Member(identity, h["role"], h["host"], h["port"], h["worker_id"],
                         h["local_rank"], h["local_size"], h["pid"], h.get("machine", ""),
-                        h.get("local_reduce", False))
+                        h.get("local_reduce", False), tuple(h.get("ports", ())))
         self.members[identity] = member
         return member
 
@@ -120,8 +122,8 @@ class Roster:
         return workers[0].local_size
 
     def address_book(self) -> list[dict]:
-        return [{"role": m.role, "rank": m.rank, "host": m.host, "port": m.port, "machine": m.machine}
-                for m in self.members.values()]
+        return [{"role": m.role, "rank": m.rank, "host": m.host, "port": m.port, "machine": m.machine,
+                 **({"ports": list(m.ports)} if m.ports else {})} for m in self.members.values()]
 
     def missing_summary(self) -> str:
         workers = sum(m.role == "worker" for m in self.members.values())
@@ -157,6 +159,12 @@ def registration_problem(h: dict) -> str:
     """What is wrong with a REGISTER's numbers ('' if nothing): checked before anything is kept."""
     if not 0 <= h["port"] <= 65535:
         return f"port {h['port']} is not a port number"
+    if "ports" in h:
+        ports = h["ports"]
+        if h["role"] != "server" or not 1 <= len(ports) <= MAX_SERVER_LANES or ports[0] != h["port"] or \
+                not all(type(p) is int and 1 <= p <= 65535 for p in ports) or len(set(ports)) != len(ports):
+            return (f"ports {ports!r}: a server's lanes are 1 to {MAX_SERVER_LANES} distinct port numbers, "
+                    f"its port ({h['port']}) first")
     if not 1 <= h["local_size"] <= MAX_LOCAL_SIZE:
         return f"BYTEPS_LOCAL_SIZE={h['local_size']} is not in [1, {MAX_LOCAL_SIZE}]"
     if not 0 <= h["local_rank"] < h["local_size"]:

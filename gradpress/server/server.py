@@ -41,12 +41,16 @@ class Server:
     def __init__(self, settings: Settings, ctx: zmq.Context | None = None):
         self.s = settings
         self.ctx = ctx or transport.context(settings)
-        self.sock, self.port = transport.router(self.ctx, settings, settings.server_port)
+        # one endpoint per lane, each on its own I/O thread: the workers' connections (and with
+        # CURVE their encryption) spread over the server's cores
+        self.sock, self.ports = transport.lanes_router(self.ctx, settings, settings.server_port,
+                                                       transport.server_lanes(settings))
+        self.port = self.ports[0]
         # a server charges a peer only for what it must refuse: workers' pushes are never limited
         self.guard = PeerGuard("server", settings.peer_rate, settings.peer_burst)
         self.outbox = Outbox(self.sock, self.guard, stall_s=settings.heartbeat_timeout_s)
         self.limits = Limits(settings.partition_bytes)
-        self.link = SchedulerLink(settings, "server", self.ctx, self.port)
+        self.link = SchedulerLink(settings, "server", self.ctx, self.port, lanes=self.ports)
         self._reply_addr = f"inproc://gp-server-replies-{os.getpid()}-{id(self)}"
         self.replies = self.ctx.socket(zmq.PULL)
         self.replies.bind(self._reply_addr)
@@ -73,7 +77,8 @@ class Server:
             self.io_engine = self.engines.pop()
             for e in self.engines:
                 e.start()
-            log.info("%s serving on port %d with %s", name, self.port,
+            log.info("%s serving on port%s %s with %s", name, "s" if len(self.ports) > 1 else "",
+                     ", ".join(map(str, self.ports)),
                      f"{threads} engine thread(s), keys of up to {INLINE_MAX_BYTES} bytes summed on its I/O thread"
                      if threads else "the sums on its I/O thread")
             return self._loop()

@@ -225,6 +225,13 @@ def test_a_register_with_impossible_numbers_is_refused_naming_them(cluster):
                                                      local_size=1, pid=1), **fields}))
             h = _reply(peer)
             assert h["op"] == Op.ERROR and why in h["message"], h
+        # a server's lanes: its port first, distinct port numbers, at most 16; a worker has none
+        for role, ports in (("server", [2, 1]), ("server", [1, 1]), ("server", [1, 70000]),
+                            ("server", list(range(1, 18))), ("worker", [1, 2])):
+            peer.send(_header(Op.REGISTER, role=role, host="h", port=1, worker_id=0 if role == "worker" else -1,
+                              local_rank=0, local_size=1, pid=1, ports=ports))
+            h = _reply(peer)
+            assert h["op"] == Op.ERROR and f"ports {ports!r}" in h["message"], h
     finally:
         ctx.destroy(linger=0)
         c.kill()
