@@ -96,11 +96,9 @@ class CommunicationThread(threading.Thread):
         try:
             self.group = LocalGroup.bind(self.s, self.ctx)  # its port goes into the address book
             self.link = SchedulerLink(self.s, "worker", self.ctx, self.group.port if self.group else 0)
-            self.book = self.link.register()
-            identity = self.link.sock.getsockopt(zmq.IDENTITY)
-            # each server's connection on its own I/O thread, at the server's lane for this rank
+            self.book, identity = self.link.register(), self.link.sock.getsockopt(zmq.IDENTITY)
             servers = [transport.dealer(self.ctx, self.s, n.host, n.port_for(self.book.rank), identity, io_thread=i)
-                       for i, n in enumerate(self.book.servers)]
+                       for i, n in enumerate(self.book.servers)]  # at this rank's lane, each on an I/O thread
             use_shm = self.s.shm and not self.s.enable_async and shm.available()
             local = [use_shm and n.host == self.link.host for n in self.book.servers]
             servers += self.group.join(self.book, len(servers)) if self.group else []  # the machine's workers

@@ -128,8 +128,9 @@ def test_ports_agree(smoke_pods):
         given = dict(e.split("=", 1) for e in opts["--env"])
         if pod.role == "scheduler":
             assert declared == {int(given["DMLC_PS_ROOT_PORT"])}
-        if pod.role == "server":
-            assert declared == {int(given["GRADPRESS_SERVER_PORT"])}
+        if pod.role == "server":  # its port and, one per lane, the ports after it
+            first, lanes = int(given["GRADPRESS_SERVER_PORT"]), int(given.get("GRADPRESS_SERVER_LANES", "1"))
+            assert declared == set(range(first, first + lanes))
 
 
 def test_volumes_are_mounted_where_the_manifests_mount_them(smoke_pods):

@@ -8,13 +8,10 @@
    this host, rank 0's profile broadcast, the same decision everywhere (``planner.decide``).
    The decision's alternatives, then the decision itself, run in turn for ``refine_steps``
    steps each; each is re-based on the backward measured under it (raw traffic slowed the
-   profiled backward on a shared host), and the job keeps the one ``choose`` picks from
-   rank 0's measurements. Deciding again on a re-based timeline would alternate: a plan
-   whose codecs cost more CPU slows the backward it was decided on. Where ``none`` is an
-   option, the profiled steps themselves (every tensor apart, uncompressed: what
-   ``compression_params`` without a codec does) are one more measured candidate, so a plan
-   the model mispredicts (a GPU's launches and Python, which calibration in isolation does
-   not see) is never kept over sending the gradients as they are.
+   profiled backward on a shared host), and the job keeps the one ``choose`` picks from rank
+   0's measurements, the profiled steps' among them (``profiling.profiled_plan``). Deciding
+   again on a re-based timeline would alternate: a plan whose codecs cost more CPU slows
+   the backward it was decided on.
 3. ``SETTLED``: every ``drift_check_steps`` steps the workers vote on drift (iterations off
    the reference by more than ``drift`` for ``drift_steps`` steps). On drift they re-measure
    the link; if it changed they plan again (``TRIALS``), each plan's residuals handed to its
@@ -25,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import logging
 import statistics
 from typing import Callable
@@ -41,7 +37,8 @@ from ..comm import OPS, Comm
 from ..routes.planned import PlannedRoute
 from .agreement import Agreement
 from .clock import StepClock
-from .profiling import choose, first_profile, rebased
+from .profiling import choose, first_profile, profiled_plan, rebased
+from .saved import plan_from_json, plan_json
 from .tuning import PlanTuning
 
 log = logging.getLogger(__name__)
@@ -75,8 +72,7 @@ class AutoPlanner:
                  tuning: PlanTuning | None = None, comm: Comm = OPS, matrix_names: dict[int, str] | None = None):
         self.params = list(params)
         self.names, self.priority, self.lr_of = names, priority, lr_of
-        self.install, self.leave_out, self.views = install, leave_out, views
-        self.matrix_names = matrix_names
+        self.install, self.leave_out, self.views, self.matrix_names = install, leave_out, views, matrix_names
         self.tuning, self.comm = tuning or PlanTuning(), comm
         self.options = auto.options(compression_params)
         self.label = names[id(params[0])]
@@ -90,7 +86,7 @@ class AutoPlanner:
         self.agreement = Agreement(self.label, comm, self.tuning)
         self.trials: list[tuple[Plan, Profile, float]] = []   # measured so far: (plan, re-based profile, median s)
         self.pending: list[Plan] = []                          # the trial's plans not yet run
-        self.baseline: tuple[Plan, Profile, float] | None = None   # the profiled steps, as a measured plan
+        self.baseline: tuple[Plan, Profile, float] | None = None   # the profiled steps (profiled_plan)
         self.measured_plans: list[tuple[Plan, float, float]] = []   # the last trial: plan, measured s, modelled s
         self.reference_s = 0.0     # what drift is measured against
         self._steps = 0
@@ -140,20 +136,14 @@ class AutoPlanner:
         """The plan in force, to resume it (``restore``): None while profiling or idle."""
         if self.route is None:
             return None
-        plan = dataclasses.asdict(dataclasses.replace(self.plan, alternatives=()))
-        del plan["alternatives"]
-        # plain JSON text: torch.load's weights_only takes it (the plan's figures may be numpy floats)
         return {"version": self.version, "steps": self._steps, "reference_s": float(self.reference_s),
-                "profile": self.profile.to_json(), "plan": json.dumps(plan, default=float)}
+                "profile": self.profile.to_json(), "plan": plan_json(self.plan)}
 
     def restore(self, saved: dict) -> PlannedRoute:
         """Resume the plan of ``checkpoint()``, under the same keys (its trials, if any were
         still under way, are not resumed: the plan in force is kept)."""
         self.profile = Profile.from_json(saved["profile"], "the checkpoint's plan profile")
-        fields = json.loads(saved["plan"])
-        fields["groups"] = tuple(tuple(int(i) for i in g) for g in fields["groups"])
-        fields["options"], fields["low_rank"] = tuple(fields["options"]), tuple(int(i) for i in fields["low_rank"])
-        plan = Plan(**fields)
+        plan = plan_from_json(saved["plan"])
         self._keep({t.name for t in self.profile.tensors})
         self.version, self._steps = int(saved["version"]), int(saved["steps"])
         self.trials, self.pending = [], []
@@ -187,20 +177,8 @@ class AutoPlanner:
             return
         self.profile = Profile.from_json(text, "rank 0's profile")
         self._keep({t.name for t in self.profile.tensors})
-        self.baseline = self._profiled_plan()
+        self.baseline = profiled_plan(self.profile, self.options)
         self._start(decide(self.profile, list(self.options), self.comm.settings.min_compress_bytes))
-
-    def _profiled_plan(self) -> tuple[Plan, Profile, float] | None:
-        """What the profiled steps ran, as a trial: every planned tensor apart and uncompressed,
-        with rank 0's median iteration over them; None where ``none`` is not an option (the
-        user asked for codecs) or nothing was measured."""
-        profiled_s = self.profile.notes.get("profiled_s")
-        if "none" not in self.options or not profiled_s:
-            return None
-        n = len(self.profile.tensors)
-        plan = Plan(tuple((i,) for i in range(n)), ("none",) * n, 0.0, 0.0)
-        return dataclasses.replace(plan, predicted_s=predict(*plan.simulated(self.profile))), self.profile, \
-            float(profiled_s)
 
     def _keep(self, planned: set[str]) -> None:
         """Plan only the tensors rank 0's profile names; the rest stay on their own routes."""
@@ -240,9 +218,9 @@ class AutoPlanner:
         # each trial's profile starts from the one before, so the last one carries every cost
         # the trial measured (a low-rank option's factor work): a re-plan decides on them
         in_force, latest = len(self.trials) - 1, self.trials[-1][1]
-        baseline, self.baseline = self.baseline, None  # (a re-plan's link differs from the profiled one)
-        if baseline is not None and not any(baseline[0].same_as(p) for p, _, _ in self.trials):
-            self.trials.append(baseline)
+        if self.baseline is not None and not any(self.baseline[0].same_as(p) for p, _, _ in self.trials):
+            self.trials.append(self.baseline)
+        self.baseline = None  # (a re-plan's link is not the profiled one)
         best, modelled = choose(self.trials, self.tuning.trial_noise)
         plan, kept, kept_s = self.trials[best]
         self.profile = dataclasses.replace(kept, codecs=latest.codecs, notes={**latest.notes, **kept.notes})

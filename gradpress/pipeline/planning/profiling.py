@@ -111,6 +111,21 @@ def rebased(profile: Profile, plan: Plan, clock: StepClock, names: dict[int, str
     return out
 
 
+def profiled_plan(profile: Profile, options: dict) -> tuple[Plan, Profile, float] | None:
+    """What the profiled steps ran, as one more measured plan of the first trial: every
+    planned tensor apart and uncompressed (what the job does without a codec), with rank 0's
+    median iteration over them. So a plan the model mispredicts (a GPU's launches and
+    Python, which calibration in isolation does not see) is not kept over sending the
+    gradients as they are. None where ``none`` is not an option (the user asked for codecs)
+    or nothing was measured."""
+    profiled_s = profile.notes.get("profiled_s")
+    if "none" not in options or not profiled_s:
+        return None
+    n = len(profile.tensors)
+    plan = Plan(tuple((i,) for i in range(n)), ("none",) * n, 0.0, 0.0)
+    return dataclasses.replace(plan, predicted_s=predict(*plan.simulated(profile))), profile, float(profiled_s)
+
+
 def choose(trials: list[tuple[Plan, Profile, float]], trial_noise: float) -> tuple[int, list[float]]:
     """Which measured plan to keep, and each one's modelled time: (plan, its re-based profile,
     its measured median s) per plan. The fastest measured, unless others measured within
