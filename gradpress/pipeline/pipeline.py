@@ -6,7 +6,8 @@ momentum) with ``submit`` and collect the averages with ``finish`` (or ``finish_
 route of every parameter is chosen when the pipeline is built (``routes``): powersgd /
 acpsgd rules -> ``lowrank``; ``auto`` rules -> ``direct`` (uncompressed) while the planner
 profiles, then ``planned``; with ``bucket_bytes`` (DDP) -> ``bucket``; the rest ->
-``direct``. A parameter changes route only at a step boundary: when the planner applies a
+``direct``, the small 1-D ones that travel uncompressed anyway fused into ``bucket``s
+(``fuse_below``). A parameter changes route only at a step boundary: when the planner applies a
 plan, when the density vote finds its dense tensor mostly zero rows (-> ``rows``), or when
 its first sparse COO tensor arrives (-> ``rows``: it can travel no other way).
 """
@@ -51,6 +52,8 @@ class GradientPipeline(PipelineState):
         views: bucketed averages come back as views of the bucket's buffer.
         bucket_bytes: fuse consecutive parameters (last first, as backward makes them) of one
             spec and dtype into buckets of up to this many bytes (DDP); None: each apart.
+        fuse_below: without ``bucket_bytes``, fuse the 1-D tensors under this many bytes that
+            travel uncompressed anyway (``fused``); 0: none.
         sparse_density: dense tensors whose non-zero row fraction is below this travel
             row-sparse from their second step (0: never; ``routes.rows``).
         fill: the tensor a parameter not submitted in a step travels with (zeros: every
@@ -64,7 +67,7 @@ class GradientPipeline(PipelineState):
 
     def __init__(self, table: ParameterTable, prefix: str = "Gradient.", *,
                  lr_of: Callable[[torch.Tensor], float | None] = lambda p: None, compression=Compression.none,
-                 views: bool = False, bucket_bytes: float | None = None, sparse_density: float = 0.0,
+                 views: bool = False, bucket_bytes: float | None = None, fuse_below: int = 0, sparse_density: float = 0.0,
                  fill: Callable[[torch.Tensor], torch.Tensor] | None = None, tuning: PlanTuning | None = None,
                  comm: Comm = OPS, owner: str = "DistributedOptimizer"):
         self.table, self.prefix, self.comm = table, prefix, comm
@@ -81,9 +84,10 @@ class GradientPipeline(PipelineState):
         self._rows = RowsRoute(self.names, table.priority, comm, compression)
         self._vote = DensityVote(sparse_density, table.names, comm) if sparse_density > 0 else None
         self._route: dict[int, Route] = {id(p): self._direct for p in params}
-        if bucket_bytes is not None:
-            for bucket in self._buckets([p for p in params if id(p) not in special], bucket_bytes):
-                self._route.update({id(p): bucket for p in bucket.members})
+        buckets = self._buckets([p for p in params if id(p) not in special], bucket_bytes) \
+            if bucket_bytes is not None else self._fused([p for p in params if id(p) not in special], fuse_below, views)
+        for bucket in buckets:
+            self._route.update({id(p): bucket for p in bucket.members})
         self.lowrank = self._lowrank_route(lowrank)
         if self.lowrank is not None:
             self._route.update({id(p): self.lowrank for p in lowrank})
@@ -125,6 +129,28 @@ class GradientPipeline(PipelineState):
                                       max(self.table.priority[id(p)] for p in run), self.comm, self.lr_of,
                                       compression=self.compression))
         return buckets
+
+    def _fused(self, params: list[torch.Tensor], below: int, views: bool) -> list[Bucket]:
+        """Small 1-D tensors (biases, norms: often most of a model's tensors and a sliver of its
+        bytes) under ``below`` bytes that travel uncompressed anyway (no spec: no codec, or
+        under BYTEPS_MIN_COMPRESS_BYTES): neighbours among them in backward order, of one
+        dtype, fused into buckets of up to a partition, each one message a round instead of
+        one per tensor. Their sums and averages are the same, element for element, as each
+        tensor's alone."""
+        s = self.comm.settings
+        small = [p for p in params if 0 < p.numel() * p.element_size() < below and p.dim() == 1
+                 and self.table.spec[id(p)] is None]
+        runs, current, size = [], [], 0
+        for p in reversed(small):
+            nbytes = p.numel() * p.element_size()
+            if current and (p.dtype != current[0].dtype or size + nbytes > s.partition_bytes):
+                runs.append(current)
+                current, size = [], 0
+            current.append(p)
+            size += nbytes
+        runs.append(current)
+        return [Bucket(f"{self.prefix}small-fused.{i}", run, None, max(self.table.priority[id(p)] for p in run),
+                       self.comm, views=views, compression=self.compression) for i, run in enumerate(runs) if len(run) > 1]
 
     def _shared_spec(self, params: list[torch.Tensor], what: str, why: str) -> CodecSpec:
         """The one rule that names ``params`` (``what`` handles them together), checked: one

@@ -52,6 +52,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._fold_nesterov(table)
         self._gradpress = GradientPipeline(table, "Gradient.", lr_of=lambda p: self._groups[id(p)]["lr"],
                                            compression=compression, views=True,
+                                           fuse_below=settings.fuse_below_bytes,
                                            sparse_density=settings.sparse_density, fill=gradient_or_zeros,
                                            tuning=plan_tuning)
         self._passes_left = {id(p): backward_passes_per_step for p in table.trainable}

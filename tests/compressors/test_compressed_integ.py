@@ -239,7 +239,9 @@ model(torch.randn(4, 1, 8, 8)).sum().backward()
 opt.step()
 codecs = {name: t.spec for name, t in ops.client().tensors.items()}
 assert codecs["Gradient.fc1.weight"].codec == "onebit", codecs
-assert codecs["Gradient.fc1.bias"] is None, codecs      # below BYTEPS_MIN_COMPRESS_BYTES
+# below BYTEPS_MIN_COMPRESS_BYTES: uncompressed, fused with the other biases (GRADPRESS_FUSE_BELOW_BYTES)
+fused = opt._gradpress._route[id(model.fc1.bias)]
+assert fused.kind == "bucket" and codecs[fused.name] is None and "Gradient.fc1.bias" not in codecs, codecs
 assert codecs["Gradient.conv2.weight"] is None, codecs  # the default: none
 print("OK job file", flush=True)
 bps.shutdown()

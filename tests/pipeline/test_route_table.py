@@ -105,3 +105,28 @@ def test_low_rank_and_auto_parameters_share_one_spec(params, rules, message):
 def test_low_rank_and_auto_refuse_a_tensor_level_compression(params):
     with pytest.raises(ValueError, match="leave compression=Compression.none"):
         routes(params, compression=Compression.fp16)
+
+
+@pytest.mark.parametrize("params,min_bytes,fuse_below,fused", [
+    (None, 4096, 65536, ["2.bias", "1.bias"]),     # no codec: both biases, last first
+    (ONEBIT, 4096, 65536, ["2.bias", "1.bias"]),   # a codec, but both under BYTEPS_MIN_COMPRESS_BYTES
+    (ONEBIT, 0, 65536, []),                        # compressed one by one: not fused
+    (None, 4096, 1000, []),                        # only 2.bias is small enough: a bucket of one is none
+    (None, 4096, 0, []),                           # GRADPRESS_FUSE_BELOW_BYTES=0
+])
+def test_small_1d_tensors_that_travel_uncompressed_are_fused_in_backward_order(params, min_bytes, fuse_below, fused):
+    pipe, m, table = routes(params, None, min_bytes=min_bytes, fuse_below=fuse_below)
+    assert [n for n in NAMES if table[n] == "bucket"] == sorted(fused, key=NAMES.index)
+    assert all(table[n] == "direct" for n in NAMES if n not in fused)  # matrices never: rows, codecs
+    if fused:
+        bucket = pipe._route[id(m[2].bias)]
+        assert bucket.spec is None and bucket.name == "Gradient.small-fused.0"
+        assert [pipe.table.names[id(p)] for p in bucket.members] == fused
+
+
+def test_fusion_stops_where_the_dtype_changes():
+    m = model()
+    m[1].bias.data = m[1].bias.data.half()
+    table = ParameterTable(list(m.parameters()), list(m.named_parameters()), CompressionPolicy(None, None, 4096))
+    pipe = GradientPipeline(table, comm=FakeComm(), fuse_below=65536)
+    assert pipe.route_of(m[1].bias) == pipe.route_of(m[2].bias) == "direct"
