@@ -85,7 +85,7 @@ class GradientPipeline(PipelineState):
         self._vote = DensityVote(sparse_density, table.names, comm) if sparse_density > 0 else None
         self._route: dict[int, Route] = {id(p): self._direct for p in params}
         buckets = self._buckets([p for p in params if id(p) not in special], bucket_bytes) \
-            if bucket_bytes is not None else self._fused([p for p in params if id(p) not in special], fuse_below, views)
+            if bucket_bytes is not None else self._fused([p for p in params if id(p) not in special], fuse_below)
         for bucket in buckets:
             self._route.update({id(p): bucket for p in bucket.members})
         self.lowrank = self._lowrank_route(lowrank)
@@ -130,13 +130,14 @@ class GradientPipeline(PipelineState):
                                       compression=self.compression))
         return buckets
 
-    def _fused(self, params: list[torch.Tensor], below: int, views: bool) -> list[Bucket]:
+    def _fused(self, params: list[torch.Tensor], below: int) -> list[Bucket]:
         """Small 1-D tensors (biases, norms: often most of a model's tensors and a sliver of its
         bytes) under ``below`` bytes that travel uncompressed anyway (no spec: no codec, or
         under BYTEPS_MIN_COMPRESS_BYTES): neighbours among them in backward order, of one
         dtype, fused into buckets of up to a partition, each one message a round instead of
         one per tensor. Their sums and averages are the same, element for element, as each
-        tensor's alone."""
+        tensor's alone, and each average is copied back into its own tensor (``p.grad`` stays
+        the tensor it was, as in BytePS)."""
         s = self.comm.settings
         small = [p for p in params if 0 < p.numel() * p.element_size() < below and p.dim() == 1
                  and self.table.spec[id(p)] is None]
@@ -150,7 +151,7 @@ class GradientPipeline(PipelineState):
             size += nbytes
         runs.append(current)
         return [Bucket(f"{self.prefix}small-fused.{i}", run, None, max(self.table.priority[id(p)] for p in run),
-                       self.comm, views=views, compression=self.compression) for i, run in enumerate(runs) if len(run) > 1]
+                       self.comm, compression=self.compression) for i, run in enumerate(runs) if len(run) > 1]
 
     def _shared_spec(self, params: list[torch.Tensor], what: str, why: str) -> CodecSpec:
         """The one rule that names ``params`` (``what`` handles them together), checked: one
