@@ -106,7 +106,8 @@ def lanes_router(ctx: zmq.Context, settings: Settings, port: int, lanes: int) ->
     over, so connections accepted together (a job's workers, which connect as the address
     book arrives) pile onto one thread: 4 at once went 3 to one thread and 1 to another
     here. With CURVE a thread encrypts its connections' bytes, so a server's cores stayed idle.
-    Returns the socket and its ports, lane by lane."""
+    Returns the socket and its ports, lane by lane (no more lanes than ``ctx`` has threads)."""
+    lanes = max(1, min(lanes, ctx.get(zmq.IO_THREADS)))
     sock = job_socket(ctx, zmq.ROUTER, settings, binds=True)
     # Fail loudly rather than silently drop when a peer identity is unknown.
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)

@@ -67,9 +67,9 @@ class GradientPipeline(PipelineState):
 
     def __init__(self, table: ParameterTable, prefix: str = "Gradient.", *,
                  lr_of: Callable[[torch.Tensor], float | None] = lambda p: None, compression=Compression.none,
-                 views: bool = False, bucket_bytes: float | None = None, fuse_below: int = 0, sparse_density: float = 0.0,
-                 fill: Callable[[torch.Tensor], torch.Tensor] | None = None, tuning: PlanTuning | None = None,
-                 comm: Comm = OPS, owner: str = "DistributedOptimizer"):
+                 views: bool = False, bucket_bytes: float | None = None, fuse_below: int = 0,
+                 sparse_density: float = 0.0, fill: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 tuning: PlanTuning | None = None, comm: Comm = OPS, owner: str = "DistributedOptimizer"):
         self.table, self.prefix, self.comm = table, prefix, comm
         self.lr_of, self.compression, self.owner = lr_of, compression, owner
         self.fill = fill or (lambda p: torch.zeros_like(p))

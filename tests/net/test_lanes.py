@@ -74,6 +74,16 @@ def test_lanes_listen_on_random_ports_or_on_the_fixed_port_and_the_ones_after_it
         ctx.term()  # (every socket closed; not destroy: the ZAP handler's thread closes its own)
 
 
+def test_no_more_lanes_than_the_context_has_io_threads():
+    ctx = zmq.Context(io_threads=1)  # (a context made before the settings asked for more)
+    try:
+        sock, ports = transport.lanes_router(ctx, settings(io_threads=3), 0, 3)
+        assert len(ports) == 1
+        sock.close(linger=0)
+    finally:
+        ctx.term()
+
+
 def test_workers_take_a_servers_lanes_in_turn_by_rank():
     server = NodeInfo("server", 0, "h", 9100, "", (9100, 9101, 9102))
     assert [server.port_for(r) for r in range(5)] == [9100, 9101, 9102, 9100, 9101]
