@@ -22,8 +22,9 @@ demo: setup
 	$(BIN)/gradpress-launch --local --workers 2 --servers 1 -- $(BIN)/python examples/train_digits.py
 
 # Two test processes (pytest-xdist): most tests wait on real jobs of several processes, so
-# two of them share the 2 cores well. 1,766 tests took 9.1 min from a fresh clone (2026-11-26
-# 19:45; the CUDA simulator's payload script, about 95 s, is the longest single piece).
+# two of them share the 2 cores well. 1,787 tests took 9.6 min from a fresh clone (2026-11-26
+# 21:30; the CUDA simulator's payload script, 80-95 s alone and up to twice that beside the
+# other worker's tests, is the longest single piece).
 test: setup
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest -q -n 2
