@@ -133,11 +133,6 @@ def lanes_router(ctx: zmq.Context, settings: Settings, port: int, lanes: int) ->
     return sock, ports
 
 
-def lane_of(ports: tuple[int, ...], rank: int) -> int:
-    """The port a worker of ``rank`` connects to among a server's lanes: ranks in turn."""
-    return ports[rank % len(ports)]
-
-
 def dealer(ctx: zmq.Context, settings: Settings, host: str, port: int, identity: bytes,
            io_thread: int | None = None) -> zmq.Socket:
     """A DEALER connected to ``host:port``, calling itself ``identity``; its connection on I/O

@@ -107,28 +107,30 @@ class GradientPipeline(PipelineState):
             seen.setdefault(id(route), route)
         return list(seen.values())
 
-    def _buckets(self, params: list[torch.Tensor], cap: float) -> list[Bucket]:
-        """DDP's buckets: parameters last to first, cut at ``cap`` bytes or where the spec or
-        dtype changes; a bucket of one stays on the direct route."""
-        spec, buckets, current, size = self.table.spec, [], [], 0
-        runs = []
+    @staticmethod
+    def _runs(params: list[torch.Tensor], cap: float, same: Callable[[torch.Tensor, torch.Tensor], bool]
+              ) -> list[list[torch.Tensor]]:
+        """``params`` last to first (as backward makes them), cut at ``cap`` bytes or where
+        ``same(p, the run's first)`` fails."""
+        runs, current, size = [], [], 0
         for p in reversed(params):
             nbytes = p.numel() * p.element_size()
-            same = current and spec[id(p)] == spec[id(current[0])] and p.dtype == current[0].dtype
-            if not same or size + nbytes > cap:
-                if current:
-                    runs.append(current)
+            if current and (not same(p, current[0]) or size + nbytes > cap):
+                runs.append(current)
                 current, size = [], 0
             current.append(p)
             size += nbytes
         if current:
             runs.append(current)
-        for i, run in enumerate(runs):
-            if len(run) > 1:
-                buckets.append(Bucket(f"{self.prefix}bucket.{i}", run, spec[id(run[0])],
-                                      max(self.table.priority[id(p)] for p in run), self.comm, self.lr_of,
-                                      compression=self.compression))
-        return buckets
+        return runs
+
+    def _buckets(self, params: list[torch.Tensor], cap: float) -> list[Bucket]:
+        """DDP's buckets: parameters last to first, cut at ``cap`` bytes or where the spec or
+        dtype changes; a bucket of one stays on the direct route."""
+        spec = self.table.spec
+        runs = self._runs(params, cap, lambda p, q: spec[id(p)] == spec[id(q)] and p.dtype == q.dtype)
+        return [Bucket(f"{self.prefix}bucket.{i}", run, spec[id(run[0])], self._priority(run), self.comm, self.lr_of,
+                       compression=self.compression) for i, run in enumerate(runs) if len(run) > 1]
 
     def _fused(self, params: list[torch.Tensor], below: int) -> list[Bucket]:
         """Small 1-D tensors (biases, norms: often most of a model's tensors and a sliver of its
@@ -138,20 +140,15 @@ class GradientPipeline(PipelineState):
         one per tensor. Their sums and averages are the same, element for element, as each
         tensor's alone, and each average is copied back into its own tensor (``p.grad`` stays
         the tensor it was, as in BytePS)."""
-        s = self.comm.settings
         small = [p for p in params if 0 < p.numel() * p.element_size() < below and p.dim() == 1
                  and self.table.spec[id(p)] is None]
-        runs, current, size = [], [], 0
-        for p in reversed(small):
-            nbytes = p.numel() * p.element_size()
-            if current and (p.dtype != current[0].dtype or size + nbytes > s.partition_bytes):
-                runs.append(current)
-                current, size = [], 0
-            current.append(p)
-            size += nbytes
-        runs.append(current)
-        return [Bucket(f"{self.prefix}small-fused.{i}", run, None, max(self.table.priority[id(p)] for p in run),
-                       self.comm, compression=self.compression) for i, run in enumerate(runs) if len(run) > 1]
+        runs = self._runs(small, self.comm.settings.partition_bytes, lambda p, q: p.dtype == q.dtype)
+        return [Bucket(f"{self.prefix}small-fused.{i}", run, None, self._priority(run), self.comm,
+                       compression=self.compression) for i, run in enumerate(runs) if len(run) > 1]
+
+    def _priority(self, members: list[torch.Tensor]) -> int:
+        """A fused group's priority: its most urgent member's."""
+        return max(self.table.priority[id(p)] for p in members)
 
     def _shared_spec(self, params: list[torch.Tensor], what: str, why: str) -> CodecSpec:
         """The one rule that names ``params`` (``what`` handles them together), checked: one

@@ -4,29 +4,20 @@ fused error feedback byte-identical to the generic steps on the device.
 The simulator is chosen by NUMBA_ENABLE_CUDASIM=1 before numba is first imported, so the
 comparison runs in a subprocess (cudasim_payloads.py) and this process stays unaffected.
 """
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cudasim_run import simulated_cases
 
 from compressors.cases import CODEC_PARAMS
 
 pytestmark = pytest.mark.timeout(170 * 3 + 30)  # the simulator is slow; one run serves all
 SCRIPT = Path(__file__).with_name("cudasim_payloads.py")
-REPO = SCRIPT.parents[2]
 
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(REPO)}
-    run = subprocess.run([sys.executable, str(SCRIPT)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=170 * 3)
-    assert run.returncode == 0, f"simulator run failed:\n{run.stderr[-4000:]}"
-    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    return {line["case"]: line["problem"] for line in lines}
+    return {line["case"]: line["problem"] for line in simulated_cases(SCRIPT, 170 * 3)}
 
 
 @pytest.mark.parametrize("group, minimum", [

@@ -2,26 +2,18 @@
 byte-identical to the CPU kernels', with no row lost or reordered when every row is
 non-zero (Zen's GPU insertion could lose them). The simulator must be chosen before
 numba is imported, so the cases run in a subprocess (cudasim_rows.py)."""
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cudasim_run import simulated_cases
 
 SCRIPT = Path(__file__).with_name("cudasim_rows.py")
-REPO = SCRIPT.parents[2]
 
 
 @pytest.mark.integ  # starts processes
 @pytest.mark.timeout(240)
 def test_gpu_row_extraction_is_byte_identical_to_the_cpu_one():
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(REPO)}
-    run = subprocess.run([sys.executable, str(SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=220)
-    assert run.returncode == 0, f"simulator run failed:\n{run.stderr[-4000:]}"
-    results = {c["case"]: c for c in map(json.loads, run.stdout.splitlines())}
+    results = {c["case"]: c for c in simulated_cases(SCRIPT, 220)}
     assert set(results) == {"empty-table", "one-zero-row", "all-zero", "every-row", "block-edges", "random"}
     assert results["every-row"]["rows"] == 300 and results["block-edges"]["rows"] == 5
     failures = {name: c["problem"] for name, c in results.items() if c["problem"]}

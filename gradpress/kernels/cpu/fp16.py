@@ -60,11 +60,11 @@ def from_half_bits(bits: np.ndarray, out: np.ndarray, accumulate: bool = False) 
 
 
 def sum_half_bits(bits: np.ndarray, acc: np.ndarray, first: bool) -> None:
-    """A sum's step: ``acc (+)= bits.view(float16)`` for a float32 ``acc``, with the CPU's
+    """A sum's step: ``acc (+)= bits.view(float16)`` for a float32 (or float64) ``acc``, with the CPU's
     conversions where it has them (about 3x the software loop's speed, which made a
     float16 sum 2.8x slower per element than a float32 one on this host). Finite values
     give numpy's bits; a NaN stays NaN, its payload possibly not numpy's."""
-    if HARDWARE_HALF and acc.dtype == np.float32:
+    if HARDWARE_HALF:
         (_widen_hardware if first else _widen_add_hardware)(bits, acc)
     else:
         from_half_bits(bits, acc, accumulate=not first)

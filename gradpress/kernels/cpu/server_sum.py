@@ -34,8 +34,5 @@ def to_half(acc: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The fp32 accumulator rounded to float16 (into ``out`` if given), as numpy's astype
     (a NaN's payload aside)."""
     out = np.empty(acc.size, np.float16) if out is None else out
-    if acc.dtype == np.float32:
-        fp16.round_half_bits(acc, out.view(np.uint16))
-    else:
-        fp16.to_half_bits(np.ascontiguousarray(acc, np.float32), out.view(np.uint16))
+    fp16.round_half_bits(acc, out.view(np.uint16))
     return out
