@@ -143,8 +143,14 @@ class GradientPipeline(PipelineState):
         small = [p for p in params if 0 < p.numel() * p.element_size() < below and p.dim() == 1
                  and self.table.spec[id(p)] is None]
         runs = self._runs(small, self.comm.settings.partition_bytes, lambda p, q: p.dtype == q.dtype)
-        return [Bucket(f"{self.prefix}small-fused.{i}", run, None, self._priority(run), self.comm,
-                       compression=self.compression) for i, run in enumerate(runs) if len(run) > 1]
+        # named by its members, not by a count: two optimizers in one process (a GAN's, or a
+        # model per dtype) each fuse their own, and a count would give both the same keys
+        return [Bucket(f"{self.prefix}small-fused.{self._crc(run)}", run, None, self._priority(run), self.comm,
+                       compression=self.compression) for run in runs if len(run) > 1]
+
+    def _crc(self, members: list[torch.Tensor]) -> str:
+        """A group's name from its members' (the same in every worker and every resumed job)."""
+        return f"{zlib.crc32(','.join(self.table.names[id(p)] for p in members).encode()):08x}"
 
     def _priority(self, members: list[torch.Tensor]) -> int:
         """A fused group's priority: its most urgent member's."""
@@ -169,8 +175,7 @@ class GradientPipeline(PipelineState):
         spec = self._shared_spec(params, "powersgd / acpsgd (a step's matrices reduced together)",
                                  "powersgd / acpsgd factor the float32 tensors themselves")
         entries = [(self.table.names[id(p)], p) for p in params]
-        # its fused tensors' names: the same for every pipeline of these names (a resumed job's)
-        prefix = f"{self.prefix}{zlib.crc32(','.join(n for n, _ in entries).encode()):08x}."
+        prefix = f"{self.prefix}{self._crc(params)}."
         reducer = LowRankReducer(entries, LowRankParams.parse(spec.compression_params), prefix,
                                  self.comm.settings.min_compress_bytes, comm=self.comm)
         return LowRankRoute(params, reducer)

@@ -1,6 +1,8 @@
 """Which route each parameter takes (gradpress/pipeline/pipeline.py), decided once when a
 pipeline is built, for the settings of each front end: none, fp16, a codec, rules,
 row-sparse, low-rank and auto; and the moves allowed at a step boundary."""
+import zlib
+
 import pytest
 import torch
 
@@ -120,8 +122,22 @@ def test_small_1d_tensors_that_travel_uncompressed_are_fused_in_backward_order(p
     assert all(table[n] == "direct" for n in NAMES if n not in fused)  # matrices never: rows, codecs
     if fused:
         bucket = pipe._route[id(m[2].bias)]
-        assert bucket.spec is None and bucket.name == "Gradient.small-fused.0"
+        crc = f"{zlib.crc32(','.join(fused).encode()):08x}"  # named by its members
+        assert bucket.spec is None and bucket.name == f"Gradient.small-fused.{crc}"
         assert [pipe.table.names[id(p)] for p in bucket.members] == fused
+
+
+def test_two_pipelines_fuse_under_keys_of_their_own():
+    """Two optimizers in one process (a model per dtype, a GAN's two) each fuse their small
+    tensors: the buckets are named by their members, so their keys never meet."""
+    names = []
+    for prefix in ("gen.", "disc."):
+        m = model()
+        named = [(prefix + n, p) for n, p in m.named_parameters()]
+        table = ParameterTable(list(m.parameters()), named, CompressionPolicy(None, None, 4096))
+        pipe = GradientPipeline(table, comm=FakeComm(), fuse_below=65536)
+        names.append(pipe._route[id(m[2].bias)].name)
+    assert names[0] != names[1] and all(n.startswith("Gradient.small-fused.") for n in names), names
 
 
 def test_fusion_stops_where_the_dtype_changes():
