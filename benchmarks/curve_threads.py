@@ -9,7 +9,9 @@ server over loopback TCP (no shared memory), with ``GRADPRESS_IO_THREADS`` set t
 in turn for the server (each worker keeps ``--worker-threads``: 1, as its one connection
 uses one). The server's throughput is what it receives and sends per
 second: 2 x workers x tensor bytes over the median seconds of a push_pull (every worker
-waits for the slowest). Ratios are against the one-thread figure of the same run.
+waits for the slowest). Ratios are against the one-thread figure of the same run. Beside
+each count: the cores the whole machine kept busy during the timed push_pulls (/proc/stat),
+the workers' own encryption included: where they are all busy, more threads cannot help.
 
 The server listens on one lane per I/O thread (``GRADPRESS_SERVER_LANES``, its default with
 CURVE), the workers spread over them by rank. ``--compare-lanes`` also runs every count of
@@ -43,21 +45,33 @@ c.start()
 x = np.ones(n, np.float32)
 y = np.empty_like(x)
 c.push_pull_async("t", x, y, 1, 0).result(600)   # declares the key and warms the path
-times = []
+
+
+def cpu_jiffies():  # the whole machine's (busy, total) since boot, from /proc/stat's first line
+    fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
+times, before = [], cpu_jiffies()
 for _ in range(reps):
     c.barrier()
     t = time.perf_counter()
     c.push_pull_async("t", x, y, 1, 0).result(600)
     times.append(time.perf_counter() - t)
+after = cpu_jiffies()
 assert float(y[0]) == c.size and float(y[-1]) == c.size
 if c.rank == 0:
+    busy = (after[0] - before[0]) / max(1, after[1] - before[1]) * os.cpu_count()
     with open(out, "w") as fh:
-        json.dump(times, fh)
+        json.dump({"times": times, "busy_cores": busy}, fh)
 c.finish()
 """
 
 
-def job_seconds(threads: int, workers: int, n: int, reps: int, worker_threads: str, lanes: int = -1) -> float:
+def job_seconds(threads: int, workers: int, n: int, reps: int, worker_threads: str,
+                lanes: int = -1) -> tuple[float, float]:
+    """The median seconds of a push_pull, and the cores the whole machine kept busy meanwhile."""
     env = dict(os.environ, **child_env(), GRADPRESS_SHM="0", GRADPRESS_SECURITY="curve",
                GRADPRESS_IO_THREADS=str(threads), BYTEPS_PARTITION_BYTES=str(64 << 20),
                GRADPRESS_SERVER_LANES=str(lanes))
@@ -71,7 +85,8 @@ def job_seconds(threads: int, workers: int, n: int, reps: int, worker_threads: s
                         worker_threads],
                        check=True, env=env, timeout=600)
         with open(out) as fh:
-            return statistics.median(json.load(fh))
+            measured = json.load(fh)
+        return statistics.median(measured["times"]), measured["busy_cores"]
 
 
 def main() -> None:
@@ -92,15 +107,16 @@ def main() -> None:
               "worker_io_threads": args.worker_threads}
     base = None
     for threads in counts:
-        seconds = job_seconds(threads, args.workers, n, args.reps, args.worker_threads)
+        seconds, busy = job_seconds(threads, args.workers, n, args.reps, args.worker_threads)
         gbps = 2 * args.workers * 4 * n / seconds / 1e9
         base = base or gbps
         result[f"io{threads}_server_GBps"] = round(gbps, 3)
         result[f"io{threads}_over_io{counts[0]}"] = round(gbps / base, 3)
+        result[f"io{threads}_busy_cores"] = round(busy, 2)
         print(f"I/O threads {threads:2d}: {seconds:.4f} s per push_pull, server {gbps:.2f} GB/s, "
-              f"{gbps / base:.2f}x", flush=True)
+              f"{gbps / base:.2f}x; {busy:.1f} of {os.cpu_count()} cores busy", flush=True)
         if args.compare_lanes and threads > 1:
-            seconds = job_seconds(threads, args.workers, n, args.reps, args.worker_threads, lanes=1)
+            seconds, _ = job_seconds(threads, args.workers, n, args.reps, args.worker_threads, lanes=1)
             one = 2 * args.workers * 4 * n / seconds / 1e9
             result[f"io{threads}_one_endpoint_server_GBps"] = round(one, 3)
             print(f"  one endpoint: {seconds:.4f} s per push_pull, server {one:.2f} GB/s, {one / base:.2f}x; "

@@ -12,7 +12,12 @@ jobs: the transformer of ``bandwidth.py`` (33.6M parameters, 102 tensors) traine
 workers (each on its own GPU where there are two, else both on GPU 0) and two servers on
 this machine (``gradpress.launcher --local``) for every setting, against compute only
 (both workers at once, no communication) and torch DDP over gloo (and NCCL with one GPU
-per process), with and without PowerSGD. Median seconds per iteration, each synchronised.
+per process), with and without PowerSGD. Median seconds per iteration, each synchronised,
+after 12 warm-up iterations; ``auto`` is timed once every worker holds its settled plan.
+
+Named in ``--systems`` only, settings run again with one worker setting changed
+(``VARIANTS``): ``gp_none_gil200`` and ``gp_onebit_gil200`` with GRADPRESS_GIL_SWITCH_US=200,
+``gp_none_apart`` with GRADPRESS_LOCAL_REDUCE=0 (each worker pushes its own gradients).
 
 copies: a 64 MB partition's copies off and onto the device, for each kind of host memory the
 worker uses (pageable, pinned, its own registered shared memory, a peer's registered).
@@ -50,6 +55,10 @@ SETTINGS = {
     "gp_acpsgd": {"compressor": "acpsgd", "rank": 4},
     "gp_auto": {"compressor": "auto", "k": 0.0015, "seed": 1},
 }
+# a setting run again with a worker setting changed (named in --systems: not run by default)
+VARIANTS = {"gp_none_gil200": ("gp_none", {"GRADPRESS_GIL_SWITCH_US": "200"}),
+            "gp_onebit_gil200": ("gp_onebit", {"GRADPRESS_GIL_SWITCH_US": "200"}),
+            "gp_none_apart": ("gp_none", {"GRADPRESS_LOCAL_REDUCE": "0"})}
 PEERS = ["ddp_gloo", "ddp_gloo_powersgd", "ddp_nccl", "ddp_nccl_powersgd"]
 ENCODERS = {"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"},
             "topk": {"compressor": "topk", "k": 0.01, "ef": "vanilla"},
@@ -204,11 +213,9 @@ elif system.startswith("ddp_"):
 else:  # compute only
     net, opt = model, torch.optim.SGD(model.parameters(), lr=0.01)
 times, sampler = [], None
-for step in range(iters + 12):
-    if step == 12 and rank == 0 and os.environ.get("GP_PROFILE"):
-        from stack_sampler import StackSampler
-        sampler = StackSampler()
-        sampler.start()
+
+
+def step():
     torch.cuda.synchronize()
     t = time.perf_counter()
     opt.zero_grad()
@@ -216,6 +223,22 @@ for step in range(iters + 12):
     opt.step()
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t)
+
+
+for _ in range(12):
+    step()
+if system == "gp_auto":  # timed once every worker holds its settled plan (its trials over), as bandwidth.py
+    from bandwidth_worker import AUTO_MAX_EXTRA_WARMUP, everyone_planned
+    while not everyone_planned(bps, opt) and len(times) < 12 + AUTO_MAX_EXTRA_WARMUP:
+        step()
+    for _ in range(4):  # the settled plan's first steps set up its keys
+        step()
+if rank == 0 and os.environ.get("GP_PROFILE"):
+    from stack_sampler import StackSampler
+    sampler = StackSampler()
+    sampler.start()
+for _ in range(iters):
+    step()
 if sampler:
     sampler.report(os.environ["GP_PROFILE"], f"{{system}}: {{iters}} steps")
 plan = getattr(opt, "gradpress_plan", None)
@@ -247,7 +270,8 @@ def run_job(system: str, iters: int, tmp: str, timeout: float) -> dict:
     out = os.path.join(tmp, system)
     env = dict(os.environ, GRADPRESS_PLAN_STEPS="4")
     if system.startswith("gp_"):
-        env["GP_SETTING"] = json.dumps(SETTINGS[system])
+        base, changed = VARIANTS.get(system, (system, {}))
+        env.update(changed, GP_SETTING=json.dumps(SETTINGS[base]))
         cmd = [sys.executable, "-m", "gradpress.launcher", "--local", "--workers", "2", "--servers", "2", "--",
                sys.executable, script, system, out, str(iters)]
         _wait_group([subprocess.Popen(cmd, env=env, start_new_session=True)], timeout)
@@ -269,7 +293,7 @@ def run_job(system: str, iters: int, tmp: str, timeout: float) -> dict:
 def jobs(iters: int, timeout: float, only: list | None) -> dict:
     import torch
     systems = ["compute"] + list(SETTINGS) + [p for p in PEERS if "nccl" not in p or torch.cuda.device_count() > 1]
-    systems = [s for s in systems if not only or s in only]
+    systems = [s for s in systems + list(VARIANTS) if s in only] if only else systems
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for system in systems:

@@ -298,8 +298,9 @@ def render_soak(r: dict) -> list[str]:
         ["resident memory, start and growth", rss]])
 
 
-GPU_SYSTEMS = ("compute", "gp_none", "gp_fp16", "gp_onebit", "gp_topk", "gp_randomk", "gp_dithering", "gp_powersgd",
-               "gp_acpsgd", "gp_auto", "ddp_gloo", "ddp_gloo_powersgd", "ddp_nccl", "ddp_nccl_powersgd")
+GPU_SYSTEMS = ("compute", "gp_none", "gp_none_gil200", "gp_none_apart", "gp_fp16", "gp_onebit", "gp_onebit_gil200",
+               "gp_topk", "gp_randomk", "gp_dithering", "gp_powersgd", "gp_acpsgd", "gp_auto", "ddp_gloo",
+               "ddp_gloo_powersgd", "ddp_nccl", "ddp_nccl_powersgd")
 
 
 def render_gpu(r: dict) -> list[str]:
@@ -349,6 +350,10 @@ def render_curve_threads(r: dict) -> list[str]:
     mine = r.get("worker_io_threads", "same")  # older runs gave every process the same count
     who = "I/O threads (every process)" if mine == "same" else f"the server's I/O threads (each worker {mine})"
     header = [who, "server GB/s, in and out", f"against {counts[0]}"]
+    if any(f"io{n}_busy_cores" in r for n in counts):  # how much of the machine the run used
+        header.append(f"cores busy, of {r['cores']}")
+        for row, n in zip(rows, counts):
+            row.append(f(r.get(f"io{n}_busy_cores"), 1))
     if any(f"io{n}_one_endpoint_server_GBps" in r for n in counts):  # lanes against one endpoint
         header += ["one endpoint, GB/s", "lanes / one endpoint"]
         for row, n in zip(rows, counts):

@@ -44,6 +44,7 @@ class Settings:
     shm: bool = _setting(True, "GRADPRESS_SHM", "a worker and a server on the same host exchange data through shared memory (sealed memfd chunks)")
     min_compress_bytes: int = _setting(65536, "BYTEPS_MIN_COMPRESS_BYTES", "tensors smaller than this travel uncompressed")
     fuse_below_bytes: int = _setting(65536, "GRADPRESS_FUSE_BELOW_BYTES", "DistributedOptimizer: 1-D gradients (biases, norms) smaller than this that travel uncompressed anyway (below BYTEPS_MIN_COMPRESS_BYTES, or no codec) are fused with their neighbours in backward order into push_pulls of up to BYTEPS_PARTITION_BYTES, one message for many instead of one each; 0: each on its own, as BytePS sends them")
+    gil_switch_us: int = _setting(0, "GRADPRESS_GIL_SWITCH_US", "workers: microseconds a thread waiting for Python's GIL waits before the running one must hand it over (sys.setswitchinterval): the gradient hooks of a backward pass wait this long at most each time the communication thread runs Python; 0: Python's own (5000)")
     heartbeat_interval_s: float = _setting(1.0, "PS_HEARTBEAT_INTERVAL", "seconds between heartbeats to and from the scheduler")
     heartbeat_timeout_s: float = _setting(10.0, "PS_HEARTBEAT_TIMEOUT", "a node silent this many seconds is declared lost")
     connect_timeout_s: float = _setting(120.0, "GRADPRESS_CONNECT_TIMEOUT_S", "deadline for the whole job to register with the scheduler")
@@ -96,6 +97,9 @@ class Settings:
         if not 0 <= self.sparse_density <= 1 or not 0 <= self.sparse_seed < 1 << 63:
             raise ValueError(f"GRADPRESS_SPARSE_DENSITY={self.sparse_density} must be in [0, 1] and "
                              f"GRADPRESS_SPARSE_SEED={self.sparse_seed} in [0, 2**63)")
+        if not 0 <= self.gil_switch_us <= 1_000_000:
+            raise ValueError(f"GRADPRESS_GIL_SWITCH_US={self.gil_switch_us}: microseconds from 1 to 1000000, "
+                             "or 0 for Python's own")
         if self.fuse_below_bytes < 0:
             raise ValueError(f"GRADPRESS_FUSE_BELOW_BYTES={self.fuse_below_bytes}: must be >= 0 (0: no fusion)")
         if self.min_compress_bytes < 0:

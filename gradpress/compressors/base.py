@@ -179,12 +179,12 @@ class Compressor(ABC):
             single = device.itemsize(out) == 4  # else divided in out's own dtype, after the copy
             if single and isinstance(header, dict) and "raw" not in header:
                 self._check_header(header, device.length(out))
-                with device.working_on(out):
+                with device.working_on(out, landing=True):
                     if self._decode_device(header, buffers, device.as_device(out), key, round, divisor):
                         return
             host = device.host_scratch(device.length(out))  # pinned and reused: the copy is DMA
             self._decode_checked(header, buffers, host, False, key, round, divisor if single else 1)
-            with device.working_on(out):
+            with device.working_on(out, landing=True):
                 device.copy_from_host(host, out)
                 if not single and divisor != 1:
                     out /= divisor  # a CUDA tensor, as the worker's output is

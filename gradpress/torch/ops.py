@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from .. import allocator, logs
+from .. import allocator, gil, logs
 from ..compressors.spec import CodecSpec
 from ..config import Settings
 from ..errors import JobError, RegistrationRefused
@@ -57,6 +57,7 @@ def init(lazy: bool = True) -> None:
             raise ValueError(f"gradpress.torch.init() runs in workers; DMLC_ROLE is {settings.role!r}")
         logs.configure(settings.log_level)
         allocator.configure(settings)
+        gil.configure(settings)
         try:
             modes.check(settings)
             cuda_check.check()  # before registering: a broken GPU path stops the job now, not at a step

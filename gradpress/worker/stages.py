@@ -211,11 +211,12 @@ class PartitionStages:
                 else _frame_result(frames, wk.count, t.dtype)
             if is_device_array(dst):
                 from ..kernels.cuda import device
-                with device.working_on(dst):
+                with device.working_on(dst, landing=True):
                     if h.get("dma") and "shm" in h:
                         self._register_slots(h["shm"], dst)
-                    # no host wait: a frame is pageable (staged before the call returns), and a
-                    # slot is rewritten only after our next push of the key, queued after this copy
+                    # no host wait, on the landing stream: a frame is pageable (staged before the
+                    # call returns), and a slot is rewritten only after our next push of the key,
+                    # which the host sends after the consumer's stream has waited for this copy
                     device.land_divided(summed, dst, job.divisor, wait=False)
             elif job.divisor != 1 and summed.dtype == np.float16 and dst.flags.c_contiguous:
                 fp16.divide_half(summed, job.divisor, dst)  # numpy's float16 divide is a scalar loop

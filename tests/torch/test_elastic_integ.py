@@ -70,6 +70,13 @@ bps.shutdown()
 """
 
 
+def publish_port(d, port: int) -> None:
+    """The resumed job's port, for the waiting workers: written whole, then renamed into place
+    (a worker that saw the file before its text was in read "" and went to port 9000)."""
+    (d / "port2.tmp").write_text(str(port))
+    (d / "port2.tmp").rename(d / "port2")
+
+
 def exit_code(first, name: str, second, timeout_s: float = 120) -> int:
     """The exit code of ``first``'s process ``name``, which went on in ``second``'s job; both
     jobs' logs where it is still running at the deadline (the whole suite shares 2 cores)."""
@@ -91,7 +98,7 @@ def test_suspend_then_resume_with_fewer_workers_continues_the_same_trajectory(cl
     second = cluster(workers=1, servers=1, env={"GRADPRESS_JOB_SECRET": first.secret})  # the job it resumes into
     second.start_scheduler()
     second.start_server(0)
-    (first.tmp / "port2").write_text(str(second.port))
+    publish_port(first.tmp, second.port)
     assert exit_code(first, "worker 0", second) == 0, first.logs() + second.logs()
     second.assert_success(timeout_s=30)
 
@@ -136,7 +143,7 @@ def test_a_compressed_run_suspended_and_resumed_is_bit_identical_to_an_uninterru
     second = cluster(workers=2, servers=1, env={**env, "GRADPRESS_JOB_SECRET": first.secret})
     second.start_scheduler()
     second.start_server(0)
-    (first.tmp / "port2").write_text(str(second.port))
+    publish_port(first.tmp, second.port)
     for r in range(workers):
         assert exit_code(first, f"worker {r}", second) == 0, first.logs() + second.logs()
     second.assert_success(timeout_s=30)

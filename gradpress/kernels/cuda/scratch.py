@@ -68,11 +68,12 @@ def _device_id() -> int:
 
 
 def _cached(key: tuple, make) -> Any:
-    """This thread's entry for ``key`` on the current device. Per thread, because a compress
-    owns its scratch from its first launch to its synchronize, and threads of a worker
-    compress different keys at once."""
+    """This thread's entry for ``key`` on the current device and lane. Per thread, because a
+    compress owns its scratch from its first launch to its synchronize, and threads of a
+    worker compress different keys at once; per lane, because a landing's decode runs on
+    the landing stream beside the push stream's encoders (``streams``)."""
     cache = _local.__dict__.setdefault("entries", {})
-    key = (_device_id(),) + key
+    key = (_device_id(), streams.current_lane()) + key
     if key not in cache:
         if len(cache) >= _MOST_ENTRIES:
             cache.clear()

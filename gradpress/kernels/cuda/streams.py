@@ -1,12 +1,24 @@
-"""gradpress's own CUDA stream on each device, and the events that order it against torch's.
+"""gradpress's own CUDA streams on each device, and the events that order them against torch's.
 
-Every launch and copy a worker makes on a GPU goes to one stream per device that torch
-created (torch's streams are non-blocking: they never wait for what the training queued on
-the legacy default stream). Work on it is ordered after a gradient's producer by an event
-recorded on torch's current stream when the gradient is handed over (``produced``, waited
-for on the device by ``wait_for``); a consumer's stream waits on the event recorded after
-the output's last copy or kernel (``finished``). The host waits for the stream only where
-it reads what the device wrote.
+Every launch and copy a worker makes on a GPU goes to one of two streams per device that
+torch created (torch's streams are non-blocking: they never wait for what the training
+queued on the legacy default stream), as BytePS keeps one for copies off the device and one
+for copies onto it:
+
+- the push lane: encoders and copies to the host. It is ordered after a gradient's producer
+  by an event recorded on torch's current stream when the gradient is handed over
+  (``produced``, waited for on the device by ``wait_for``), so it holds copies that wait for
+  gradients the backward pass has not made yet.
+- the landing lane (``working_on(x, landing=True)``): pulled results copied onto the device,
+  decoded and averaged there. A landing never queues behind those waits: an upload from
+  pageable memory, which the driver may stage only once its stream gets to it, would
+  otherwise hold the communication thread until the backward pass had made every gradient
+  queued before it. It needs no event of its own: a partition's reply comes after its push,
+  and every push is sent only once the host has seen its copy or encoder finish, after the
+  producer. A consumer's stream waits on the event recorded after the output's last landing
+  (``finished``).
+
+The host waits for a stream only where it reads what the device wrote.
 
 What a call costs matters here: the hooks of a 102-tensor model call ``produced`` once per
 gradient, and the communication thread enters ``working_on`` a few times per partition. So
@@ -27,9 +39,10 @@ from typing import Any
 
 from numba import config, cuda
 
-_pairs: dict[int, tuple[Any, Any]] = {}   # device index -> (numba stream, torch stream or None)
+PUSH, LANDING = 0, 1
+_pairs: dict[tuple[int, int], tuple[Any, Any]] = {}   # (device, lane) -> (numba stream, torch stream or None)
 _lock = threading.Lock()
-_local = threading.local()   # .stream: working_on's numba stream; .device: numba's; .torch_set: devices
+_local = threading.local()   # .stream, .lane: working_on's; .device: numba's; .torch_current: device -> stream
 # torch events free for reuse, by device (an event belongs to the device it was first
 # recorded on); deques: one thread takes while another gives back
 _events: collections.defaultdict = collections.defaultdict(collections.deque)
@@ -43,11 +56,11 @@ def _torch() -> Any:
     return torch
 
 
-def _pair(index: int) -> tuple[Any, Any]:
-    pair = _pairs.get(index)
+def _pair(index: int, lane: int = PUSH) -> tuple[Any, Any]:
+    pair = _pairs.get((index, lane))
     if pair is None:
         with _lock:
-            pair = _pairs.get(index)
+            pair = _pairs.get((index, lane))
             if pair is None:
                 torch = _torch()
                 if torch is not None:
@@ -55,8 +68,14 @@ def _pair(index: int) -> tuple[Any, Any]:
                     pair = (cuda.external_stream(made.cuda_stream), made)
                 else:
                     pair = (cuda.stream(), None)
-                _pairs[index] = pair
+                _pairs[(index, lane)] = pair
     return pair
+
+
+def current_lane() -> int:
+    """The lane the enclosing ``working_on`` named (PUSH outside one): reused device scratch
+    is kept per lane, since the two streams run at once."""
+    return getattr(_local, "lane", PUSH)
 
 
 def _index_of(x: Any) -> int:
@@ -125,28 +144,29 @@ def _switched(index: int):
 
 
 @contextlib.contextmanager
-def working_on(x: Any):
+def working_on(x: Any, landing: bool = False):
     """Launches, copies and torch ops on ``x`` (a CUDA tensor or device array) run on its
-    GPU, on gradpress's stream there."""
+    GPU, on gradpress's push stream there, or its landing stream where ``landing``."""
     index = _index_of(x)
+    lane = LANDING if landing else PUSH
     with on_device(index):
-        made, torch_made = _pair(index)
-        before = getattr(_local, "stream", None)
-        _local.stream = made
+        made, torch_made = _pair(index, lane)
+        before = getattr(_local, "stream", None), getattr(_local, "lane", PUSH)
+        _local.stream, _local.lane = made, lane
         try:
             if torch_made is None:
                 yield
             elif _owned():
-                done = _local.__dict__.setdefault("torch_set", set())
-                if index not in done:  # once: nothing else on this thread changes it
+                current = _local.__dict__.setdefault("torch_current", {})
+                if current.get(index) is not torch_made:  # only this thread changes it
                     _torch().cuda.set_stream(torch_made)
-                    done.add(index)
+                    current[index] = torch_made
                 yield
             else:
                 with _torch().cuda.stream(torch_made):
                     yield
         finally:
-            _local.stream = before
+            _local.stream, _local.lane = before
 
 
 def event(index: int) -> Any:
@@ -182,12 +202,12 @@ def wait_for(ready: Any, x: Any) -> None:
 
 
 def finished(x: Any) -> Any:
-    """An event recorded on gradpress's stream on ``x``'s device after all work queued so
-    far (a consumer's stream waits on it, then ``recycle``s it); None where there is no
+    """An event recorded on the landing stream of ``x``'s device after every landing queued
+    so far (a consumer's stream waits on it, then ``recycle``s it); None where there is no
     torch stream."""
     if _torch() is None:
         return None
     index = _index_of(x)
     done = event(index)
-    done.record(_pair(index)[1])
+    done.record(_pair(index, LANDING)[1])
     return done

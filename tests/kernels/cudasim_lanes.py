@@ -1,0 +1,53 @@
+"""Run by test_lanes_cuda.py with NUMBA_ENABLE_CUDASIM=1: a worker's two CUDA streams (the
+push lane and the landing lane, kernels/cuda/streams.py) and the scratch kept per lane;
+prints one JSON line per case ("problem" empty when it holds)."""
+import json
+import os
+import sys
+
+import numpy as np
+
+assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run under the CUDA simulator"
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from numba import cuda  # noqa: E402
+
+from gradpress.compressors import build_compressor  # noqa: E402
+from gradpress.kernels.cuda import scratch, streams  # noqa: E402
+
+x = cuda.to_device(np.arange(8, dtype=np.float32))
+
+
+def cases():
+    with streams.working_on(x):
+        push, push_scratch = streams.stream(), scratch.device_array((16,), np.uint8)
+        with streams.working_on(x, landing=True):
+            landing, landing_scratch = streams.stream(), scratch.device_array((16,), np.uint8)
+            lane = streams.current_lane()
+        after, lane_after = streams.stream(), streams.current_lane()
+        again = scratch.device_array((16,), np.uint8)
+    yield "streams-apart", "" if push is not landing else "the landing lane shares the push stream"
+    yield "lane-named", "" if (lane, lane_after) == (streams.LANDING, streams.PUSH) else f"lanes {lane}, {lane_after}"
+    yield "lane-restored", "" if after is push else "leaving a landing left the landing stream current"
+    yield "scratch-per-lane", "" if landing_scratch is not push_scratch else "one scratch array on both streams"
+    yield "scratch-reused", "" if again is push_scratch else "the push lane's scratch was not reused"
+    # a decode into a device array (on the landing lane) between two encodes of the key
+    rng = np.random.default_rng(3)
+    for codec in ({"compressor": "topk", "k": 0.25}, {"compressor": "onebit", "scaling": True},
+                  {"compressor": "dithering", "s": 7}):
+        worker, reference = build_compressor(codec, "worker"), build_compressor(codec, "worker")
+        problem = ""
+        for rnd in range(3):
+            g = rng.standard_normal(64).astype(np.float32)
+            meta, buffers = worker.compress(cuda.to_device(g), key=1, round=rnd)
+            out, want = cuda.device_array(64, np.float32), np.empty(64, np.float32)
+            worker.decompress(meta, buffers, out, key=1, round=rnd, divisor=2)
+            ref_meta, ref_buffers = reference.compress(g, key=1, round=rnd)
+            reference.decompress(ref_meta, ref_buffers, want, key=1, round=rnd, divisor=2)
+            if out.copy_to_host().tobytes() != want.tobytes():
+                problem = f"round {rnd}: the device decode differs from the host's"
+        yield f"decode/{codec['compressor']}", problem
+
+
+for name, problem in cases():
+    print(json.dumps({"case": name, "problem": problem}), flush=True)
