@@ -1,11 +1,13 @@
 """A server's encrypted push_pull throughput against its ZeroMQ I/O thread count.
 
     python benchmarks/curve_threads.py [--workers 8] [--mb 64] [--reps 5] [--threads 1,2,4,8]
+        [--partition-bytes N] [--compare-lanes]
 
 With CURVE each connection's frames are encrypted and decrypted on the I/O thread that owns
 it, so one server's throughput is capped by the cores its I/O threads get. Here ``--workers``
 workers (one connection each to the server) push_pull a float32 tensor of ``--mb`` MB to one
-server over loopback TCP (no shared memory), with ``GRADPRESS_IO_THREADS`` set to each count
+server over loopback TCP (no shared memory), in partitions of ``--partition-bytes`` as a job
+sends it, with ``GRADPRESS_IO_THREADS`` set to each count
 in turn for the server (each worker keeps ``--worker-threads``: 1, as its one connection
 uses one). The server's throughput is what it receives and sends per
 second: 2 x workers x tensor bytes over the median seconds of a push_pull (every worker
@@ -32,6 +34,8 @@ import sys
 import tempfile
 
 from results import child_env, emit
+
+from gradpress.config import Settings
 
 WORKER = """
 import json, os, sys, time, numpy as np
@@ -69,11 +73,11 @@ c.finish()
 """
 
 
-def job_seconds(threads: int, workers: int, n: int, reps: int, worker_threads: str,
+def job_seconds(threads: int, workers: int, n: int, reps: int, worker_threads: str, partition_bytes: int,
                 lanes: int = -1) -> tuple[float, float]:
     """The median seconds of a push_pull, and the cores the whole machine kept busy meanwhile."""
     env = dict(os.environ, **child_env(), GRADPRESS_SHM="0", GRADPRESS_SECURITY="curve",
-               GRADPRESS_IO_THREADS=str(threads), BYTEPS_PARTITION_BYTES=str(64 << 20),
+               GRADPRESS_IO_THREADS=str(threads), BYTEPS_PARTITION_BYTES=str(partition_bytes),
                GRADPRESS_SERVER_LANES=str(lanes))
     env.pop("GRADPRESS_INSECURE", None)
     with tempfile.TemporaryDirectory() as tmp:
@@ -98,16 +102,21 @@ def main() -> None:
     p.add_argument("--worker-threads", default="1",
                    help="each worker's I/O threads (one connection each: one is all it uses); 'same': the "
                         "server's count, so the workers' idle threads compete for the same cores")
+    p.add_argument("--partition-bytes", type=int, default=Settings().partition_bytes,
+                   help="BYTEPS_PARTITION_BYTES (default: the job's, BytePS's 4096000); a partition is one "
+                        "CURVE message, encrypted and decrypted whole, so the larger it is the less a "
+                        "push_pull's four crypto stages (worker, server, server, worker) overlap")
     p.add_argument("--compare-lanes", action="store_true",
                    help="also run each count above 1 with one endpoint (GRADPRESS_SERVER_LANES=1)")
     args = p.parse_args()
     n = int(args.mb * 1e6) // 4
     counts = [int(t) for t in args.threads.split(",")]
     result = {"workers": args.workers, "tensor_MB": args.mb, "cores": os.cpu_count(),
-              "worker_io_threads": args.worker_threads}
+              "worker_io_threads": args.worker_threads, "partition_bytes": args.partition_bytes}
     base = None
     for threads in counts:
-        seconds, busy = job_seconds(threads, args.workers, n, args.reps, args.worker_threads)
+        seconds, busy = job_seconds(threads, args.workers, n, args.reps, args.worker_threads,
+                                    args.partition_bytes)
         gbps = 2 * args.workers * 4 * n / seconds / 1e9
         base = base or gbps
         result[f"io{threads}_server_GBps"] = round(gbps, 3)
@@ -116,7 +125,8 @@ def main() -> None:
         print(f"I/O threads {threads:2d}: {seconds:.4f} s per push_pull, server {gbps:.2f} GB/s, "
               f"{gbps / base:.2f}x; {busy:.1f} of {os.cpu_count()} cores busy", flush=True)
         if args.compare_lanes and threads > 1:
-            seconds, _ = job_seconds(threads, args.workers, n, args.reps, args.worker_threads, lanes=1)
+            seconds, _ = job_seconds(threads, args.workers, n, args.reps, args.worker_threads,
+                                     args.partition_bytes, lanes=1)
             one = 2 * args.workers * 4 * n / seconds / 1e9
             result[f"io{threads}_one_endpoint_server_GBps"] = round(one, 3)
             print(f"  one endpoint: {seconds:.4f} s per push_pull, server {one:.2f} GB/s, {one / base:.2f}x; "

@@ -359,9 +359,11 @@ def render_curve_threads(r: dict) -> list[str]:
         for row, n in zip(rows, counts):
             one = r.get(f"io{n}_one_endpoint_server_GBps")
             row += [f(one, 2), f"{r[f'io{n}_server_GBps'] / one:.2f}x"] if one else ["", ""]
+    # runs before the option sent each tensor as one 64 MiB partition
+    parts = f"partitions of {r.get('partition_bytes', 64 << 20) / 1e6:g} MB"
     return table(header, rows) + [
-        "", f"{r['workers']} workers and 1 server on {r['cores']} cores, a {r['tensor_MB']:g} MB float32 tensor, "
-            f"CURVE over loopback TCP."]
+        "", f"{r['workers']} workers and 1 server on {r['cores']} cores, a {r['tensor_MB']:g} MB float32 tensor in "
+            f"{parts}, CURVE over loopback TCP."]
 
 
 def render_hierarchy(r: dict) -> list[str]:
