@@ -344,6 +344,12 @@ def render_gpu(r: dict) -> list[str]:
     return out + ["", "; ".join(notes) + "."]
 
 
+def render_gpu_encoders(r: dict) -> list[str]:
+    """A GPU record's encoders and copies alone (its jobs are another block's)."""
+    parts = ("card", "gpus", "card_", "onebit_", "topk_", "randomk_", "fp16_", "copies_MB", "d2h_", "h2d_")
+    return render_gpu({k: v for k, v in r.items() if k.startswith(parts) and not k.endswith("_compress_stage_ms")})
+
+
 def render_curve_threads(r: dict) -> list[str]:
     counts = sorted({int(k[2:].split("_")[0]) for k in r if k.endswith("_server_GBps")})
     rows = [[str(n), f(r[f"io{n}_server_GBps"], 2), f"{r[f'io{n}_over_io{counts[0]}']:.2f}x"] for n in counts]
@@ -412,6 +418,10 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
 }
 
 
+# a folder whose block shows part of its benchmark's record
+FOLDER_RENDERERS: dict[str, Callable[[dict], list[str]]] = {"gpu-encoders": render_gpu_encoders}
+
+
 # -- the README's headline ratios ----------------------------------------------------------------
 
 def record_of(folder: str) -> dict:
@@ -456,7 +466,7 @@ def render_block(folder: str) -> str:
     if folder == "headline":
         return "\n".join(render_headline()) + "\n"
     path, rec = results.latest(RESULTS / folder)
-    lines = RENDERERS.get(rec["benchmark"], render_any)(rec["result"])
+    lines = (FOLDER_RENDERERS.get(folder) or RENDERERS.get(rec["benchmark"], render_any))(rec["result"])
     head = provenance(rec)
     if len(lines) > 2 and lines[-2] == "" and not lines[-1].startswith("|"):  # a note on the table
         head, lines = f"{head} {lines[-1]}", lines[:-2]

@@ -84,14 +84,19 @@ class GradientPipeline(PipelineState):
         self._rows = RowsRoute(self.names, table.priority, comm, compression)
         self._vote = DensityVote(sparse_density, table.names, comm) if sparse_density > 0 else None
         self._route: dict[int, Route] = {id(p): self._direct for p in params}
+        # auto's tensors are fused apart from the others: they leave for its plan together
+        in_plan = {id(p) for p in planned}
         buckets = self._buckets([p for p in params if id(p) not in special], bucket_bytes) \
-            if bucket_bytes is not None else self._fused([p for p in params if id(p) not in special], fuse_below)
+            if bucket_bytes is not None else \
+            self._fused([p for p in params if id(p) not in special], fuse_below) + self._fused(planned, fuse_below)
         for bucket in buckets:
             self._route.update({id(p): bucket for p in bucket.members})
         self.lowrank = self._lowrank_route(lowrank)
         if self.lowrank is not None:
             self._route.update({id(p): self.lowrank for p in lowrank})
-        self.planner = self._planner(planned, views, tuning)
+        self._unplanned = dict(self._route)   # where a plan's tensors go back to
+        fused = [[self.names[id(p)] for p in b.members] for b in buckets if id(b.members[0]) in in_plan]
+        self.planner = self._planner(planned, views, tuning, fused)
         self._given: set[int] = set()
         self._done: dict[int, torch.Tensor] = {}
 
@@ -180,20 +185,22 @@ class GradientPipeline(PipelineState):
                                  self.comm.settings.min_compress_bytes, comm=self.comm)
         return LowRankRoute(params, reducer)
 
-    def _planner(self, params: list[torch.Tensor], views: bool, tuning: PlanTuning | None) -> AutoPlanner | None:
+    def _planner(self, params: list[torch.Tensor], views: bool, tuning: PlanTuning | None,
+                 fused: list[list[str]]) -> AutoPlanner | None:
         """The planner of the parameters an ``auto`` rule names (with their small ones: the plan
-        fuses those), or None. Until its plan exists they travel uncompressed."""
+        fuses those), or None. Until its plan exists they travel uncompressed, the small 1-D ones
+        in ``fused``'s buckets (as without a codec), to which they go back if the plan is undone."""
         if not params:
             return None
         spec = self._shared_spec(params, "compressor 'auto' (one plan for every tensor it manages)",
                                  "'auto' plans each tensor's compression itself")
         return AutoPlanner(params, self.names, self.table.priority, self.lr_of, spec.compression_params,
                            self._install, leave_out=lambda p: self._route[id(p)] is self._rows, views=views,
-                           tuning=tuning, comm=self.comm, matrix_names=self.table.names)
+                           tuning=tuning, comm=self.comm, matrix_names=self.table.names, fused=fused)
 
     def _install(self, route: Route | None, params: list[torch.Tensor]) -> None:
         for p in params:
-            self._route[id(p)] = route if route is not None else self._direct
+            self._route[id(p)] = route if route is not None else self._unplanned[id(p)]
 
     def _to_rows(self, p: torch.Tensor, coo: bool) -> Route:
         if self._route[id(p)] is not self._direct:

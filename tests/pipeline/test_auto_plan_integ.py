@@ -110,18 +110,21 @@ def test_the_job_measures_the_alternatives_and_keeps_the_fastest(cluster):
 
 
 @pytest.mark.integ
-def test_a_plan_measured_slower_than_the_profiled_steps_gives_way_to_them(cluster):
-    """Where ``none`` is an option, the profiled steps (every tensor apart, uncompressed) are
-    one more measured candidate: a decision that measures slower than they did (by a sleep
-    here; on a GPU, by launches the calibration did not see) is dropped for them when the
-    trial ends, on every worker alike, and every sum across the switch (the onebit residuals
-    handed over to the raw pushes) is the replay's."""
+@pytest.mark.parametrize("min_bytes", ["0", "400"])
+def test_a_plan_measured_slower_than_the_profiled_steps_gives_way_to_them(cluster, min_bytes):
+    """Where ``none`` is an option, the profiled steps (uncompressed, as the job sends them
+    without a codec) are one more measured candidate: a decision that measures slower than
+    they did (by a sleep here; on a GPU, by launches the calibration did not see) is dropped
+    for them when the trial ends, on every worker alike, and every sum across the switch (the
+    onebit residuals handed over to the raw pushes) is the replay's. With the biases under
+    BYTEPS_MIN_COMPRESS_BYTES ("400"), they travel fused while profiling, and so once the
+    job goes back to the profiled steps' way."""
     import json
     per = 3
     shape = Shape(steps=SHAPE.plan_steps + per + 3)
     auto = {"compressor": "auto", "allowed": ["onebit", "none"]}
     c = cluster(workers=2, servers=1, env={"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(shape.plan_steps),
-                                           "BYTEPS_MIN_COMPRESS_BYTES": "0", "GP_DECIDE_ONEBIT": "1",
+                                           "BYTEPS_MIN_COMPRESS_BYTES": min_bytes, "GP_DECIDE_ONEBIT": "1",
                                            "GP_SLOW_TRIALS": "0.3", "GP_REFINE_STEPS": str(per - 1)})
     c.start(worker_script(shape)).assert_success(180)
     a = check_against_replay(c, auto, None, shape, options={"none"})
@@ -129,13 +132,17 @@ def test_a_plan_measured_slower_than_the_profiled_steps_gives_way_to_them(cluste
     assert a["measured_plans"] == b["measured_plans"], "workers read different measurements"
     (decided, decided_options, decided_s, _), (profiled, profiled_options, profiled_s, _) = a["measured_plans"]
     assert decided_options == ("onebit",) and len(decided) == 1
-    assert set(profiled_options) == {"none"} and sorted(g for (g,) in profiled) == list(range(len(a["state"])))
+    assert set(profiled_options) == {"none"} and sorted(i for g in profiled for i in g) == list(range(len(a["state"])))
+    fused = [len(g) for g in profiled if len(g) > 1]
+    assert fused == ([] if min_bytes == "0" else [shape.layers]), profiled  # the biases, fused while profiling
     assert decided_s > profiled_s + 0.25, a["measured_plans"]
     settled = shape.plan_steps + per
     assert [len(groups) for groups in a["step_groups"][shape.plan_steps:settled]] == [1] * per
     for step in range(settled, shape.steps):
-        assert all(len(members) == 1 and compression is None for members, _, compression in a["step_groups"][step])
-        assert len(a["step_groups"][step]) == len(a["state"])
+        groups = a["step_groups"][step]
+        assert all(compression is None for _, _, compression in groups) and len(groups) == len(profiled)
+        assert sorted(len(members) for members, _, _ in groups) == sorted(len(g) for g in profiled)
+        assert all(len(members) == 1 or all(n.endswith(".bias") for n in members) for members, _, _ in groups)
     # drift is measured against the profiled steps' time, which the job now runs as
     assert a["reference"] == b["reference"] == profiled_s
     assert a["refined"][settled - 1] and not any(a["refined"][:settled - 1])

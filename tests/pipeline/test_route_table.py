@@ -146,3 +146,19 @@ def test_fusion_stops_where_the_dtype_changes():
     table = ParameterTable(list(m.parameters()), list(m.named_parameters()), CompressionPolicy(None, None, 4096))
     pipe = GradientPipeline(table, comm=FakeComm(), fuse_below=65536)
     assert pipe.route_of(m[1].bias) == pipe.route_of(m[2].bias) == "direct"
+
+
+def test_auto_s_small_tensors_are_fused_while_profiling_and_go_back_to_their_bucket():
+    """auto's small 1-D tensors travel fused while it profiles (as without a codec), in
+    buckets of their own (a plan takes them all away at once), which the planner is told of;
+    a plan's tensors sent back (route None) return to those buckets, not one message each."""
+    pipe, m, table = routes({"compressor": "auto"}, None, fuse_below=65536)
+    assert [n for n in NAMES if table[n] == "bucket"] == ["1.bias", "2.bias"]
+    bucket = pipe._route[id(m[2].bias)]
+    assert pipe.planner.fused == [tuple(pipe.names[id(p)] for p in bucket.members)]
+    route = PlannedRoute.__new__(PlannedRoute)
+    route.kind = "planned"
+    pipe._install(route, pipe.planner.params)
+    assert {pipe.route_of(p) for p in m.parameters()} == {"planned"}
+    pipe._install(None, pipe.planner.params)
+    assert pipe._route[id(m[1].bias)] is bucket and pipe.route_of(m[1].weight) == "direct"

@@ -532,3 +532,16 @@ def test_a_profile_keeps_its_local_size_and_refuses_one_that_does_not_divide_the
     assert Profile.from_json(json.dumps(old)).local_size == 1
     with pytest.raises(ProfileError, match="local_size 3"):
         replace(prof, local_size=3)
+
+
+def test_the_profiled_steps_as_a_plan_keep_their_fused_groups():
+    """``profiling.profiled_plan``: what the profiled steps sent, uncompressed: the groups the
+    pipeline fused (members in ready order, wherever they lie) and every other tensor apart;
+    a group with a member the profile left out (row-sparse) is not one."""
+    from gradpress.pipeline.planning.profiling import profiled_plan
+    prof = replace(profile([(MB, 0.01), (4096, 0.02), (MB, 0.03), (4096, 0.04), (256, 0.05)]),
+                   notes={"profiled_s": 0.2})
+    plan, _, measured = profiled_plan(prof, {"none": {}, "onebit": {}}, [("t3", "t1"), ("t4", "gone")])
+    assert plan.groups == ((0,), (1, 3), (2,), (4,)) and plan.options == ("none",) * 4 and measured == 0.2
+    assert plan.predicted_s == pytest.approx(predict(prof, list(plan.groups), list(plan.options)))
+    assert profiled_plan(prof, {"onebit": {}}, []) is None  # the user asked for codecs only

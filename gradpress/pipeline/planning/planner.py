@@ -1,17 +1,16 @@
 """``AutoPlanner``: the lifecycle of ``compressor: auto`` (``PlanStage``).
 
 1. ``PROFILING`` (the first ``GRADPRESS_PLAN_STEPS`` steps): the planned tensors travel
-   uncompressed, one push_pull each, while the ``StepClock`` records when each becomes
-   ready. Tensors that travel row-sparse (``leave_out``) are left out; rank 0's profile
-   names the tensors planned, so every worker leaves out the same ones.
+   uncompressed as the pipeline sends them (its small ones fused) while the ``StepClock``
+   records when each is ready. Row-sparse ones (``leave_out``) are left out; rank 0's
+   profile names those planned, so every worker leaves out the same ones.
 2. ``TRIALS``: at a step boundary, every worker at once: a link probe, the codecs' costs on
    this host, rank 0's profile broadcast, the same decision everywhere (``planner.decide``).
    The decision's alternatives, then the decision itself, run in turn for ``refine_steps``
    steps each; each is re-based on the backward measured under it (raw traffic slowed the
    profiled backward on a shared host), and the job keeps the one ``choose`` picks from rank
    0's measurements, the profiled steps' among them (``profiling.profiled_plan``). Deciding
-   again on a re-based timeline would alternate: a plan whose codecs cost more CPU slows
-   the backward it was decided on.
+   again on a re-based timeline would alternate: codecs' CPU slows the backward decided on.
 3. ``SETTLED``: every ``drift_check_steps`` steps the workers vote on drift (iterations off
    the reference by more than ``drift`` for ``drift_steps`` steps). On drift they re-measure
    the link; if it changed they plan again (``TRIALS``), each plan's residuals handed to its
@@ -24,7 +23,7 @@ import dataclasses
 import enum
 import logging
 import statistics
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -63,16 +62,19 @@ class AutoPlanner:
         leave_out: whether a parameter travels another way (row-sparse) and is not planned.
         views: the plan's buckets hand averages back as views of their buffers.
         matrix_names: the names a factored matrix's first factor is seeded by (the table's).
+        fused: the names in each group of small tensors fused while profiling (``profiled_plan``).
     """
 
     def __init__(self, params: list[torch.Tensor], names: dict[int, str], priority: dict[int, int],
                  lr_of: Callable[[torch.Tensor], float], compression_params: dict,
                  install: Callable[[PlannedRoute | None, list[torch.Tensor]], None],
                  leave_out: Callable[[torch.Tensor], bool] = lambda p: False, views: bool = False,
-                 tuning: PlanTuning | None = None, comm: Comm = OPS, matrix_names: dict[int, str] | None = None):
+                 tuning: PlanTuning | None = None, comm: Comm = OPS, matrix_names: dict[int, str] | None = None,
+                 fused: Sequence[Sequence[str]] = ()):
         self.params = list(params)
         self.names, self.priority, self.lr_of = names, priority, lr_of
         self.install, self.leave_out, self.views, self.matrix_names = install, leave_out, views, matrix_names
+        self.fused = [tuple(names) for names in fused]
         self.tuning, self.comm = tuning or PlanTuning(), comm
         self.options = auto.options(compression_params)
         self.label = names[id(params[0])]
@@ -80,7 +82,6 @@ class AutoPlanner:
         self.plan: Plan | None = None
         self.route: PlannedRoute | None = None
         self.profile: Profile | None = None
-        self.version = 0
         self.carry: dict[int, torch.Tensor] = {}   # residuals for the first plan (a checkpoint's)
         self.clock = StepClock([id(p) for p in params])
         self.agreement = Agreement(self.label, comm, self.tuning)
@@ -89,7 +90,7 @@ class AutoPlanner:
         self.baseline: tuple[Plan, Profile, float] | None = None   # the profiled steps (profiled_plan)
         self.measured_plans: list[tuple[Plan, float, float]] = []   # the last trial: plan, measured s, modelled s
         self.reference_s = 0.0     # what drift is measured against
-        self._steps = 0
+        self.version = self._steps = 0
 
     @property
     def refined(self) -> bool:
@@ -177,15 +178,14 @@ class AutoPlanner:
             return
         self.profile = Profile.from_json(text, "rank 0's profile")
         self._keep({t.name for t in self.profile.tensors})
-        self.baseline = profiled_plan(self.profile, self.options)
+        self.baseline = profiled_plan(self.profile, self.options, self.fused)
         self._start(decide(self.profile, list(self.options), self.comm.settings.min_compress_bytes))
 
     def _keep(self, planned: set[str]) -> None:
         """Plan only the tensors rank 0's profile names; the rest stay on their own routes."""
         left = [p for p in self.params if self.names[id(p)] not in planned]
         if left:
-            log.info("gradpress: left out of the plan (they travel row-sparse): %s",
-                     ", ".join(self.names[id(p)] for p in left))
+            log.info("gradpress: left out of the plan (row-sparse): %s", ", ".join(self.names[id(p)] for p in left))
         self.params = [p for p in self.params if self.names[id(p)] in planned]
         self.clock.forget([id(p) for p in left])
 

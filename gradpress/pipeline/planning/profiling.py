@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from typing import Sequence
 
 import torch
 
@@ -111,18 +112,23 @@ def rebased(profile: Profile, plan: Plan, clock: StepClock, names: dict[int, str
     return out
 
 
-def profiled_plan(profile: Profile, options: dict) -> tuple[Plan, Profile, float] | None:
-    """What the profiled steps ran, as one more measured plan of the first trial: every
-    planned tensor apart and uncompressed (what the job does without a codec), with rank 0's
-    median iteration over them. So a plan the model mispredicts (a GPU's launches and
-    Python, which calibration in isolation does not see) is not kept over sending the
-    gradients as they are. None where ``none`` is not an option (the user asked for codecs)
-    or nothing was measured."""
+def profiled_plan(profile: Profile, options: dict, fused: Sequence[Sequence[str]] = ()
+                  ) -> tuple[Plan, Profile, float] | None:
+    """What the profiled steps ran, as one more measured plan of the first trial: the planned
+    tensors uncompressed, as the job sends them without a codec (each apart, but for the
+    groups of small ones named in ``fused``), with rank 0's median iteration over them. So a
+    plan the model mispredicts (a GPU's launches and Python, which calibration in isolation
+    does not see) is not kept over sending the gradients as they are. None where ``none`` is
+    not an option (the user asked for codecs) or nothing was measured."""
     profiled_s = profile.notes.get("profiled_s")
     if "none" not in options or not profiled_s:
         return None
-    n = len(profile.tensors)
-    plan = Plan(tuple((i,) for i in range(n)), ("none",) * n, 0.0, 0.0)
+    index = {t.name: i for i, t in enumerate(profile.tensors)}
+    groups = [tuple(sorted(index[name] for name in names)) for names in fused
+              if len(names) > 1 and all(name in index for name in names)]
+    grouped = {i for g in groups for i in g}
+    groups = sorted(groups + [(i,) for i in range(len(profile.tensors)) if i not in grouped])
+    plan = Plan(tuple(groups), ("none",) * len(groups), 0.0, 0.0)
     return dataclasses.replace(plan, predicted_s=predict(*plan.simulated(profile))), profile, float(profiled_s)
 
 
