@@ -84,19 +84,18 @@ class GradientPipeline(PipelineState):
         self._rows = RowsRoute(self.names, table.priority, comm, compression)
         self._vote = DensityVote(sparse_density, table.names, comm) if sparse_density > 0 else None
         self._route: dict[int, Route] = {id(p): self._direct for p in params}
-        # auto's tensors are fused apart from the others: they leave for its plan together
-        in_plan = {id(p) for p in planned}
-        buckets = self._buckets([p for p in params if id(p) not in special], bucket_bytes) \
-            if bucket_bytes is not None else \
-            self._fused([p for p in params if id(p) not in special], fuse_below) + self._fused(planned, fuse_below)
-        for bucket in buckets:
+        others = [p for p in params if id(p) not in special]
+        buckets = self._buckets(others, bucket_bytes) if bucket_bytes is not None else self._fused(others, fuse_below)
+        # auto's small tensors are fused apart from the others: they leave for its plan together
+        planned_buckets = self._fused(planned, fuse_below) if bucket_bytes is None else []
+        for bucket in buckets + planned_buckets:
             self._route.update({id(p): bucket for p in bucket.members})
         self.lowrank = self._lowrank_route(lowrank)
         if self.lowrank is not None:
             self._route.update({id(p): self.lowrank for p in lowrank})
         self._unplanned = dict(self._route)   # where a plan's tensors go back to
-        fused = [[self.names[id(p)] for p in b.members] for b in buckets if id(b.members[0]) in in_plan]
-        self.planner = self._planner(planned, views, tuning, fused)
+        self.planner = self._planner(planned, views, tuning, [[self.names[id(p)] for p in b.members]
+                                                              for b in planned_buckets])
         self._given: set[int] = set()
         self._done: dict[int, torch.Tensor] = {}
 
