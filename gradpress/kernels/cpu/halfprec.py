@@ -16,7 +16,7 @@ keeps its payload's top bits instead of becoming 0x7E00, so only callers that re
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
-from numba import float32, njit, types, uint16, uint32
+from numba import njit, types, uint16, uint32
 from numba.core import config
 from numba.extending import intrinsic
 
@@ -24,7 +24,9 @@ _HALF_BIAS_SHIFT = uint32(112 << 23)       # (127 - 15) << 23: re-bias the expon
 _MAGIC_SUBNORMAL = np.float32(2.0 ** -14)  # 113 << 23 as a float: renormalises subnormals
 
 
-@njit(float32(uint16), nogil=True, cache=True, inline="always")
+# No signature: an eager one loads numba's code generator at import (0.4 s of every process
+# that imports gradpress.torch); callers pass uint16 and uint32, the types these are written for.
+@njit(nogil=True, cache=True, inline="always")
 def half_bits_to_float(h):
     """Value of the binary16 number whose bit pattern is ``h``."""
     bits = (uint32(h) & uint32(0x7FFF)) << uint32(13)
@@ -38,7 +40,7 @@ def half_bits_to_float(h):
     return -value if h & uint16(0x8000) else value
 
 
-@njit(uint16(uint32), nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always")
 def float_bits_to_half_bits(u):
     """Bit pattern of the binary32 number with bits ``u``, rounded to binary16."""
     sign = u & uint32(0x80000000)
