@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from numba import cuda  # noqa: E402
 
 from gradpress.compressors import build_compressor  # noqa: E402
-from gradpress.kernels.cuda import scratch, streams  # noqa: E402
+from gradpress.kernels.cuda import scratch, streams, uploads  # noqa: E402
 
 x = cuda.to_device(np.arange(8, dtype=np.float32))
 
@@ -49,5 +49,33 @@ def cases():
         yield f"decode/{codec['compressor']}", problem
 
 
-for name, problem in cases():
+def upload_cases():
+    """Pulled payloads through pinned staging (``uploads``): the frame may be rewritten once
+    the call returns; a stage is reused by its role's next payload of the same size class,
+    one per lane and role, and never shared with a larger class."""
+    frame = np.arange(100, dtype=np.float32)
+    earlier = len(uploads._local.__dict__.get("stages", {}))  # the decodes' above
+    with streams.working_on(x, landing=True):
+        first = uploads.upload(frame, "test-role")
+        frame[:] = -1  # the pulled frame's memory goes back to ZeroMQ
+        landed = first.copy_to_host()
+        stages = uploads._local.stages
+        before = {key: stage.host for key, stage in stages.items()}
+        uploads.upload(np.ones(90, np.float32), "test-role")          # 360 bytes: 400's class (512)
+        reused = {key: stage.host for key, stage in stages.items()} == before
+        uploads.upload(np.ones(200, np.float32), "test-role")         # 800 bytes: a class of its own
+        uploads.upload(np.ones(90, np.float32), "other-role")
+        count = len(stages) - earlier
+    with streams.working_on(x):
+        pushed = uploads.upload(np.arange(100, dtype=np.float32), "test-role").copy_to_host()
+        lanes = len(uploads._local.stages) - earlier - count
+    yield "upload/bytes", "" if landed.tobytes() == np.arange(100, dtype=np.float32).tobytes() else \
+        f"the device got {landed[:4]}: the frame was read after the call returned"
+    yield "upload/stage-reused", "" if reused else "a payload of the same size class took a new stage"
+    yield "upload/stage-per-class-and-role", "" if count == 3 else f"{count} stages for 3 classes and roles"
+    yield "upload/stage-per-lane", "" if lanes == 1 and pushed.tobytes() == np.arange(100, dtype=np.float32).tobytes() \
+        else f"the push lane took {lanes} new stages (1 expected), or its bytes differ"
+
+
+for name, problem in list(cases()) + list(upload_cases()):
     print(json.dumps({"case": name, "problem": problem}), flush=True)

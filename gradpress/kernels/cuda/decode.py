@@ -1,22 +1,13 @@
 """Decoders on the GPU for the codecs whose pulled payload is indices and values (topk,
 randomk) or packed codes (dithering): the payload goes to the device at its own size and
 the dense result is written there, never built on the host and copied as n floats. The
-payload is checked on the host first, as the host decoders check it. Its device copies go
-to reused scratch (a fresh allocation costs a cuMemFree later, which waits for the whole
-device); the next upload into one is queued after this call's kernels on the same stream."""
+payload is checked on the host first, as the host decoders check it, then goes over
+through pinned staging (``uploads``) into reused scratch."""
 import numpy as np
 from numba import cuda
 
-from gradpress.kernels.cuda import scratch
 from gradpress.kernels.cuda.device import THREADS, blocks, stream
-
-
-def _upload(host: np.ndarray, role: str):
-    """``host`` (a pageable frame: staged before the upload returns) in this role's scratch."""
-    host = np.ascontiguousarray(host)
-    on_device = scratch.device_array(host.shape, host.dtype, role)
-    on_device.copy_to_device(host, stream=stream())
-    return on_device
+from gradpress.kernels.cuda.uploads import upload
 
 
 @cuda.jit
@@ -37,9 +28,9 @@ def scatter(indices: np.ndarray, values: np.ndarray, out) -> None:
     """``out = 0; out[indices] = values`` (indices checked: increasing, below n)."""
     s = stream()
     _zero[blocks(out.shape[0]), THREADS, s](out)
-    if indices.shape[0]:  # pageable frames: staged before each upload returns
-        where = _upload(indices, "decode-indices")
-        what = _upload(np.asarray(values, np.float32), "decode-values")
+    if indices.shape[0]:
+        where = upload(indices, "decode-indices")
+        what = upload(np.asarray(values, np.float32), "decode-values")
         _scatter[blocks(indices.shape[0]), THREADS, s](where, what, out)
 
 
@@ -56,5 +47,5 @@ def lookup(codes: np.ndarray, table: np.ndarray, width: int, out) -> None:
     """``out[i] = table[code i]`` for ``width``-bit codes packed least significant first
     (kernels/bitlayout.py), the codes checked against the table's levels beforehand."""
     s = stream()
-    _lookup[blocks(out.shape[0]), THREADS, s](_upload(codes, "decode-codes"),
-                                              _upload(np.asarray(table, np.float32), "decode-table"), width, out)
+    _lookup[blocks(out.shape[0]), THREADS, s](upload(codes, "decode-codes"),
+                                              upload(np.asarray(table, np.float32), "decode-table"), width, out)

@@ -4,7 +4,7 @@ and one copy of the halves (with error feedback, a status word travels in the sa
 import numpy as np
 from numba import cuda
 
-from gradpress.kernels.cuda import device, scratch
+from gradpress.kernels.cuda import device, scratch, uploads
 from gradpress.kernels.cuda.device import THREADS, blocks
 
 
@@ -64,7 +64,5 @@ def _widen_divided(half, divisor, out):
 def decode(bits: np.ndarray, divisor: int, out) -> None:
     """``out = float32(half) / divisor`` on the device (a true float32 division, as the
     host decoder's), from the half-precision bits as they came: 2 bytes an element go over."""
-    s = device.stream()
-    half = scratch.device_array((out.shape[0],), np.float16)  # reused: the next upload waits on the stream
-    half.copy_to_device(np.ascontiguousarray(bits).view(np.float16), stream=s)  # a pageable frame: staged
-    _widen_divided[blocks(out.shape[0]), THREADS, s](half, np.float32(divisor), out)
+    half = uploads.upload(np.ascontiguousarray(bits).view(np.float16), "fp16-half")
+    _widen_divided[blocks(out.shape[0]), THREADS, device.stream()](half, np.float32(divisor), out)

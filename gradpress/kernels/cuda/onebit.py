@@ -7,7 +7,7 @@ import numpy as np
 from numba import cuda, uint8
 
 from gradpress.kernels.bitlayout import packed_nbytes
-from gradpress.kernels.cuda import device, norms, scratch
+from gradpress.kernels.cuda import device, norms, scratch, uploads
 from gradpress.kernels.cuda.device import THREADS, blocks
 from gradpress.kernels.cuda.packing import PACK_THREADS, STAGE, element, pack_blocks, pack_byte
 from gradpress.kernels.scaling import SCALINGS, reject_non_finite, scale_py
@@ -89,7 +89,5 @@ def _unpack_signs(bits, scale, out):
 def decode(bits: np.ndarray, scale: np.float32, out) -> None:
     """``out[i] = -scale`` where sign bit i is set, else ``scale``, on the device: the
     payload goes over at its own size (n/8 bytes), never as n floats."""
-    s = device.stream()
-    packed = scratch.device_array((bits.shape[0],), np.uint8)  # reused: the next upload waits on the stream
-    packed.copy_to_device(np.ascontiguousarray(bits), stream=s)  # a pageable frame: staged before this returns
-    _unpack_signs[blocks(out.shape[0]), THREADS, s](packed, np.float32(scale), out)
+    packed = uploads.upload(bits, "onebit-bits")
+    _unpack_signs[blocks(out.shape[0]), THREADS, device.stream()](packed, np.float32(scale), out)

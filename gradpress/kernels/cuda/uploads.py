@@ -1,0 +1,77 @@
+"""Pulled payloads onto the GPU through pinned staging: the device decoders' uploads.
+
+A pulled frame is pageable memory (ZeroMQ's). A copy from pageable memory goes through the
+driver's own bounce buffers and returns only once they hold it: on the H200 the onebit
+decoder's upload alone was 16% of the communication thread's samples (about 15 ms a step
+for the transformer's 60 partitions), the thread's single largest line. Here the frame is
+first copied on the host into a pinned buffer of this thread's (a memcpy at memory speed),
+and the copy to the device from there is queued without waiting.
+
+A staging buffer is written again only once the device has read it: an event recorded after
+its copy is waited for first (done long before, as a rule: the next landing comes a round
+trip later). The device array it lands in is scratch reused in stream order, as before.
+"""
+import threading
+from typing import Any
+
+import numpy as np
+from numba import config, cuda
+
+from gradpress.kernels.cuda import device, scratch, streams
+
+_MOST_STAGES = 64  # per thread: partitions come in a few sizes; a job of many is not hoarded
+_local = threading.local()
+
+
+class _Stage:
+    """A pinned host buffer and the event after the last copy out of it (None: never used)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.host = device.pinned_host(nbytes, np.uint8)
+        self.done: Any = None
+
+
+def _stage(nbytes: int, role: str) -> _Stage:
+    """This thread's staging buffer for ``role`` on the current device and lane, of at least
+    ``nbytes`` (a power of two: payloads of one partition vary in size from round to round)."""
+    stages = _local.__dict__.setdefault("stages", {})
+    size = 1 << max(6, (nbytes - 1).bit_length())
+    key = (streams.current_index(), streams.current_lane(), role, size)
+    stage = stages.get(key)
+    if stage is None:
+        if len(stages) >= _MOST_STAGES:
+            _retire(stages)
+        stage = stages[key] = _Stage(size)
+    return stage
+
+
+def _retire(stages: dict) -> None:
+    """Drop every stage, each once its last copy has finished (the memory must outlive it)."""
+    for stage in stages.values():
+        if stage.done is not None:
+            stage.done.synchronize()
+    stages.clear()
+
+
+def _event() -> Any:
+    return cuda.event() if config.ENABLE_CUDASIM else cuda.event(timing=False)  # the simulator takes no timing
+
+
+def upload(host: np.ndarray, role: str) -> Any:
+    """``host`` on the device, in ``role``'s reused scratch, its copy queued on gradpress's
+    stream; ``host`` may be freed or rewritten as soon as this returns."""
+    host = np.ascontiguousarray(host)
+    on_device = scratch.device_array(host.shape, host.dtype, role)
+    if host.nbytes == 0:
+        return on_device
+    stage = _stage(host.nbytes, role)
+    if stage.done is not None:
+        stage.done.synchronize()  # the device has read the previous payload staged here
+    else:
+        stage.done = _event()
+    staged = stage.host[:host.nbytes].view(host.dtype).reshape(host.shape)
+    np.copyto(staged, host)
+    s = device.stream()
+    on_device.copy_to_device(staged, stream=s)
+    stage.done.record(s)
+    return on_device
