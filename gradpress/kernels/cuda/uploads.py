@@ -19,7 +19,7 @@ from numba import config, cuda
 
 from gradpress.kernels.cuda import device, scratch, streams
 
-_MOST_STAGES = 64  # per thread: partitions come in a few sizes; a job of many is not hoarded
+_MOST_STAGES = 32  # per thread (each at most a partition): a few roles and sizes; a job of many is not hoarded
 _local = threading.local()
 
 
