@@ -22,11 +22,14 @@ demo: setup
 	$(BIN)/gradpress-launch --local --workers 2 --servers 1 -- $(BIN)/python examples/train_digits.py
 
 # Two test processes (pytest-xdist): most tests wait on real jobs of several processes, so
-# two of them share the 2 cores well. 1,787 tests took 9.6 min from a fresh clone (2026-11-26
-# 21:30; the CUDA simulator's payload script, 80-95 s alone and up to twice that beside the
-# other worker's tests, is the longest single piece).
+# two of them share the 2 cores well. The kernels every node loads at start are compiled once
+# first: in a fresh clone the first jobs' nodes would each compile them (12 s of a core
+# apiece) at the same time. 1,804 tests took 9.9 min from a fresh clone without that step
+# (2026-11-27 01:45; the CUDA simulator's payload script, about 55 s alone and twice that
+# beside the other worker's tests, is the longest single piece).
 test: setup
 	$(BIN)/python -m ruff check .
+	$(BIN)/python -c "from gradpress.compressors.warmup import warm_up; warm_up('server'); warm_up('worker')"
 	$(BIN)/python -m pytest -q -n 2
 
 bench: setup
