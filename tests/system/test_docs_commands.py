@@ -173,8 +173,12 @@ def case_demo(tmp_path):
 
 
 def case_suite(tmp_path):
-    """`make test` is this suite: its recipe runs ruff, then pytest on 2 processes."""
-    assert recipe("test") == [f"{BIN}/python -m ruff check .", f"{BIN}/python -m pytest -q -n 2"]
+    """`make test` is this suite: its recipe runs ruff, compiles the kernels every node loads
+    (run here: on this warm tree it loads them), then pytest on 2 processes."""
+    lint, kernels, suite = recipe("test")
+    assert (lint, suite) == (f"{BIN}/python -m ruff check .", f"{BIN}/python -m pytest -q -n 2")
+    assert "warm_up('server')" in kernels and "warm_up('worker')" in kernels, kernels
+    ok(run(kernels, REPO, 120), "the kernels' compile step")
 
 
 def case_launch(tmp_path):
