@@ -23,7 +23,9 @@ copies: a 64 MB partition's copies off and onto the device, for each kind of hos
 worker uses (pageable, pinned, its own registered shared memory, a peer's registered).
 
 launches: the compress stage of one step of that transformer's 102 gradients, each codec
-with error feedback, in ms (the launches, the per-call Python and the copies).
+with error feedback, in ms (the launches, the per-call Python and the copies); and of what
+the job compresses in a step: the partitions of its gradients of at least
+BYTEPS_MIN_COMPRESS_BYTES (the rest travel raw, fused).
 
 The last line is ``RESULT {json}`` (``results.emit``: a record too, where asked).
 """
@@ -43,6 +45,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path[:0] = [REPO, HERE]
 from results import emit  # noqa: E402
+
+from gradpress.config import Settings  # noqa: E402
+from gradpress.placement import partition_counts  # noqa: E402
 
 SETTINGS = {
     "gp_none": None,
@@ -155,17 +160,36 @@ def launches(reps: int) -> dict:
     x, y = (t.cuda() for t in spec.batch(torch.Generator().manual_seed(1)))
     torch.nn.CrossEntropyLoss()(model(x), y).backward()
     grads = [p.grad.detach().reshape(-1) for p in model.parameters()]
-    out = {"tfm_tensors": len(grads)}
+    job = _job_partitions(grads)
+    least = Settings().min_compress_bytes
+    out = {"tfm_tensors": len(grads), "tfm_job_partitions": len(job), "tfm_job_min_compress_bytes": least,
+           "tfm_job_tensors": sum(1 for g in grads if g.numel() * 4 >= least)}
     for name, params in ENCODERS.items():
-        codec = build_compressor(params, "worker")
-        rounds = iter(range(10 ** 6))
+        for label, parts in (("", grads), ("job_", job)):
+            codec = build_compressor(params, "worker")
+            rounds = iter(range(10 ** 6))
 
-        def step():
-            r = next(rounds)
-            for key, g in enumerate(grads):
-                codec.compress(g, key=key, round=r)
-        out[f"{name}_compress_stage_ms"] = 1e3 * timed(step, reps)
+            def step(parts=parts, codec=codec, rounds=rounds):
+                r = next(rounds)
+                for key, g in enumerate(parts):
+                    codec.compress(g, key=key, round=r)
+            out[f"{name}_{label}compress_stage_ms"] = 1e3 * timed(step, reps)
     return out
+
+
+def _job_partitions(grads: list) -> list:
+    """What a worker compresses in a step of the job: the gradients of at least
+    BYTEPS_MIN_COMPRESS_BYTES (the smaller ones travel raw, fused), cut into the job's
+    partitions (BYTEPS_PARTITION_BYTES), each a view of its gradient."""
+    settings, parts = Settings(), []
+    for g in grads:
+        if g.numel() * 4 < settings.min_compress_bytes:
+            continue
+        start = 0
+        for count in partition_counts(g.numel(), 4, settings.partition_bytes):
+            parts.append(g[start:start + count])
+            start += count
+    return parts
 
 
 def _packbits(bits):

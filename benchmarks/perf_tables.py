@@ -332,9 +332,13 @@ def render_gpu(r: dict) -> list[str]:
             [[k.replace("_", " "), f(r[f"d2h_{k}_GBps"], 1), f(r[f"h2d_{k}_GBps"], 1)] for k in kinds])
     stages = [c for c in ("onebit", "topk", "randomk", "fp16") if f"{c}_compress_stage_ms" in r]
     if stages:
+        header = [f"compress stage of the {r.get('tfm_tensors', 102)} gradients, error feedback on", "ms per step"]
+        if "tfm_job_partitions" in r:  # records from 2026-11-27 on: what the job itself compresses
+            header.append(f"as the job: its {r['tfm_job_partitions']} partitions of the {r['tfm_job_tensors']} "
+                          f"gradients of {r['tfm_job_min_compress_bytes']} bytes or more, ms")
         out += ([""] if out else []) + table(
-            [f"compress stage of the {r.get('tfm_tensors', 102)} gradients, error feedback on", "ms per step"],
-            [[c, f(r[f"{c}_compress_stage_ms"], 1)] for c in stages])
+            header, [[c, f(r[f"{c}_compress_stage_ms"], 1)] + ([f(r.get(f"{c}_job_compress_stage_ms"), 1)]
+                                                              if len(header) > 2 else []) for c in stages])
     notes = [f"{r.get('card', 'GPU not recorded')}, {r.get('gpus', 1)} GPU(s)"]
     if "card_read_GBps" in r:
         notes.append(f"read {f(r['card_read_GBps'], 0)} GB/s and a pinned device-to-host copy "
