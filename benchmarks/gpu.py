@@ -160,8 +160,9 @@ def launches(reps: int) -> dict:
     x, y = (t.cuda() for t in spec.batch(torch.Generator().manual_seed(1)))
     torch.nn.CrossEntropyLoss()(model(x), y).backward()
     grads = [p.grad.detach().reshape(-1) for p in model.parameters()]
-    job = _job_partitions(grads)
-    least = Settings().min_compress_bytes
+    settings = Settings()
+    job = _job_partitions(grads, settings)
+    least = settings.min_compress_bytes
     out = {"tfm_tensors": len(grads), "tfm_job_partitions": len(job), "tfm_job_min_compress_bytes": least,
            "tfm_job_tensors": sum(1 for g in grads if g.numel() * 4 >= least)}
     for name, params in ENCODERS.items():
@@ -177,11 +178,11 @@ def launches(reps: int) -> dict:
     return out
 
 
-def _job_partitions(grads: list) -> list:
+def _job_partitions(grads: list, settings: Settings) -> list:
     """What a worker compresses in a step of the job: the gradients of at least
     BYTEPS_MIN_COMPRESS_BYTES (the smaller ones travel raw, fused), cut into the job's
     partitions (BYTEPS_PARTITION_BYTES), each a view of its gradient."""
-    settings, parts = Settings(), []
+    parts = []
     for g in grads:
         if g.numel() * 4 < settings.min_compress_bytes:
             continue

@@ -24,11 +24,13 @@ _local = threading.local()
 
 
 class _Stage:
-    """A pinned host buffer and the event after the last copy out of it (None: never used)."""
+    """A pinned host buffer and the event recorded after the last copy out of it (waiting
+    for one never recorded returns at once)."""
 
     def __init__(self, nbytes: int) -> None:
         self.host = device.pinned_host(nbytes, np.uint8)
-        self.done: Any = None
+        # the simulator's events take no timing argument
+        self.done = cuda.event() if config.ENABLE_CUDASIM else cuda.event(timing=False)
 
 
 def _stage(nbytes: int, role: str) -> _Stage:
@@ -48,13 +50,8 @@ def _stage(nbytes: int, role: str) -> _Stage:
 def _retire(stages: dict) -> None:
     """Drop every stage, each once its last copy has finished (the memory must outlive it)."""
     for stage in stages.values():
-        if stage.done is not None:
-            stage.done.synchronize()
+        stage.done.synchronize()
     stages.clear()
-
-
-def _event() -> Any:
-    return cuda.event() if config.ENABLE_CUDASIM else cuda.event(timing=False)  # the simulator takes no timing
 
 
 def upload(host: np.ndarray, role: str) -> Any:
@@ -65,10 +62,7 @@ def upload(host: np.ndarray, role: str) -> Any:
     if host.nbytes == 0:
         return on_device
     stage = _stage(host.nbytes, role)
-    if stage.done is not None:
-        stage.done.synchronize()  # the device has read the previous payload staged here
-    else:
-        stage.done = _event()
+    stage.done.synchronize()  # the device has read the previous payload staged here
     staged = stage.host[:host.nbytes].view(host.dtype).reshape(host.shape)
     np.copyto(staged, host)
     s = device.stream()
