@@ -13,9 +13,9 @@ assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run under the CUDA simula
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 
-import cudasim_shared  # noqa: E402
+import cudasim_races  # noqa: E402
 
-cudasim_shared.install()  # before any kernel runs: the simulator's shared arrays, made under a lock
+cudasim_races.install()  # before any kernel runs: two simulator races closed
 
 from numba import cuda  # noqa: E402
 

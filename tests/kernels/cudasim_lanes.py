@@ -9,6 +9,11 @@ import numpy as np
 
 assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run under the CUDA simulator"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
+
+import cudasim_races  # noqa: E402
+
+cudasim_races.install()  # before any kernel runs: two simulator races closed
 
 from numba import cuda  # noqa: E402
 
