@@ -9,6 +9,7 @@ environment. ``docs/env.md`` lists them all (and a test keeps it in step).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -71,6 +72,10 @@ class Settings:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"DMLC_ROLE={self.role!r}: expected one of {', '.join(ROLES)}")
+        for f in dataclasses.fields(self):  # nan passes every comparison below; inf would be no deadline
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.metadata['env']}={value}: must be a finite number")
         for name in ("num_worker", "num_server", "local_size", "partition_bytes",
                      "scheduling_credit", "plan_steps"):
             if getattr(self, name) < 1:

@@ -85,6 +85,10 @@ def test_wrong_type_is_named(tmp_path, line, expected):
     ("role = 'boss'", "DMLC_ROLE='boss'"),
     ("heartbeat_timeout_s = 0.5", "PS_HEARTBEAT_TIMEOUT=0.5 must exceed"),
     ("root_port = 70000", "DMLC_PS_ROOT_PORT=70000: not a port number"),
+    # nan passes every range check by failing its comparison; inf is a deadline never met
+    ("op_timeout_s = nan", "GRADPRESS_OP_TIMEOUT_S=nan: must be a finite number"),
+    ("heartbeat_timeout_s = inf", "PS_HEARTBEAT_TIMEOUT=inf: must be a finite number"),
+    ("peer_rate = nan", "GRADPRESS_PEER_RATE=nan: must be a finite number"),
 ])
 def test_wrong_value_is_named(tmp_path, line, expected):
     path = job_file(tmp_path, f"[settings]\n{line}\n")
@@ -166,3 +170,9 @@ def test_io_threads_follow_the_cores_under_curve_and_the_setting_wins():
     assert transport.io_threads(Settings()) == max(2, min(16, int(host.cores())))
     with pytest.raises(ValueError, match="GRADPRESS_IO_THREADS=0"):
         Settings(io_threads=0)
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf"])
+def test_a_deadline_from_the_environment_must_be_finite(raw):
+    with pytest.raises(ValueError, match=f"GRADPRESS_CONNECT_TIMEOUT_S={raw}: must be a finite number"):
+        Settings.load({"GRADPRESS_CONNECT_TIMEOUT_S": raw})
