@@ -17,7 +17,7 @@ import torch
 
 from . import ops
 from .dtypes import dtype_name
-from .objects import MAX_OBJECT_BYTES, broadcast_bytes
+from .objects import MAX_OBJECT_BYTES, broadcast_bytes, check_root
 
 _EXT_TUPLE, _EXT_NDARRAY, _EXT_TENSOR = 1, 2, 3
 
@@ -31,6 +31,7 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
             a later call with other tensors gets keys of its own).
         root_rank: the worker whose values win.
     """
+    check_root(root_rank, "broadcast_parameters")
     if isinstance(params, dict):
         items = sorted(params.items())
     else:
@@ -65,6 +66,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
         ObjectError: on every worker, when the root's object does not pickle or pickles
             to more than ``max_bytes`` (the root's reason is in the message).
     """
+    check_root(root_rank, "broadcast_object")
     payload, error = None, None
     if ops.rank() == root_rank:
         try:
@@ -84,6 +86,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state (it holds non-tensor history)")
+    check_root(root_rank, "broadcast_optimizer_state")
     sd = optimizer.state_dict()
     is_root = ops.rank() == root_rank
     layout = None

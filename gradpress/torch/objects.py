@@ -11,6 +11,7 @@ they allocate anything.
 from __future__ import annotations
 
 import collections
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +26,14 @@ _calls: collections.Counter = collections.Counter()
 
 class ObjectError(ValueError):
     """The root could not send its object; every worker raises it with the root's reason."""
+
+
+def check_root(root_rank: Any, what: str) -> None:
+    """A broadcast's root must be a worker of the job: with any other, every worker would
+    push zeros, and the parameters (or the bytes) would all come back zero."""
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) \
+            or not 0 <= root_rank < ops.size():
+        raise ValueError(f"{what}: root_rank={root_rank!r} is not a worker's rank (0 to {ops.size() - 1})")
 
 
 def bytes_to_float16(data: bytes) -> torch.Tensor:
@@ -43,6 +52,7 @@ def broadcast_bytes(payload: bytes | None, error: str | None, root_rank: int, na
     Raises:
         ObjectError: the root sent an error, or the length is over ``max_bytes``.
     """
+    check_root(root_rank, f"broadcast of {name!r}")
     is_root = ops.rank() == root_rank
     key = (ops.job_epoch(), name)
     base = f"Object.{name}.{_calls[key]}"
