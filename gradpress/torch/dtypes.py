@@ -1,4 +1,5 @@
-"""The two dtype facts torch-facing modules share: a dtype's name, and what its values travel as."""
+"""The dtype facts torch-facing modules share: a dtype's name, what its values travel as, and
+whether it is an integer type (averaged by a floor division)."""
 from __future__ import annotations
 
 import torch
@@ -21,3 +22,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 def wire_dtype(dtype: torch.dtype) -> torch.dtype | None:
     """The dtype ``dtype``'s values travel as, or None for one that has no floating wire form."""
     return WIRE.get(dtype)
+
+
+def integral(dtype: torch.dtype) -> bool:
+    """An integer dtype: its average is the sum floor-divided, as BytePS's ``floor_divide_``."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)

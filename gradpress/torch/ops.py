@@ -2,9 +2,10 @@
 
 A push_pull sums a tensor over every worker (and divides by the number of
 workers with ``average=True``). CPU tensors of float16/32/64 travel straight from
-and into their own memory; other tensors (CUDA, non-contiguous, bfloat16,
-integers) go through a CPU staging copy that is written back when the caller
-synchronizes, on the caller's thread.
+and into their own memory, CUDA ones by the GPU's copies or kernels; others
+(non-contiguous, bfloat16, integers) go through a CPU staging copy that is written
+back when the caller synchronizes, on the caller's thread. A complex tensor travels
+as its real view.
 """
 from __future__ import annotations
 
@@ -22,8 +23,7 @@ from ..errors import JobError, RegistrationRefused
 from ..worker import WorkerClient
 from . import cuda_check, failures, handles, modes, sparse, staging
 from .compression import Compression
-from .dtypes import dtype_name, wire_dtype
-
+from .dtypes import dtype_name, integral, wire_dtype
 
 _client: WorkerClient | None = None
 _settings: Settings | None = None
@@ -218,6 +218,11 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
     client = _require()
     if name is None:
         name = f"push_pull.noname.{next(_noname)}"
+    if tensor.is_complex():  # its real and imaginary parts add apart, as torch.distributed sums them
+        handle = _start(torch.view_as_real(tensor), torch.view_as_real(output), average, name, priority,
+                        compression_params, lr)
+        handles.lookup(handle).output = output
+        return handle
     spec = None
     if compression_params is not None:
         spec = CodecSpec.from_params(compression_params, f"push_pull of {name!r}: compression_params")
@@ -258,7 +263,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
         arr = buffer.numpy()
         # an integer average is the sum floor-divided, as BytePS's floor_divide_ gives it
         # (dividing in float64 and copying back would round toward zero: -3/2 -> -1, not -2)
-        floor_by = divisor if _integral(output.dtype) else 1
+        floor_by = divisor if integral(output.dtype) else 1
         future = client.push_pull_async(name, arr, arr, divisor // floor_by, priority, spec, lr, ready=copied)
 
         def copy_back(buffer=buffer, output=output, floor_by=floor_by) -> None:
@@ -272,10 +277,6 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
                 _staging.done(name, buffer)
         finish = copy_back
     return handles.register(handles.Pending(future, output, finish))
-
-
-def _integral(dtype: torch.dtype) -> bool:
-    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
 def push_pull_rows_async_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,

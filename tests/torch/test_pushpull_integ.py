@@ -25,6 +25,14 @@ for rnd, (shape, dtype) in enumerate(itertools.product(shapes, dtypes)):
         avg = bps.push_pull(x, average=True, name=name)  # same key, next round
         rtol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-6
         assert torch.allclose(avg.double(), want.double() / n, rtol=rtol), (name, "avg")
+# complex tensors: real and imaginary parts summed apart (out of place, and in place)
+z = torch.complex(torch.arange(7.) + r, -2 * torch.arange(7.) - r)
+got = bps.push_pull(z, average=False, name="complex64")
+assert got.dtype == torch.complex64 and got.shape == z.shape, got
+assert torch.equal(got, torch.complex(n * torch.arange(7.) + total, -2 * n * torch.arange(7.) - total)), got
+w = torch.full((3, 2), complex(r, 1), dtype=torch.complex128)
+assert bps.push_pull_inplace(w, average=True, name="complex128") is w
+assert torch.equal(w, torch.full((3, 2), complex(total / n, 1), dtype=torch.complex128)), w
 # several rounds of one tensor in flight at once, in place, never mixing
 xs = [torch.full((5000,), float(10 * k + r)) for k in range(4)]
 handles = [bps.push_pull_async_inplace(x, average=False, name="rounds") for x in xs]
