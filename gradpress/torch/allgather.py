@@ -1,13 +1,16 @@
 """allgather: every worker gets the concatenation, in rank order, of every worker's tensor.
 
 A parameter server only sums, so a gather is two sums: first every worker's first
-dimension (a vector with each worker's count at its rank), then a buffer of the total
-size in which each worker writes its rows at its offset and zeros elsewhere. Adding
-zeros is exact in every float type, and integer tensors travel as float64 (exact below
-2**53). Names carry the total size, so calls of a recurring shape reuse their keys.
+dimension (a vector with each worker's count at its rank, and a digest of its row shape
+and dtype, so that workers that disagree fail at once), then a buffer of the total size
+in which each worker writes its rows at its offset and zeros elsewhere. Adding zeros is
+exact in every float type; narrow integers travel as float64, 64-bit ones as their 32-bit
+words and complex tensors as their real and imaginary parts, all exact. Names carry the
+total size, so calls of a recurring shape reuse their keys.
 """
 from __future__ import annotations
 
+import hashlib
 import pickle
 from typing import Any
 
@@ -81,14 +84,21 @@ def _into(outputs: list, tensor, name: str | None, priority: int) -> list:
     return outputs
 
 
-def _gather(tensor: torch.Tensor, name: str, priority: int) -> tuple[torch.Tensor, list[int]]:
-    """The concatenation, and each worker's first dimension."""
-    rank, size = ops.rank(), ops.size()
-    counts = torch.zeros(size, dtype=torch.float64)
-    counts[rank] = tensor.shape[0]
-    ops.push_pull_inplace(counts, average=False, name=f"Allgather.{name}.counts.{size}", priority=priority)
-    rows = [int(c) for c in counts.tolist()]
+def _gather(tensor: torch.Tensor, name: str, priority: int,
+            described: str | None = None) -> tuple[torch.Tensor, list[int]]:
+    """The concatenation, and each worker's first dimension. ``described``: the rows and
+    dtype the caller gathers, where ``tensor`` is a view of them in another dtype."""
+    described = described or f"rows of {tuple(tensor.shape[1:])} {str(tensor.dtype).removeprefix('torch.')}"
+    if tensor.is_complex():  # its real and imaginary parts, each gathered exactly
+        gathered, rows = _gather(torch.view_as_real(tensor), name, priority, described)
+        return torch.view_as_complex(gathered), rows
+    if tensor.dtype in (torch.int64, torch.uint64):  # its 32-bit words: float64 is exact for those only
+        words = tensor.contiguous().view(torch.int32)  # the last dimension doubles
+        gathered, rows = _gather(words, name, priority, described)
+        return gathered.view(tensor.dtype), (rows if tensor.dim() > 1 else [r // 2 for r in rows])
+    rank = ops.rank()
     row_shape = tuple(tensor.shape[1:])
+    rows = _exchange_counts(tensor.shape[0], described, name, priority)
     row_elems = 1
     for d in row_shape:
         row_elems *= d
@@ -102,6 +112,23 @@ def _gather(tensor: torch.Tensor, name: str, priority: int) -> tuple[torch.Tenso
     ops.push_pull_inplace(buffer, average=False, name=f"Allgather.{name}.{shape_tag}.{total}.{wire}",
                           priority=priority)
     return buffer.view(total, *row_shape).to(tensor.device, tensor.dtype), rows
+
+
+def _exchange_counts(count: int, described: str, name: str, priority: int) -> list[int]:
+    """Every worker's first dimension, in one push_pull that also carries a digest of each
+    worker's row shape and dtype (``described``): workers that disagree fail at once, naming
+    each other (their gathers would have different keys and wait out GRADPRESS_OP_TIMEOUT_S)."""
+    rank, size = ops.rank(), ops.size()
+    digest = int.from_bytes(hashlib.blake2b(described.encode(), digest_size=6).digest(), "little")
+    slots = torch.zeros(2 * size, dtype=torch.float64)  # 48-bit digests: exact in float64
+    slots[rank], slots[size + rank] = count, digest
+    ops.push_pull_inplace(slots, average=False, name=f"Allgather.{name}.counts.{size}", priority=priority)
+    differ = [w for w in range(size) if int(slots[size + w]) != digest]
+    if differ:
+        raise ValueError(f"allgather of {name!r}: worker(s) {differ} gather other row shapes or another dtype "
+                         f"than this worker's (rank {rank}) {described}; all but the first dimension, and "
+                         f"the dtype, must agree")
+    return [int(c) for c in slots[:size].tolist()]
 
 
 def allgather_object(obj: Any, name: str | None = None, max_bytes: int = MAX_OBJECT_BYTES) -> list[Any]:

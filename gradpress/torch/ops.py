@@ -258,7 +258,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
         out = src if output is tensor else output.detach().numpy().reshape(-1)
         future = client.push_pull_async(name, src, out, divisor, priority, spec, lr)
     else:
-        wire = wire_dtype(tensor.dtype) or torch.float64  # integers: exact below 2**53
+        wire = wire_dtype(tensor.dtype) or torch.float64  # integers: exactly (int64 in halves: exact_ints.py)
         buffer, copied = _staging.stage(name, tensor, wire)
         arr = buffer.numpy()
         # an integer average is the sum floor-divided, as BytePS's floor_divide_ gives it
@@ -269,7 +269,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
         def copy_back(buffer=buffer, output=output, floor_by=floor_by) -> None:
             try:
                 with torch.no_grad():
-                    summed = buffer.view(output.shape)
+                    summed = _staging.summed(buffer, output)
                     if floor_by > 1:
                         summed = torch.floor_divide(summed, floor_by)
                     output.copy_(summed, non_blocking=output.is_cuda and buffer.is_pinned())

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from . import exact_ints
+
 
 class HostStaging:
     def __init__(self):
@@ -26,7 +28,10 @@ class HostStaging:
 
     def stage(self, name: str, tensor: torch.Tensor, wire: torch.dtype) -> tuple[torch.Tensor, object | None]:
         """``tensor`` flat in host memory as ``wire``; for a CUDA tensor also the event the
-        reader must wait for (the asynchronous copy's end)."""
+        reader must wait for (the asynchronous copy's end). 64-bit integers as their two
+        halves (``exact_ints``; copied synchronously)."""
+        if tensor.dtype in exact_ints.SPLIT:
+            return exact_ints.split(tensor), None
         if not tensor.is_cuda:
             return tensor.detach().to("cpu", wire, copy=True).contiguous().reshape(-1), None
         source = tensor.detach().reshape(-1)
@@ -37,6 +42,14 @@ class HostStaging:
         copied = torch.cuda.Event()
         copied.record(torch.cuda.current_stream(tensor.device))
         return buffer, copied
+
+    @staticmethod
+    def summed(buffer: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        """The sum that ``stage``'s ``buffer`` came back holding, as ``output``'s shape
+        (64-bit integers put back together from their halves)."""
+        if output.dtype in exact_ints.SPLIT:
+            return exact_ints.join(buffer, output.dtype).view(output.shape)
+        return buffer.view(output.shape)
 
     def _take(self, name: str, n: int, dtype: torch.dtype) -> torch.Tensor:
         if name in self._busy:  # the same name twice in flight: the second gets its own buffer

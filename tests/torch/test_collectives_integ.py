@@ -18,6 +18,15 @@ want = torch.cat([torch.arange(3 * (w + 1) * 2, dtype=torch.float32).view(3 * (w
 assert got.dtype == torch.float32 and torch.equal(got, want), (got, want)
 ints = bps.allgather(torch.tensor([r] * (r + 1), dtype=torch.int64))
 assert ints.dtype == torch.int64 and ints.tolist() == [w for w in range(n) for _ in range(w + 1)], ints
+big = 2**53 + 1  # beyond float64's integers: int64 is gathered by its 32-bit words, exactly
+wide = bps.allgather(torch.full((r + 1, 2), big + r), name="big")
+assert wide.dtype == torch.int64 and wide.tolist() == [[big + w] * 2 for w in range(n) for _ in range(w + 1)], wide
+assert bps.allgather(torch.tensor([complex(r, -r)])).tolist() == [complex(w, -w) for w in range(n)]
+try:  # a worker gathering other rows fails at once, not after GRADPRESS_OP_TIMEOUT_S
+    bps.allgather(torch.ones(2, 3 if r == 0 else 4), name="uneven-rows")
+    raise AssertionError("rows of other shapes were gathered")
+except ValueError as e:
+    assert f"rows of ({3 if r == 0 else 4},) float32" in str(e) and "worker(s) [" in str(e), e
 again = bps.allgather(mine + 1, name="rows")  # a recurring shape: the same keys, the next round
 assert torch.equal(again, want + 1)
 assert bps.allgather_object({"rank": r, "tag": "x" * r}) == [{"rank": w, "tag": "x" * w} for w in range(n)]

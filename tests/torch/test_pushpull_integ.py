@@ -33,6 +33,11 @@ assert torch.equal(got, torch.complex(n * torch.arange(7.) + total, -2 * n * tor
 w = torch.full((3, 2), complex(r, 1), dtype=torch.complex128)
 assert bps.push_pull_inplace(w, average=True, name="complex128") is w
 assert torch.equal(w, torch.full((3, 2), complex(total / n, 1), dtype=torch.complex128)), w
+# int64 beyond float64's integers, and a sum that wraps as torch's int64 addition does
+big = torch.tensor([2**53 + 1 + r, -(2**62), 2**62 + r], dtype=torch.int64)
+want = [n * (2**53 + 1) + int(total), -n * 2**62, n * 2**62 + int(total)]
+got = bps.push_pull(big, average=False, name="int64.big")
+assert got.tolist() == [(v + 2**63) % 2**64 - 2**63 for v in want], (got, want)
 # several rounds of one tensor in flight at once, in place, never mixing
 xs = [torch.full((5000,), float(10 * k + r)) for k in range(4)]
 handles = [bps.push_pull_async_inplace(x, average=False, name="rounds") for x in xs]
