@@ -6,7 +6,7 @@ deadline, or returns it (``push_pull_async``).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -86,6 +86,17 @@ class WorkerClient:
                 layout: RowLayout | None = None) -> Tensor:
         """Declare a tensor (once per name; waits for every worker to declare it alike);
         with ``layout``, a row-sparse one."""
+        t, declaring = self._declaration(name, count, dtype, spec, layout)
+        if t is not None:
+            return t
+        self.comm.submit(declaring)
+        return declaring.future.result(self.s.op_timeout_s + 5)
+
+    def _declaration(self, name: str, count: int, dtype: str, spec: CodecSpec | None, layout: RowLayout | None,
+                     start: Callable[[Tensor | None, int], cmd.StartPushPull] | None = None,
+                     ) -> tuple[Tensor | None, cmd.Declare | None]:
+        """(the tensor, None) where ``name`` is declared alike already, else (None, the
+        command that declares it), carrying ``start(None, partitions)`` where given."""
         t = self.comm.table.tensors.get(name)
         if t is not None:
             if t.layout != layout:
@@ -95,14 +106,23 @@ class WorkerClient:
                 raise TensorMismatchError(f"tensor {name!r} was declared with {t.count} {t.dtype} elements "
                                           f"({t.spec or 'uncompressed'}); now used with {count} {dtype} "
                                           f"({spec or 'uncompressed'})")
-            return t
+            return t, None
         if spec is not None:
             spec.check_dtype(dtype, f"tensor {name!r}")
-        fut = Future(f"declare tensor {name!r}")
         parts = layout.declared_parts() if layout is not None else \
             partition_counts(count, np.dtype(dtype).itemsize, self.s.partition_bytes)
-        self.comm.submit(cmd.Declare(name, count, dtype, parts, spec, fut, layout))
-        return fut.result(self.s.op_timeout_s + 5)
+        return None, cmd.Declare(name, count, dtype, parts, spec, Future(f"declare tensor {name!r}"), layout,
+                                 start(None, len(parts)) if start is not None else None)
+
+    def _start(self, name: str, count: int, dtype: str, spec: CodecSpec | None, layout: RowLayout | None,
+               start: Callable[[Tensor | None, int], cmd.StartPushPull]) -> Future:
+        """Start the push_pull ``start(tensor, partitions)`` makes; where ``name`` is not
+        declared yet, it starts on the communication thread once it is, and the caller does
+        not wait (``declarations.py``: workers may first use tensors in different orders)."""
+        t, declaring = self._declaration(name, count, dtype, spec, layout, start)
+        command = declaring if t is None else start(t, len(t.parts))
+        self.comm.submit(command)
+        return command.start.job.future if t is None else command.job.future
 
     @property
     def tensors(self) -> dict[str, Tensor]:
@@ -180,12 +200,11 @@ class WorkerClient:
         ``ready``, when given, is waited for (``ready.synchronize()``) on the communication
         thread before ``src`` is read (a CUDA event after the copy that fills it).
         """
-        dtype = _dtype_name(src)
-        tensor = self.declare(name, int(src.numel() if hasattr(src, "numel") else src.size), dtype, spec)
-        fut = Future(f"push_pull of tensor {name!r}")
-        job = PushPull(tensor, src, out, divisor, fut, len(tensor.parts), lr, ready)
-        self.comm.submit(cmd.StartPushPull(job, priority))
-        return fut
+        def start(tensor: Tensor | None, parts: int) -> cmd.StartPushPull:
+            job = PushPull(tensor, src, out, divisor, Future(f"push_pull of tensor {name!r}"), parts, lr, ready)
+            return cmd.StartPushPull(job, priority)
+        return self._start(name, int(src.numel() if hasattr(src, "numel") else src.size), _dtype_name(src), spec,
+                           None, start)
 
     def push_pull_sparse_async(self, name: str, rows: SparseRows, layout: RowLayout, divisor: int,
                                priority: int) -> Future:
@@ -195,12 +214,12 @@ class WorkerClient:
             raise ValueError(f"tensor {name!r}: a row layout over {layout.num_servers} servers; "
                              f"the job has {self.book.num_servers}")
         dtype = rows.values.dtype.name
-        tensor = self.declare(name, layout.num_servers, dtype, None, layout)
-        fut = Future(f"push_pull of sparse tensor {name!r}")
-        job = PushPull(tensor, SparseShares(rows, layout), SparseResult(layout, dtype, divisor), divisor, fut,
-                       len(tensor.parts))
-        self.comm.submit(cmd.StartPushPull(job, priority))
-        return fut
+
+        def start(tensor: Tensor | None, parts: int) -> cmd.StartPushPull:
+            job = PushPull(tensor, SparseShares(rows, layout), SparseResult(layout, dtype, divisor), divisor,
+                           Future(f"push_pull of sparse tensor {name!r}"), parts)
+            return cmd.StartPushPull(job, priority)
+        return self._start(name, layout.num_servers, dtype, None, layout, start)
 
     def barrier(self, group: str = "worker") -> None:
         fut = Future(f"barrier of group {group!r}")

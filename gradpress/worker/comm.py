@@ -26,6 +26,7 @@ from ..trace import Tracer
 from . import commands as cmd
 from .abort import exit_later
 from .deadlines import Deadlines
+from .declarations import Declarations
 from .flight import PartitionFlight
 from .future import Future
 from .keys import KeyTable, StateRequest, Tensor
@@ -58,13 +59,15 @@ class CommunicationThread(threading.Thread):
         # skip the pipe write (a syscall that also hands the GIL to the busy thread;
         # 12% of the training thread's time in the backward hooks, in py-spy)
         self._wake_due = False
-        self._declaring: dict[str, list[cmd.Declare]] = {}
         self.flight: PartitionFlight | None = None
         self._barriers: dict[tuple[str, int], Future] = {}
         self._barrier_seq = 0
         self._finish: Future | None = None
         self._deadlines = Deadlines()
-        self._handlers = {cmd.Declare: self._declare, cmd.StartPushPull: self._start_push_pull,
+        self.declarations = Declarations(self.table, self._deadlines, settings.op_timeout_s,
+                                         lambda **fields: self.link.send(Op.DECLARE, **fields),
+                                         self._start_push_pull)
+        self._handlers = {cmd.Declare: self.declarations.declare, cmd.StartPushPull: self._start_push_pull,
                           cmd.Barrier: self._barrier, cmd.GetServerState: self._get_server_state,
                           cmd.LoadServerState: self._load_server_state,
                           cmd.LoadCompressorState: self._load_compressor_state, cmd.Finish: self._finish_job,
@@ -166,17 +169,6 @@ class CommunicationThread(threading.Thread):
 
     # ---- commands ---------------------------------------------------------------
 
-    def _declare(self, c: cmd.Declare) -> None:
-        if c.name in self.table.tensors:
-            c.future.set(self.table.tensors[c.name])
-            return
-        waiters = self._declaring.setdefault(c.name, [])
-        waiters.append(c)
-        if len(waiters) == 1:
-            extra = {"compression_params": c.spec.compression_params} if c.spec else {}
-            self.link.send(Op.DECLARE, name=c.name, count=c.count, dtype=c.dtype, parts=c.parts, **extra)
-            self._deadlines.add_future(self._deadline() + 2, c.future, self.s.op_timeout_s)
-
     def _start_push_pull(self, c: cmd.StartPushPull) -> None:
         self.flight.start(c.job, c.priority)
 
@@ -210,7 +202,7 @@ class CommunicationThread(threading.Thread):
             c.future.fail(e)
 
     def _release(self, c: cmd.Release) -> None:
-        busy = self.flight.busy(c.names)
+        busy = self.flight.busy(c.names) + self.declarations.parked(c.names)
         if busy:
             c.future.fail(ValueError(f"cannot release tensors {busy}: a push_pull of them is still under way"))
             return
@@ -243,8 +235,7 @@ class CommunicationThread(threading.Thread):
         if op == Op.DECLARED:
             self._declared(h)
         elif op == Op.ERROR and "name" in h:
-            for c in self._declaring.pop(h["name"], []):
-                c.future.fail(TensorMismatchError(h["message"]))
+            self.declarations.declared(None, h["name"], TensorMismatchError(h["message"]))
         elif op == Op.ERROR and "group" in h:
             fut = self._barriers.pop((h["group"], h.get("seq")), None)
             if fut is not None:
@@ -261,10 +252,9 @@ class CommunicationThread(threading.Thread):
             log.warning("dropped unexpected %s from the scheduler", op.name)
 
     def _declared(self, h: dict) -> None:
-        waiters = self._declaring.pop(h["name"], [])
-        if not waiters:
+        first = self.declarations.first(h["name"])
+        if first is None:
             return
-        first = waiters[0]
         # a row-sparse tensor's share s lives on server s (the row hash), whatever the byte placement says
         servers = h["servers"] if first.layout is None else list(range(len(first.parts)))
         t = Tensor(h["name"], first.count, first.dtype, h["tensor_id"], first.parts, servers, first.spec,
@@ -274,11 +264,9 @@ class CommunicationThread(threading.Thread):
             if self.flight.relay is not None:
                 self.group.assign(t)
         except ValueError as e:
-            for c in waiters:
-                c.future.fail(JobError(f"tensor {t.name!r}: {e}"))
+            self.declarations.declared(None, t.name, JobError(f"tensor {t.name!r}: {e}"))
             return
-        for c in waiters:
-            c.future.set(t)
+        self.declarations.declared(t, t.name)
 
     def _die(self, error: JobError) -> None:
         """Record a fatal error, fail everything that waits, and make sure the process stops."""
@@ -286,7 +274,7 @@ class CommunicationThread(threading.Thread):
         self.stopped.set()
         log.error("%s", error)
         waiting = self.flight.waiting() if self.flight else []
-        waiting += [c.future for cs in self._declaring.values() for c in cs]
+        waiting += self.declarations.futures()
         waiting += list(self._barriers.values())
         waiting += [wk.state_request.future for wk in self.table.values() if wk.state_request is not None]
         waiting += [self._finish] if self._finish else []

@@ -25,6 +25,7 @@ class Declare:
     spec: CodecSpec | None
     future: Future
     layout: Any = None      # a RowLayout: the tensor is row-sparse, partition s on server s
+    start: StartPushPull | None = None  # the push_pull to start once declared (its job's tensor is set then)
 
 
 @dataclass(frozen=True)

@@ -52,12 +52,26 @@ bn.eval()
 bn.module.running_mean.fill_(float(r * 100 + 1))
 bn(torch.randn(2, 4))
 assert torch.all(bn.module.running_mean == 1.0), bn.module.running_mean
-# a parameter this forward did not use: synchronize() after backward, as in BytePS
-two = DistributedDataParallel(nn.ModuleDict({"used": nn.Linear(3, 1), "unused": nn.Linear(3, 1)}), bucket_cap_mb=0)
-two.module["used"](torch.ones(2, 3) * (r + 1)).sum().backward()
-two.synchronize()
-assert torch.equal(two.module["unused"].weight.grad, torch.zeros(1, 3))
-assert torch.allclose(two.module["used"].weight.grad, torch.full((1, 3), 3.0)), two.module["used"].weight.grad
+# parameters a forward did not use: the backward itself averages every gradient when it
+# ends (BytePS needed a synchronize() after it, which now has nothing left to do); one used
+# on worker 1 only is averaged with worker 0's zeros
+for cap in (0, 25):  # a bucket each, and one bucket for all
+    three = DistributedDataParallel(nn.ModuleDict({"used": nn.Linear(3, 1), "unused": nn.Linear(3, 1),
+                                                   "rank1": nn.Linear(3, 1)}), bucket_cap_mb=cap)
+    opt = torch.optim.SGD(three.parameters(), lr=0.1)
+    for step in range(2):
+        opt.zero_grad()
+        x = torch.ones(2, 3) * (r + 1)
+        loss = three.module["used"](x).sum() + (three.module["rank1"](x).sum() if r == 1 else 0)
+        loss.backward()
+        grads = {k: m.weight.grad for k, m in three.module.items()}
+        assert torch.equal(grads["unused"], torch.zeros(1, 3)), grads
+        assert torch.allclose(grads["used"], torch.full((1, 3), 3.0)), grads
+        assert torch.allclose(grads["rank1"], torch.full((1, 3), 2.0)), grads
+        three.synchronize()  # BytePS's advice: harmless, the averages stay
+        assert torch.allclose(three.module["used"].weight.grad, torch.full((1, 3), 3.0))
+        opt.step()
+    torch.save(three.module.state_dict(), os.path.join(os.environ["GP_TEST_DIR"], f"three{cap}.{r}.pt"))
 print("OK ddp", flush=True)
 bps.shutdown()
 """
@@ -68,6 +82,7 @@ def test_ddp_equals_distributed_optimizer(cluster, variant):
     c = cluster(workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
     c.start(DDP, worker_env={"GP_VARIANT": variant}).assert_success()
     assert "OK ddp" in c.log("worker 0") and "OK ddp" in c.log("worker 1"), c.logs()
-    p0, p1 = torch.load(c.tmp / "ddp0.pt"), torch.load(c.tmp / "ddp1.pt")
-    for k in p0:
-        assert torch.equal(p0[k], p1[k]), f"{k} differs between the workers"
+    for saved in ("ddp", "three0.", "three25."):  # the models stayed the same on both workers
+        p0, p1 = torch.load(c.tmp / f"{saved}0.pt"), torch.load(c.tmp / f"{saved}1.pt")
+        for k in p0:
+            assert torch.equal(p0[k], p1[k]), f"{saved}: {k} differs between the workers"

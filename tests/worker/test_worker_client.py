@@ -52,6 +52,30 @@ def test_a_declaration_the_scheduler_refuses_raises_a_tensor_mismatch(peers, cal
         fut.result(10)
 
 
+def test_a_push_pull_of_an_undeclared_tensor_returns_at_once_and_starts_once_declared(peers):
+    """The caller never waits for a declaration: workers may first use tensors in different
+    orders (a parameter used on one worker only), and each would wait for a name the other
+    had not reached. Rounds started before the answer go out in order once it comes."""
+    client = peers.start_client()
+    src, out = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+    first = client.push_pull_async("late", src, out, 1, 0)  # no scheduler answer yet: returns anyway
+    second = client.push_pull_async("late", src, out, 1, 0)
+    other = client.push_pull_async("other", src, np.zeros(4, np.float32), 1, 0)
+    assert not first.done() and not second.done()
+    _, h, _ = peers.from_worker()  # one DECLARE for both rounds of "late", then "other"'s
+    assert (h["op"], h["name"]) == (Op.DECLARE, "late"), h
+    _, h, _ = peers.from_worker()
+    assert (h["op"], h["name"]) == (Op.DECLARE, "other"), h
+    peers.to_worker(Op.ERROR, name="other", message="tensor 'other': worker 1 declared 5 float32 elements")
+    with pytest.raises(TensorMismatchError, match="worker 1 declared 5"):
+        other.result(10)
+    peers.to_worker(Op.DECLARED, name="late", tensor_id=3, servers=[0])
+    for rnd, fut in enumerate((first, second)):
+        push = peers.serve_round(0, np.full(4, 10.0 + rnd, np.float32))
+        assert push["round"] == rnd
+        assert fut.result(10) is out and np.all(out == 10.0 + rnd)
+
+
 def test_push_pull_inits_each_key_once_and_lands_the_average(peers, calls):
     client = peers.start_client()
     src = np.arange(6, dtype=np.float32)

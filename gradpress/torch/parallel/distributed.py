@@ -4,9 +4,13 @@ As in BytePS: the constructor broadcasts the module's state from rank 0; every f
 first broadcasts the buffers from rank 0 (``broadcast_buffers``); during backward each
 gradient, once accumulated, is pushed, and the backward pass that produced the last
 gradient waits for all of them, so that ``loss.backward()`` returns with averaged
-gradients and a plain torch optimizer steps. Parameters a forward pass did not use never
-get a gradient: call ``synchronize()`` after such a backward. Inside ``no_sync()``
-gradients accumulate locally and go out with the next backward outside it.
+gradients and a plain torch optimizer steps. Parameters a forward pass did not use (on
+this worker, or on every one) get no gradient and fire no hook: at the end of the
+backward pass (a callback queued on autograd's engine by its first gradient) they travel
+as zeros, or as the gradient they hold, and the backward returns with every average, as
+torch's DDP with ``find_unused_parameters=True``. Left to the next step, the used ones
+stayed unaveraged and the workers' models drifted apart without a word. Inside
+``no_sync()`` gradients accumulate locally and go out with the next backward outside it.
 
 Gradients travel in buckets, as torch's DDP sends them: parameters in reverse order
 (roughly the order backward produces them), cut at ``bucket_cap_mb``; a bucket is
@@ -102,12 +106,21 @@ class DistributedDataParallel(torch.nn.Module):
         if not self._sync:
             return
         pipeline = self._gradpress
+        if not pipeline.any_submitted:  # this backward's first gradient: finish at its end
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
         pipeline.submit(p, p.grad)
         if pipeline.all_submitted:
             self.synchronize()  # the last gradient of this backward: finish before it returns
 
+    def _backward_done(self) -> None:
+        if self._gradpress.any_submitted:  # parameters this backward did not reach
+            self.synchronize()
+
     def synchronize(self) -> None:
-        """Finish every gradient's push_pull (pushing those this backward did not reach)."""
+        """Finish every gradient's push_pull (pushing those this backward did not reach); a
+        backward has done it by itself, so after one there is nothing left to do."""
+        if not self._gradpress.any_submitted:
+            return
         for pid, out in self._gradpress.finish().items():
             p = self._param[pid]
             if out is not p.grad:
