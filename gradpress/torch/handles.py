@@ -19,6 +19,13 @@ class Pending:
     output: torch.Tensor
     finish: Callable[[], None] | None  # lands the result in output (a staging copy back, a sparse union)
 
+    def then(self, output: torch.Tensor, land: Callable[[], None] | None) -> None:
+        """The push_pull's result is ``output`` (a tensor it travelled for), landed there by
+        ``land`` after this one's own ``finish``."""
+        before, self.output = self.finish, output
+        if land is not None:
+            self.finish = land if before is None else lambda: (before(), land())
+
 
 def register(pending: Pending) -> int:
     handle = next(_ids)

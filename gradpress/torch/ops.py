@@ -21,7 +21,7 @@ from ..compressors.spec import CodecSpec
 from ..config import Settings
 from ..errors import JobError, RegistrationRefused
 from ..worker import WorkerClient
-from . import cuda_check, failures, handles, modes, sparse, staging
+from . import carriers, cuda_check, failures, handles, modes, sparse, staging
 from .compression import Compression
 from .dtypes import dtype_name, integral, wire_dtype
 
@@ -218,14 +218,14 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
     client = _require()
     if name is None:
         name = f"push_pull.noname.{next(_noname)}"
-    if tensor.is_complex():  # its real and imaginary parts add apart, as torch.distributed sums them
-        handle = _start(torch.view_as_real(tensor), torch.view_as_real(output), average, name, priority,
-                        compression_params, lr)
-        handles.lookup(handle).output = output
-        return handle
     spec = None
     if compression_params is not None:
         spec = CodecSpec.from_params(compression_params, f"push_pull of {name!r}: compression_params")
+    carried = carriers.carrier(tensor, output, spec is not None)  # complex, or half precision to compress
+    if carried is not None:
+        handle = _start(carried[0], carried[1], average, name, priority, spec, lr)
+        handles.lookup(handle).then(output, carried[2])
+        return handle
     if spec is not None and spec.is_lowrank:
         raise ValueError(f"push_pull of {name!r}: compressor {spec.codec!r} factors a model's gradient matrices "
                          f"across steps; use it through DistributedOptimizer (compression_params)")

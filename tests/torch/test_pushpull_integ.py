@@ -33,6 +33,14 @@ assert torch.equal(got, torch.complex(n * torch.arange(7.) + total, -2 * n * tor
 w = torch.full((3, 2), complex(r, 1), dtype=torch.complex128)
 assert bps.push_pull_inplace(w, average=True, name="complex128") is w
 assert torch.equal(w, torch.full((3, 2), complex(total / n, 1), dtype=torch.complex128)), w
+# float16/bfloat16 with compression_params: compressed widened to float32, averages narrowed back
+for dtype in (torch.float16, torch.bfloat16):
+    h = (torch.arange(40000) % 5 - 2 + r).to(dtype)
+    got = bps.push_pull(h, name=f"half.{dtype}", compression_params={"compressor": "fp16"})
+    assert got.dtype == dtype and torch.equal(got, ((torch.arange(40000) % 5 - 2) + total / n).to(dtype)), got
+    signs = bps.push_pull(h[:1000], name=f"half.onebit.{dtype}",  # one partition (4000 bytes widened)
+                          compression_params={"compressor": "onebit", "scaling": True})
+    assert signs.dtype == dtype and signs.abs().unique().numel() == 1, signs.unique()  # one magnitude: onebit's
 # int64 beyond float64's integers, and a sum that wraps as torch's int64 addition does
 big = torch.tensor([2**53 + 1 + r, -(2**62), 2**62 + r], dtype=torch.int64)
 want = [n * (2**53 + 1) + int(total), -n * 2**62, n * 2**62 + int(total)]
