@@ -97,6 +97,8 @@ class WorkerClient:
                      ) -> tuple[Tensor | None, cmd.Declare | None]:
         """(the tensor, None) where ``name`` is declared alike already, else (None, the
         command that declares it), carrying ``start(None, partitions)`` where given."""
+        if not isinstance(name, str):  # caught here: on the wire it would end the communication thread
+            raise TypeError(f"a tensor's name must be a str, got {type(name).__name__} {name!r}")
         t = self.comm.table.tensors.get(name)
         if t is not None:
             if t.layout != layout:

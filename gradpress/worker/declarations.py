@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 from ..errors import OpTimeoutError, TensorMismatchError
+from ..net.protocol import ProtocolError
 from . import commands as cmd
 from .deadlines import Deadline, Deadlines
 from .future import Future
@@ -44,7 +45,11 @@ class Declarations:
         waiters.append(c)
         if len(waiters) == 1:
             extra = {"compression_params": c.spec.compression_params} if c.spec else {}
-            self._send(name=c.name, count=c.count, dtype=c.dtype, parts=c.parts, **extra)
+            try:
+                self._send(name=c.name, count=c.count, dtype=c.dtype, parts=c.parts, **extra)
+            except ProtocolError as e:  # a field the wire cannot carry: this declaration fails, not the thread
+                self.declared(None, c.name, TensorMismatchError(f"tensor {c.name!r} cannot be declared: {e}"))
+                return
             # the scheduler names the workers missing at its own deadline; this one is a backstop
             self._expiry[c.name] = self._deadlines.add(time.monotonic() + self._timeout_s + 2,
                                                        lambda name=c.name: self._expired(name))

@@ -76,6 +76,17 @@ def test_a_push_pull_of_an_undeclared_tensor_returns_at_once_and_starts_once_dec
         assert fut.result(10) is out and np.all(out == 10.0 + rnd)
 
 
+def test_a_name_that_is_not_a_str_is_refused_at_the_call_and_the_worker_goes_on(peers, calls):
+    client = peers.start_client()
+    src, out = np.ones(4, np.float32), np.zeros(4, np.float32)
+    for name in (5, None, b"bytes"):
+        with pytest.raises(TypeError, match="a tensor's name must be a str, got"):
+            client.push_pull_async(name, src, out, 1, 0)
+    fut = calls.submit(client.declare, "after", 4, "float32")  # the communication thread lives on
+    peers.declare("after", tensor_id=2, servers=[0])
+    assert fut.result(10).name == "after"
+
+
 def test_push_pull_inits_each_key_once_and_lands_the_average(peers, calls):
     client = peers.start_client()
     src = np.arange(6, dtype=np.float32)
