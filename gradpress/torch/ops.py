@@ -232,7 +232,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
     if spec is not None:
         spec.check_dtype(dtype_name(tensor.dtype), f"push_pull of {name!r}")
     divisor = client.size if average else 1
-    if sparse.is_row_sparse(tensor):  # its rows travel, hashed over the servers; the result is a new tensor
+    if sparse.travels_as_rows(tensor, name):  # its rows travel, hashed over the servers; the result is a new tensor
         if spec is not None:
             raise ValueError(f"push_pull of {name!r}: compression_params on a sparse tensor; its rows travel "
                              f"exactly (or as float16 with Compression.fp16)")

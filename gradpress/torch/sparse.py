@@ -33,6 +33,15 @@ def is_row_sparse(tensor: torch.Tensor) -> bool:
     return tensor.layout == torch.sparse_coo
 
 
+def travels_as_rows(tensor: torch.Tensor, name: str) -> bool:
+    """Whether a push_pull of ``tensor`` sends its rows (sparse COO) rather than its values
+    (a dense, strided tensor); other layouts (CSR, CSC, blocked, MKL-DNN) are refused."""
+    if tensor.layout not in (torch.strided, torch.sparse_coo):
+        raise ValueError(f"push_pull of {name!r}: a {tensor.layout} tensor; dense (strided) or sparse COO "
+                         f"tensors expected (tensor.to_sparse_coo() or tensor.to_dense() converts it)")
+    return is_row_sparse(tensor)
+
+
 def layout_of(tensor: torch.Tensor, client: WorkerClient, seed: int) -> RowLayout:
     width = math.prod(tensor.shape[1:]) if tensor.dim() > 1 else 1
     return RowLayout(int(tensor.shape[0]), int(width), seed, client.book.num_servers)

@@ -66,6 +66,11 @@ dense = torch.zeros(ROWS, WIDTH)
 dense.index_put_((torch.from_numpy(ids),), torch.from_numpy(vals).float(), accumulate=True)
 out = bps.synchronize(ops.push_pull_rows_async_inplace(dense, average=False, name="dense-rows"))
 assert out is dense and np.array_equal(dense.double().numpy(), reference("zipf")[1]), "dense rows"
+try:  # a layout that cannot travel is named, not met by torch's own error deep inside
+    bps.push_pull(torch.eye(3).to_sparse_csr(), name="csr")
+    raise AssertionError("a CSR tensor was pushed")
+except ValueError as e:
+    assert "a torch.sparse_csr tensor; dense (strided) or sparse COO tensors expected" in str(e), e
 client = ops.client()
 report["pushed"], report["pulled"] = client.bytes_pushed, client.bytes_pulled
 json.dump(report, open(os.path.join(os.environ["GP_TEST_DIR"], f"sums{r}.json"), "w"))
