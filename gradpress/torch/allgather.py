@@ -18,7 +18,7 @@ import torch
 
 from . import ops
 from .dtypes import wire_dtype
-from .objects import MAX_OBJECT_BYTES, bytes_to_float16, float16_to_bytes
+from .objects import MAX_OBJECT_BYTES, ObjectError, bytes_to_float16, float16_to_bytes
 
 
 class _Allgather(torch.autograd.Function):
@@ -136,17 +136,29 @@ def allgather_object(obj: Any, name: str | None = None, max_bytes: int = MAX_OBJ
 
     The bytes come from the job's own push_pulls; objects larger than ``max_bytes``
     pickled are refused (by the sender, and by every receiver before it allocates).
+
+    Raises:
+        ObjectError: on every worker, when a worker's object does not pickle or is too
+            large. A worker that failed alone would leave the others pairing this call
+            with its next one: it announces the failure (length -1) instead.
     """
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    if len(payload) > max_bytes:
-        raise ValueError(f"allgather_object: this worker's object pickles to {len(payload)} bytes, "
-                         f"over max_bytes={max_bytes}")
+    error = None
+    try:
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001 - pickling raises many types; all end the same way
+        payload, error = b"", f"the object ({type(obj).__name__}) does not pickle: {type(e).__name__}: {e}"
+    if error is None and len(payload) > max_bytes:
+        error = f"the object pickles to {len(payload)} bytes, over max_bytes={max_bytes}"
     name = name or "noname"
     size = ops.size()
     lengths = torch.zeros(size, dtype=torch.float64)
-    lengths[ops.rank()] = len(payload)
+    lengths[ops.rank()] = -1 if error else len(payload)
     ops.push_pull_inplace(lengths, average=False, name=f"AllgatherObject.{name}.lengths.{size}")
     sizes = [int(n) for n in lengths.tolist()]
+    failed = [w for w, n in enumerate(sizes) if n == -1]
+    if failed:
+        raise ObjectError(f"allgather_object: worker(s) {failed} could not send their object"
+                          + (f"; here, {error}" if error else ""))
     if any(n < 0 or n > max_bytes for n in sizes) or sum(sizes) > max_bytes * size:
         raise ValueError(f"allgather_object: workers announced {sizes} bytes; the limit is "
                          f"max_bytes={max_bytes} each")

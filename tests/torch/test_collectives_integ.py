@@ -30,6 +30,15 @@ except ValueError as e:
 again = bps.allgather(mine + 1, name="rows")  # a recurring shape: the same keys, the next round
 assert torch.equal(again, want + 1)
 assert bps.allgather_object({"rank": r, "tag": "x" * r}) == [{"rank": w, "tag": "x" * w} for w in range(n)]
+# a worker whose object does not pickle, or is too large, fails every worker in this call:
+# alone, it would have left the others pairing this call with its next one
+for bad, why in (((lambda: 1), "does not pickle"), ("x" * 3000, "pickles to 3018 bytes, over max_bytes=2000")):
+    try:
+        bps.allgather_object(bad if r == 1 else r, max_bytes=2000)
+        raise AssertionError("an allgather_object with a bad object went through")
+    except ObjectError as e:
+        assert "worker(s) [1] could not send their object" in str(e) and (why in str(e)) == (r == 1), e
+assert bps.allgather_object(r) == list(range(n))  # the next call pairs with the next call
 
 # push_pull is differentiable: the backward is the push_pull of the gradients
 x = torch.full((4,), float(r + 1), requires_grad=True)
