@@ -81,8 +81,9 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
                    "dma": (bool,)}),
     # shm: the data is in the region named at INIT_KEY, not in a frame;
     # sparse: `count` rows travel as two frames, indices and values (server/sparse.py checks them)
+    # refused: the worker's codec refused this round (why); no data (server/store.py)
     Op.PUSH: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
-              {"codec": _STR, "meta": (dict,), "lr": _NUM, "shm": (bool,), "sparse": (bool,)}),
+              {"codec": _STR, "meta": (dict,), "lr": _NUM, "shm": (bool,), "sparse": (bool,), "refused": _STR}),
     Op.PULL: ({"key": _INT, "round": _INT}, {}),
     # shm/slot: the aggregate is in slot `slot` of the server's region `shm` ([pid, fd, inode, offset]);
     # dma: that region's chunk never has pages punched (a reader may register it for DMA)

@@ -34,7 +34,7 @@ from ..net.shm import Arena, PeerChunks
 from ..trace import Tracer
 from . import sparse
 from .sink import Reply, SharedSlots
-from .store import KeyState, PushError
+from .store import KeyState, PushError, Refused
 
 log = logging.getLogger(__name__)
 STOP = object()
@@ -43,6 +43,14 @@ DEFAULT_ENGINE_THREADS = 2
 # keys this small are summed on the I/O thread even beside engine threads: their work, a few
 # microseconds a push, is far below what handing them over costs
 INLINE_MAX_BYTES = 65536
+
+
+def refused_push(header: dict, frames: list, state) -> Refused:
+    """A push whose worker's codec refused the round (store.py): no data, only why."""
+    if frames or not isinstance(state, KeyState) or (header["dtype"], header["count"]) != (state.dtype, state.count):
+        raise PushError(f"key {header['key']}: a refused push must carry no data, for a dense key of its "
+                        f"{header['count']} {header['dtype']} elements")
+    return Refused(f"{logs.peer(header['from'])} ({logs.peer(header['refused'])})")
 
 
 def engine_count(setting: int, cores: float, sharing: int) -> int:
@@ -164,7 +172,8 @@ class Engine(threading.Thread):
                 state.load_server_state(np.frombuffer(buf, np.float32), header.get("lr"))
                 return []
             if op == Op.PUSH:
-                values = self._shared_push(identity, header, state) if header.get("shm") \
+                values = refused_push(header, frames, state) if "refused" in header \
+                    else self._shared_push(identity, header, state) if header.get("shm") \
                     else state.decode(header, frames)
                 replies = state.push(identity, header["round"], values, header.get("lr"))
                 # the ack frees the worker's credit now, not when every worker has pushed:

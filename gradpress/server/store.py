@@ -17,6 +17,12 @@ is complete, compresses the sum with the server's own error feedback
 (s = sum_i D(c_i) + e_s; c_s = C(s); e_s = s - D(c_s)). Every worker of a round
 receives those same bytes, so parameters never drift apart.
 
+A worker whose codec refused its round (a NaN/inf gradient under error feedback) still
+pushes, a ``refused`` push without data: the round completes without an aggregate, every
+pull of it gets an ERROR naming the worker and its reason, the server's residual is left
+as it was, and the next round is every worker's next round. Had the worker pushed nothing,
+the others would have waited for it, and its next push would have joined this round.
+
 Methods return the replies to send as ``Reply`` tuples; the engine sends them. Where
 an aggregate lives and what a pull's reply carries is the key's result sink's
 business (sink.py): frames by default, shared-memory slots when the engine shares them.
@@ -48,6 +54,11 @@ class Payload(NamedTuple):
     buffers: list
 
 
+class Refused(NamedTuple):
+    """A push without data: its worker's codec refused the round (``why``: who, and why)."""
+    why: str
+
+
 _NO_TRACE = Tracer("")
 
 
@@ -67,6 +78,7 @@ class KeyState:
     waiting: list = field(default_factory=list)  # senders whose pull waits for `round`
     done_round: int = -1                    # last completed round
     failure: str = ""                       # why the last round produced no aggregate
+    refusals: list = field(default_factory=list)  # this round's refused pushes (Refused.why)
     broken: str = ""                        # why the key takes no more rounds (an internal error)
     lr: float | None = None                 # learning rate pushed with this round
     sink: ResultSink | None = None          # holds completed aggregates; None: a FrameSink
@@ -164,14 +176,19 @@ class KeyState:
             raise PushError(f"{self.describe()}: push carries {len(bufs[0])} bytes, expected {expected}")
         return np.frombuffer(bufs[0], dtype=self.dtype)
 
-    def push(self, sender: bytes, rnd: int, values: np.ndarray | Payload, lr: float | None = None) -> list[Reply]:
+    def push(self, sender: bytes, rnd: int, values: np.ndarray | Payload | Refused,
+             lr: float | None = None) -> list[Reply]:
         if self.async_mode and self.done_round >= 0:  # initialised: add the delta at once
-            self._absorb(values, rnd, first=False)
+            if not isinstance(values, Refused):
+                self._absorb(values, rnd, first=False)
             return []
         if rnd == self.round:
             if sender in self.pushed:
                 raise PushError(f"{self.describe()}: second push of round {rnd} from the same worker")
-            self._absorb(values, rnd, first=not self.pushed)
+            if isinstance(values, Refused):
+                self.refusals.append(values.why)
+            else:  # the first values absorbed are stored, the others added
+                self._absorb(values, rnd, first=len(self.pushed) == len(self.refusals))
             self.pushed.add(sender)
             if lr is not None:
                 self.lr = lr
@@ -182,7 +199,7 @@ class KeyState:
             # checked now, not when round rnd - 1 completes: a bad payload is its sender's error
             # alone, and the frames' memory belongs to ZeroMQ messages we do not keep
             self.early[sender] = (self._decoded(values, rnd) if isinstance(values, Payload)
-                                  else values.copy(), lr)
+                                  else values if isinstance(values, Refused) else values.copy(), lr)
             return []
         raise PushError(f"{self.describe()}: push for round {rnd}, but the key is at round {self.round}")
 
@@ -229,7 +246,11 @@ class KeyState:
     def _complete(self) -> list[Reply]:
         self.failure = ""
         store = self.acc.copy() if self.async_mode else None  # the initial parameters stay the store
-        if self.compressor is not None:
+        if self.refusals:  # no aggregate, and the server's residual stays as it was
+            self.failure = (f"{self.describe()}: round {self.round} has no aggregate: refused by "
+                            f"{'; '.join(self.refusals)}")
+            self.refusals = []
+        elif self.compressor is not None:
             self._compress_aggregate()
         else:
             self.sink.publish(self.round, self.acc)

@@ -83,10 +83,10 @@ class PartitionFlight:
             return
         try:
             payload = self.stages.compress(op)
-        except ValueError as e:  # NaN/inf gradients: fail this push_pull; the round never went out
+        except ValueError as e:  # NaN/inf gradients: this push_pull fails here and now, and the round
+            # still goes out, refused, so that every worker's round fails alike (server/store.py)
             self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {e}"))
-            self._leave_flight(op)
-            return
+            payload = PartitionStages.refusal(str(e))
         wk.next_round += 1
         self.stages.push(op, payload)
         self.stages.pull(op)
@@ -97,7 +97,8 @@ class PartitionFlight:
         """The machine's sum of an owned key's round is in ``op.summed``: compress, push, pull."""
         try:
             payload = self.stages.compress(op)
-        except ValueError as e:  # NaN/inf in the machine's sum
+        except ValueError as e:  # NaN/inf in the machine's sum: the other machines hear it from the server
+            self.stages.push(op, PartitionStages.refusal(str(e)))
             self.fail_local(op, f"push_pull of tensor {op.job.tensor.name!r}: {e}")
             return
         self.stages.push(op, payload)

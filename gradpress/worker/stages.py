@@ -134,6 +134,12 @@ class PartitionStages:
         return {"codec": t.compressor.name, "meta": meta}, buffers
 
     @staticmethod
+    def refusal(reason: str) -> Payload:
+        """The push of a round this worker's codec refused (``reason``): no data; the server
+        fails the round for every worker with it (server/store.py)."""
+        return {"refused": reason}, []
+
+    @staticmethod
     def await_source(job) -> None:
         """Order what reads ``job.src`` after what fills it (``job.ready``, once per job): a
         CUDA tensor's producer event is waited for by gradpress's stream on the device (no

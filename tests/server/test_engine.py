@@ -144,3 +144,20 @@ def test_a_released_key_is_forgotten_after_the_work_queued_before_it(inproc):
     assert [h["op"] for h in got] == [Op.PUSH_ACK, Op.PULL_REPLY, Op.ERROR]
     assert got[2]["key"] == 9 and "not held here" in got[2]["message"] and "released" in got[2]["message"]
     assert 9 not in engine.keys and not replies.poll(200)
+
+
+def test_a_refused_push_is_taken_without_data_and_one_with_data_is_dropped(inproc):
+    """A worker whose codec refused its round pushes ``refused`` and no frame: taken (acked),
+    the round fails for every puller with its reason; a refused push carrying data is an error."""
+    engine, _, _ = inproc
+    engine.start()  # idle: this test serves on its own thread, as the I/O thread serves its keys
+    engine.serve(b"w0", _header(Op.INIT_KEY, key=9, name="t", count=4, dtype="float32",
+                                compression_params={"compressor": "onebit", "ef": "vanilla"}), [])
+    bad = engine.serve(b"w0", _header(Op.PUSH, key=9, round=0, dtype="float32", count=4, refused="nan"), [b"xx"])
+    assert [r.op for r in bad] == [Op.ERROR] and "must carry no data" in bad[0].fields["message"]
+    ack, = engine.serve(b"w0", _header(Op.PUSH, key=9, round=0, dtype="float32", count=4,
+                                       refused="key 9: error feedback met NaN/inf"), [])
+    assert (ack.op, ack.fields["round"]) == (Op.PUSH_ACK, 0)
+    pulled, = engine.serve(b"w0", _header(Op.PULL, key=9, round=0), [])
+    assert pulled.op == Op.ERROR and pulled.fields["round"] == 0
+    assert "refused by worker 0 (key 9: error feedback met NaN/inf)" in pulled.fields["message"]

@@ -193,3 +193,43 @@ def test_compressed_keys_refuse_shared_results():
     k = KeyState(key=5, name="w", count=64, dtype="float32", num_workers=2, compression_params=params)
     with pytest.raises(PushError, match="compressed keys travel in frames"):
         k.share_results(None)
+
+
+@pytest.mark.parametrize("refused_first", [True, False])
+def test_a_refused_push_fails_its_round_for_every_worker_and_the_next_round_is_whole(refused_first):
+    """A worker whose codec refused its round (NaN/inf under error feedback) pushes no data:
+    every pull of the round gets an ERROR naming it, the server's residual is as it was, and
+    the next round (held early or pushed after) sums every worker's values alone."""
+    from gradpress.compressors import build_compressor
+    from gradpress.server.store import Payload, Refused
+    params = {"compressor": "onebit", "ef": "vanilla", "scaling": True}
+    k = KeyState(key=5, name="w", count=64, dtype="float32", num_workers=2, compression_params=params)
+    codecs = {w: build_compressor(params, "worker") for w in (A, B)}
+    sent = {}
+
+    def payload(w, x, rnd):
+        meta, bufs = codecs[w].compress(x, key=5, round=rnd)
+        sent[(w, rnd)] = Payload(meta, [np.asarray(b).tobytes() for b in bufs])
+        return sent[(w, rnd)]
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    pushes = [(A, Refused("worker 1 (key 5: error feedback met NaN/inf)")), (B, payload(B, x, 0))]
+    for sender, values in (pushes if refused_first else pushes[::-1]):
+        k.push(sender, 0, values)
+    k.push(B, 1, payload(B, 2 * x, 1))  # B goes on at once: held for round 1
+    for who in (A, B):
+        [reply] = k.pull(who, 0)
+        assert reply.op == Op.ERROR and reply.fields["round"] == 0, reply
+        assert "round 0 has no aggregate: refused by worker 1 (key 5: error feedback met NaN/inf)" \
+            in reply.fields["message"]
+    assert k.server_state()[0] is None, "the refused round took a step of the server's error feedback"
+    k.push(A, 1, payload(A, x, 1))
+    [reply] = k.pull(A, 1)
+    assert reply.op == Op.PULL_REPLY and reply.fields["codec"] == "onebit"
+    # the replay: round 1's two pushes decoded and summed, compressed by a server that never stepped
+    total = np.zeros(64, np.float32)
+    for w in (A, B):
+        decoded = np.empty(64, np.float32)
+        codecs[w].decompress(sent[(w, 1)].meta, sent[(w, 1)].buffers, decoded, key=5, round=1)
+        total += decoded
+    meta, bufs = build_compressor(params, "server").compress(total, key=5, round=1)
+    assert reply.fields["meta"] == meta and [bytes(b) for b in reply.buffers] == [np.asarray(b).tobytes() for b in bufs]

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 from cluster import job_leftovers
@@ -107,3 +108,40 @@ def test_an_owner_waiting_for_a_live_peer_fails_at_its_deadline_naming_the_peer(
     # the key it owns waits for worker 1's push; the key worker 1 owns waits for worker 1's reply
     assert "waiting for the local push of worker(s) [1]" in log or "on local worker 1 (the key's owner)" in log, log
     c.kill()
+
+
+# A NaN in one machine's sum under error feedback: its owner's codec refuses the round, and
+# still pushes it, refused, so every worker of both machines fails that round at once (not
+# at GRADPRESS_OP_TIMEOUT_S), and the next round is whole on all of them
+NAN_ROUND = """
+import os, numpy as np
+from gradpress.compressors.spec import CodecSpec
+from gradpress.config import Settings
+from gradpress.errors import JobError, OpTimeoutError
+from gradpress.worker import WorkerClient
+c = WorkerClient(Settings.load(os.environ))
+c.start()
+r, n = c.rank, c.size
+spec = CodecSpec.from_params({"compressor": "onebit", "ef": "vanilla", "scaling": True})
+src = np.full(500, np.nan if r == 1 else 1.0, np.float32)
+try:
+    c.push_pull_async("g", src, np.empty_like(src), n, 0, spec).result(30)
+    raise SystemExit("a round with a NaN went through")
+except OpTimeoutError as e:
+    raise SystemExit(f"worker {r} waited out a refused round: {e}")
+except JobError as e:
+    assert "NaN" in str(e), e
+out = np.empty(500, np.float32)
+c.push_pull_async("g", np.full(500, float(r + 1), np.float32), out, n, 0, spec).result(30)
+assert np.all(out == out[0]) and out[0] > 0, out[:4]
+np.save(os.path.join(os.environ["GP_TEST_DIR"], f"g{r}.npy"), out)
+c.finish()
+"""
+
+
+def test_a_nan_in_one_machines_sum_fails_that_round_everywhere_at_once(cluster):
+    c = cluster(workers=2, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "60", "BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    c.start_machines(NAN_ROUND, 2)
+    c.assert_success(50)  # well inside the 60 s a worker waiting out the round would take
+    outs = [np.load(c.tmp / f"g{r}.npy") for r in range(4)]
+    assert all(np.array_equal(o, outs[0]) for o in outs), "the round after the refused one differs"

@@ -183,7 +183,7 @@ def test_no_reply_fails_with_a_timeout_naming_the_partition(peers, calls):
         fut.result(10).result(10)
 
 
-def test_a_compressed_push_carries_its_codec_and_a_nan_is_refused_before_sending(peers, calls):
+def test_a_compressed_push_carries_its_codec_and_a_nan_round_goes_out_refused(peers, calls):
     client = peers.start_client()
     params = {"compressor": "onebit", "ef": "vanilla", "scaling": True}
     codec = CodecSpec.from_params(params)
@@ -201,13 +201,19 @@ def test_a_compressed_push_carries_its_codec_and_a_nan_is_refused_before_sending
     fut.result(10).result(10)
     assert out.tolist() == [2.5, -2.5, 2.5, -2.5]  # sign times mean |x|
 
+    # a NaN: this worker's push_pull fails at once; the round still goes out, refused and without
+    # data, so that the server fails it for every worker and the rounds stay aligned
     bad = np.array([1.0, np.nan, 0.0, 0.0], np.float32)
     with pytest.raises(JobError, match="tensor 'g'.*NaN"):
         client.push_pull_async("g", bad, bad, 1, 0, spec=codec).result(10)
-    assert peers.nothing_at(0)
+    _, refused, frames = peers.from_worker_at(0)
+    assert (refused["op"], refused["round"], frames) == (Op.PUSH, 1, []) and "NaN" in refused["refused"]
+    _, pull, _ = peers.from_worker_at(0)
+    assert (pull["op"], pull["round"]) == (Op.PULL, 1)
+    peers.reply_from(0, identity, Op.ERROR, message="round 1 has no aggregate: refused", key=push["key"], round=1)
     fut = client.push_pull_async("g", x, out, 1, 0, spec=codec)
     _, push, _ = peers.from_worker_at(0)
-    assert push["round"] == 1, "the refused push consumed a round"
+    assert push["round"] == 2, "the next push_pull is the next round"
 
 
 def test_server_state_is_read_and_a_loaded_state_goes_just_before_the_next_push(peers, calls):
