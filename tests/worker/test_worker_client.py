@@ -350,6 +350,8 @@ def test_release_forgets_tensors_here_and_tells_their_servers_once_landed(peers,
     fut = calls.submit(lambda: client.push_pull_async("g", src, out, 1, 0))
     peers.declare("g", tensor_id=4, servers=[1, 0])
     job = fut.result(10)
+    _, init, _ = peers.from_worker_at(1)  # the round has started: "g" is declared here
+    assert (init["op"], init["name"]) == (Op.INIT_KEY, "g"), init
     # a round in flight: nothing is released, and the caller hears why
     with pytest.raises(ValueError, match=r"cannot release tensors \['g'\]: a push_pull of them is still under way"):
         client.release(["g"], servers=True)
