@@ -97,10 +97,11 @@ class PartitionFlight:
         """The machine's sum of an owned key's round is in ``op.summed``: compress, push, pull."""
         try:
             payload = self.stages.compress(op)
-        except ValueError as e:  # NaN/inf in the machine's sum: the other machines hear it from the server
-            self.stages.push(op, PartitionStages.refusal(str(e)))
-            self.fail_local(op, f"push_pull of tensor {op.job.tensor.name!r}: {e}")
-            return
+        except ValueError as e:  # NaN/inf in the machine's sum: the round still goes out, refused, and
+            # stays in flight until the server's ERROR for it, which this machine's peers get from
+            # here (_server_error); the next round must not reach the server before this one is done
+            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {e}"))
+            payload = PartitionStages.refusal(str(e))
         self.stages.push(op, payload)
         self.stages.pull(op)
 

@@ -114,7 +114,7 @@ def test_an_owner_waiting_for_a_live_peer_fails_at_its_deadline_naming_the_peer(
 # still pushes it, refused, so every worker of both machines fails that round at once (not
 # at GRADPRESS_OP_TIMEOUT_S), and the next round is whole on all of them
 NAN_ROUND = """
-import os, numpy as np
+import os, time, numpy as np
 from gradpress.compressors.spec import CodecSpec
 from gradpress.config import Settings
 from gradpress.errors import JobError, OpTimeoutError
@@ -124,6 +124,8 @@ c.start()
 r, n = c.rank, c.size
 spec = CodecSpec.from_params({"compressor": "onebit", "ef": "vanilla", "scaling": True})
 src = np.full(500, np.nan if r == 1 else 1.0, np.float32)
+if r >= 2:  # machine 1 pushes late: machine 0's next round must wait for the refused one to end
+    time.sleep(3.0)
 try:
     c.push_pull_async("g", src, np.empty_like(src), n, 0, spec).result(30)
     raise SystemExit("a round with a NaN went through")
