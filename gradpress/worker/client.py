@@ -13,7 +13,7 @@ import numpy as np
 from ..compressors.spec import CodecSpec
 from ..compressors.warmup import warm_up
 from ..config import Settings
-from ..errors import JobError, OpTimeoutError, TensorMismatchError
+from ..errors import JobError, OpTimeoutError
 from ..net import auth, transport
 from ..net.node import AddressBook
 from ..placement import partition_counts
@@ -101,13 +101,7 @@ class WorkerClient:
             raise TypeError(f"a tensor's name must be a str, got {type(name).__name__} {name!r}")
         t = self.comm.table.tensors.get(name)
         if t is not None:
-            if t.layout != layout:
-                raise TensorMismatchError(f"tensor {name!r} was declared with row layout {t.layout}; "
-                                          f"now used with {layout}")
-            if (t.count, t.dtype, t.spec) != (count, dtype, spec):
-                raise TensorMismatchError(f"tensor {name!r} was declared with {t.count} {t.dtype} elements "
-                                          f"({t.spec or 'uncompressed'}); now used with {count} {dtype} "
-                                          f"({spec or 'uncompressed'})")
+            t.check_alike(count, dtype, spec, layout)
             return t, None
         if spec is not None:
             spec.check_dtype(dtype, f"tensor {name!r}")

@@ -80,10 +80,10 @@ class Declarations:
                 for f in ([c.future] + ([c.start.job.future] if c.start is not None else []))]
 
     def _answer(self, c: cmd.Declare, t: Tensor) -> None:
-        if (t.count, t.dtype, t.spec, t.layout) != (c.count, c.dtype, c.spec, c.layout):
-            self._fail(c, TensorMismatchError(
-                f"tensor {c.name!r} was declared with {t.count} {t.dtype} elements ({t.spec or 'uncompressed'}); "
-                f"now used with {c.count} {c.dtype} ({c.spec or 'uncompressed'})"))
+        try:
+            t.check_alike(c.count, c.dtype, c.spec, c.layout)
+        except TensorMismatchError as e:
+            self._fail(c, e)
             return
         c.future.set(t)
         if c.start is not None:

@@ -26,7 +26,7 @@ from .jobs import PartitionOp, PushPull
 from .keys import KeyTable
 from .relay import Relay
 from .scheduling import CreditQueue
-from .stages import PartitionStages
+from .stages import PartitionStages, Payload
 
 log = logging.getLogger(__name__)
 HELD_FIRST = 1 << 62  # a partition that waited for its key's previous round goes next
@@ -81,12 +81,7 @@ class PartitionFlight:
             self._queue.release()
             self.relay.contribute(op)
             return
-        try:
-            payload = self.stages.compress(op)
-        except ValueError as e:  # NaN/inf gradients: this push_pull fails here and now, and the round
-            # still goes out, refused, so that every worker's round fails alike (server/store.py)
-            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {e}"))
-            payload = PartitionStages.refusal(str(e))
+        payload = self._payload(op)
         wk.next_round += 1
         self.stages.push(op, payload)
         self.stages.pull(op)
@@ -95,15 +90,20 @@ class PartitionFlight:
 
     def push_summed(self, op: PartitionOp) -> None:
         """The machine's sum of an owned key's round is in ``op.summed``: compress, push, pull."""
-        try:
-            payload = self.stages.compress(op)
-        except ValueError as e:  # NaN/inf in the machine's sum: the round still goes out, refused, and
-            # stays in flight until the server's ERROR for it, which this machine's peers get from
-            # here (_server_error); the next round must not reach the server before this one is done
-            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {e}"))
-            payload = PartitionStages.refusal(str(e))
-        self.stages.push(op, payload)
+        self.stages.push(op, self._payload(op))
         self.stages.pull(op)
+
+    def _payload(self, op: PartitionOp) -> Payload | None:
+        """``op``'s compressed payload (None: raw values). Where its codec refuses the round
+        (NaN/inf), the job fails here and now, and the round still goes out, refused
+        (server/store.py): it stays in flight until the server's ERROR for it, which every
+        worker gets (a machine's peers from its owner, ``_server_error``), and the key's next
+        round reaches the server only after this one is done."""
+        try:
+            return self.stages.compress(op)
+        except ValueError as e:
+            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {e}"))
+            return PartitionStages.refusal(str(e))
 
     def fail_local(self, op: PartitionOp, message: str) -> None:
         """An owned key's round failed before it reached the server: its job and the peers waiting fail."""

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..compressors.spec import CodecSpec
+from ..errors import TensorMismatchError
 from ..placement import make_key
 from ..row_placement import RowLayout
 from .future import Future
@@ -56,6 +57,16 @@ class Tensor:
         self.compressor = self.spec.build("worker") if self.spec else None
         # per share, the rows its server has published (sparse.py: replies may be bitmaps over them)
         self.known = [np.empty(0, self.layout.index_dtype) for _ in self.parts] if self.layout else []
+
+    def check_alike(self, count: int, dtype: str, spec: CodecSpec | None, layout: RowLayout | None) -> None:
+        """Raises TensorMismatchError where a later use of the name differs from its declaration."""
+        if self.layout != layout:
+            raise TensorMismatchError(f"tensor {self.name!r} was declared with row layout {self.layout}; "
+                                      f"now used with {layout}")
+        if (self.count, self.dtype, self.spec) != (count, dtype, spec):
+            raise TensorMismatchError(f"tensor {self.name!r} was declared with {self.count} {self.dtype} elements "
+                                      f"({self.spec or 'uncompressed'}); now used with {count} {dtype} "
+                                      f"({spec or 'uncompressed'})")
 
 
 @dataclass
