@@ -33,6 +33,7 @@ class CompressedAdam(torch.optim.Optimizer):
         self.variance_floor = variance_floor
         self.plan_tuning = plan_tuning
         self._table = ParameterTable([p for group in self.param_groups for p in group["params"]], named_parameters)
+        self._known = {id(p) for p in self._table.trainable}
         self._index_groups()
 
     def _pipeline(self, prefix: str, policy: CompressionPolicy | None) -> GradientPipeline:
@@ -50,6 +51,11 @@ class CompressedAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         params = [(group, p) for group in self.param_groups for p in group["params"] if p.requires_grad]
+        known = self._known
+        late = [self._table.names.get(id(p)) or tuple(p.shape) for _, p in params if id(p) not in known]
+        if late:  # no pipeline, and no variance to freeze at the same step as the others'
+            raise ValueError(f"{type(self).__name__}: {late[:5]} became trainable after the optimizer was built; "
+                             f"build it again with them (each worker at the same step)")
         for _, p in params:
             mc.ensure_state(self.state[p], p)
         return loss, params

@@ -201,6 +201,14 @@ class GradientPipeline(PipelineState):
         for p in params:
             self._route[id(p)] = route if route is not None else self._unplanned[id(p)]
 
+    def adopt(self, p: torch.Tensor, name: str) -> None:
+        """``p`` joins the trainable parameters at a step boundary (``ParameterTable.adopt``):
+        it travels on the direct route from now on, named ``prefix + name``."""
+        self.table.adopt(p, name)
+        self.names[id(p)] = self.prefix + name
+        self._direct.members.append(p)
+        self._route[id(p)] = self._unplanned[id(p)] = self._direct
+
     def _to_rows(self, p: torch.Tensor, coo: bool) -> Route:
         if self._route[id(p)] is not self._direct:
             raise ValueError(f"{self.owner}: {self.table.names[id(p)]!r} has a sparse gradient, but it travels "

@@ -48,11 +48,13 @@ class ParameterTable:
             by_id = {id(p): f"param.{i}" for i, p in enumerate(params)}
         self.params = list(params)
         self.trainable = [p for p in params if p.requires_grad]
+        self.given = by_id  # every name named_parameters gave, the optimizer's parameter or not
         self.names = {id(p): by_id.get(id(p), f"frozen.{i}") for i, p in enumerate(params)}
         self.priority = {id(p): -i for i, p in enumerate(params)}
         self._apply(policy or CompressionPolicy())
 
     def _apply(self, policy: CompressionPolicy) -> None:
+        self.policy = policy
         params = self.params
         # the rule that names a parameter (auto and low-rank take every tensor it names, small
         # ones included: they fuse those), and the codec its tensor gets on its own
@@ -64,8 +66,26 @@ class ParameterTable:
     def with_policy(self, policy: CompressionPolicy | None) -> "ParameterTable":
         """The same parameters and names under another policy (an optimizer's second path)."""
         other = copy.copy(self)
+        # each pipeline adopts late parameters into its own table (``adopt``)
+        other.params, other.trainable = list(self.params), list(self.trainable)
+        other.names, other.priority = dict(self.names), dict(self.priority)
         other._apply(policy or CompressionPolicy())
         return other
+
+    def adopt(self, p: torch.Tensor, name: str) -> None:
+        """``p`` became trainable after the table was built (unfrozen, or in a param group
+        added later): it travels as ``name`` under the same policy, at its place in the
+        optimizer's order (last, if it was not in it). A low-rank or ``auto`` rule's set was
+        fixed when its route was built: ``p`` goes uncompressed instead."""
+        if id(p) not in self.names:
+            self.params.append(p)
+            self.priority[id(p)] = -len(self.params)
+        self.names[id(p)] = name
+        self.trainable.append(p)
+        rule = self.policy.rule_for(name)
+        self.rule[id(p)] = None if rule is not None and (rule.is_lowrank or rule.is_auto) else rule
+        self.spec[id(p)] = None if self.rule[id(p)] is None else \
+            self.policy.for_tensor(name, p.numel() * p.element_size(), dtype_name(p.dtype))
 
     def lowrank(self) -> list[torch.Tensor]:
         """The trainable parameters a powersgd / acpsgd rule names (reduced together)."""

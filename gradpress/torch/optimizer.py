@@ -13,6 +13,7 @@ change it made to each parameter and pulls the servers' current parameters.
 """
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from contextlib import contextmanager
@@ -31,9 +32,13 @@ from .compression import Compression
 class _DistributedOptimizer(torch.optim.Optimizer):
     """The methods ``DistributedOptimizer`` puts in front of the wrapped optimizer's class."""
 
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step,
+    def __init__(self, optimizer, named_parameters, compression, backward_passes_per_step,
                  compression_params=None, compression_rules=None, plan_tuning=None):
-        super().__init__(params)
+        # the wrapped class's own constructor, with the hyper-parameters the user gave it: its
+        # defaults fill a param group added later, and an optimizer whose constructor needs
+        # them (a custom one's lr) is built at all
+        super().__init__(optimizer.param_groups, **_constructor_args(type(optimizer), optimizer.defaults))
+        self.state.update(optimizer.state)  # a checkpoint loaded before wrapping stays loaded
         self.backward_passes_per_step = backward_passes_per_step
         self._index_groups()
         settings = ops.settings()
@@ -102,9 +107,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._async:
             return  # async: step() pushes parameter deltas, there are no gradient push_pulls
         try:
+            self._adopt_late()
             self._land(self._gradpress.finish())
         finally:
             self._reset_passes()
+
+    def _adopt_late(self) -> None:
+        """Parameters that became trainable after the optimizer was built (unfrozen, or in a
+        param group added since) join the pipeline at this step boundary: this step's gradient
+        is averaged with the rest, later ones as backward makes them. (BytePS and torch's DDP
+        leave them out: each worker steps on its own gradient and the models drift apart.)
+        Every worker adopts them at the same step, as each unfreezes them at the same step."""
+        table, late = self._gradpress.table, []
+        for g, group in enumerate(self.param_groups):
+            for i, p in enumerate(group["params"]):
+                if p.requires_grad and id(p) not in self._passes_left:
+                    name = table.names.get(id(p)) or table.given.get(id(p)) or f"param_group{g}.{i}"
+                    self._gradpress.adopt(p, name)
+                    self._passes_left[id(p)] = self.backward_passes_per_step
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient))
+                    ops.declare("Gradient." + name)
+                    late.append(name)
+        if late:
+            self._index_groups()
+            warnings.warn(f"DistributedOptimizer: {', '.join(late)} became trainable after the optimizer was "
+                          f"built; averaged from this step on (uncompressed where a low-rank or 'auto' rule "
+                          f"names them)", stacklevel=3)
 
     def _land(self, results: dict[int, torch.Tensor]) -> None:
         """Each average becomes its parameter's gradient (when it is not already: a sparse
@@ -200,5 +228,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step={backward_passes_per_step}: must be at least 1")
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+    return cls(optimizer, named_parameters, compression, backward_passes_per_step,
                compression_params, compression_rules, plan_tuning)
+
+
+def _constructor_args(optimizer_class: type, defaults: dict) -> dict:
+    """The entries of ``defaults`` that ``optimizer_class``'s constructor takes by name."""
+    try:
+        named = inspect.signature(optimizer_class.__init__).parameters
+    except (TypeError, ValueError):  # no signature to read: the constructor's own defaults
+        return {}
+    return {k: v for k, v in defaults.items() if k in named and k != "params"
+            and named[k].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}

@@ -162,3 +162,25 @@ def test_auto_s_small_tensors_are_fused_while_profiling_and_go_back_to_their_buc
     assert {pipe.route_of(p) for p in m.parameters()} == {"planned"}
     pipe._install(None, pipe.planner.params)
     assert pipe._route[id(m[1].bias)] is bucket and pipe.route_of(m[1].weight) == "direct"
+
+
+@pytest.mark.parametrize("params,spec_kept", [(ONEBIT, True), ({"compressor": "powersgd"}, False),
+                                              ({"compressor": "auto"}, False)])
+def test_a_parameter_unfrozen_later_joins_the_direct_route_under_the_policy(params, spec_kept):
+    m = model()
+    frozen = m[1].weight.requires_grad_(False)
+    table = ParameterTable(list(m.parameters()), list(m.named_parameters()), CompressionPolicy(params, None, 4096))
+    other = table.with_policy(None)  # an optimizer's second pipeline keeps a table of its own
+    pipe = GradientPipeline(table, comm=FakeComm())
+    frozen.requires_grad_(True)
+    pipe.adopt(frozen, "1.weight")
+    assert pipe.route_of(frozen) == "direct" and pipe.names[id(frozen)] == "Gradient.1.weight"
+    assert id(frozen) in map(id, pipe.table.trainable) and id(frozen) not in map(id, other.trainable)
+    # its place in the optimizer's order is kept; a low-rank or auto set is fixed, so it goes raw
+    assert pipe.table.priority[id(frozen)] == -1
+    assert (pipe.table.spec[id(frozen)] is not None) == spec_kept
+    added = torch.nn.Parameter(torch.ones(3))
+    pipe.adopt(added, "param_group1.0")
+    assert pipe.table.priority[id(added)] == -(len(list(m.parameters())) + 1)
+    pipe.submit(frozen, torch.ones_like(frozen))
+    assert not pipe.all_submitted
