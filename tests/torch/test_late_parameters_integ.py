@@ -37,7 +37,22 @@ with warnings.catch_warnings(record=True) as caught:
         loss_of(model, batch(r, step)).backward()
         opt.step()
 out["unfrozen"] = {k: v.clone() for k, v in model.state_dict().items()}
-out["warnings"] = [str(w.message) for w in caught]
+
+from gradpress.torch.parallel import DistributedDataParallel
+inner = make_model()
+inner[0].weight.requires_grad_(False)
+ddp = DistributedDataParallel(inner)
+sgd = torch.optim.SGD(inner.parameters(), lr=0.1, momentum=0.9)
+with warnings.catch_warnings(record=True) as more:
+    warnings.simplefilter("always")
+    for step in range(STEPS):
+        if step == UNFREEZE_AT:
+            inner[0].weight.requires_grad_(True)
+        sgd.zero_grad()
+        loss_of(ddp, batch(r, step)).backward()
+        sgd.step()
+out["ddp"] = {k: v.clone() for k, v in inner.state_dict().items()}
+out["warnings"] = [str(w.message) for w in caught + more]
 
 a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
 opt = bps.DistributedOptimizer(torch.optim.SGD([a], lr=0.25), named_parameters=[("a", a)])
@@ -113,6 +128,9 @@ def test_late_parameters_are_averaged_and_the_wrapped_optimizer_keeps_its_argume
         for k, v in reference.items():
             torch.testing.assert_close(out["unfrozen"][k], v, rtol=1e-5, atol=1e-6, msg=f"worker {r}: {k}")
         assert any("0.weight became trainable" in w for w in out["warnings"]), out["warnings"]
+        for k, v in reference.items():  # DDP: averaged at the end of the backward that unfroze it
+            torch.testing.assert_close(out["ddp"][k], v, rtol=1e-5, atol=1e-6, msg=f"worker {r}: DDP {k}")
+        assert any("DistributedDataParallel: 0.weight became trainable" in w for w in out["warnings"])
         # the added group takes the wrapped optimizer's lr (0.25), and its gradient is averaged:
         # a's gradient averages to 1.5, b's to 1.5 * 2b
         a, b, lr = out["added"]

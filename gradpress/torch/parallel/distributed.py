@@ -22,6 +22,7 @@ every parameter a bucket of its own, named ``Gradient.<name>`` as BytePS names i
 from __future__ import annotations
 
 import collections
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -31,6 +32,15 @@ from ...pipeline import GradientPipeline, ParameterTable, gradient_or_zeros
 from .. import ops
 from ..broadcast import broadcast_parameters
 from ..compression import Compression
+
+def _check_spec(table: ParameterTable, p: torch.Tensor) -> None:
+    spec = table.spec[id(p)] or table.rule[id(p)]
+    corrected = spec is not None and spec.compression_params.get("ef") == "corrected"
+    if spec is not None and (spec.is_auto or spec.is_lowrank or corrected):
+        raise ValueError(f"DistributedDataParallel: parameter {table.names[id(p)]!r}: compression {spec} needs "
+                         f"the optimizer (learning rate, step times, a step's matrices); use "
+                         f"DistributedOptimizer")
+
 
 _made: collections.Counter = collections.Counter()  # job epoch -> DistributedDataParallel objects made
 
@@ -72,17 +82,13 @@ class DistributedDataParallel(torch.nn.Module):
         table = ParameterTable([p for _, p in named], named,
                                CompressionPolicy.for_job(ops.settings(), compression_params, compression_rules))
         for p in table.trainable:
-            spec = table.spec[id(p)] or table.rule[id(p)]
-            corrected = spec is not None and spec.compression_params.get("ef") == "corrected"
-            if spec is not None and (spec.is_auto or spec.is_lowrank or corrected):
-                raise ValueError(f"DistributedDataParallel: parameter {table.names[id(p)]!r}: compression {spec} needs "
-                                 f"the optimizer (learning rate, step times, a step's matrices); use "
-                                 f"DistributedOptimizer")
+            _check_spec(table, p)
         self._gradpress = GradientPipeline(table, f"Gradient.{self._prefix}", compression=compression,
                                            bucket_bytes=bucket_cap_mb * (1 << 20), fill=gradient_or_zeros,
                                            owner="DistributedDataParallel")
         self._param = {id(p): p for p in table.trainable}
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
+        self._late: list[tuple[str, torch.Tensor]] = []  # this backward's parameters unfrozen since wrapping
         if module.state_dict():
             broadcast_parameters(module.state_dict(), root_rank=0, prefix=f"Parameter.{self._prefix}")
 
@@ -108,13 +114,31 @@ class DistributedDataParallel(torch.nn.Module):
         pipeline = self._gradpress
         if not pipeline.any_submitted:  # this backward's first gradient: finish at its end
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+            self._late = [(n, q) for n, q in self.module.named_parameters()
+                          if q.requires_grad and id(q) not in self._param]
         pipeline.submit(p, p.grad)
-        if pipeline.all_submitted:
+        if pipeline.all_submitted and not self._late:
             self.synchronize()  # the last gradient of this backward: finish before it returns
 
     def _backward_done(self) -> None:
+        if self._late:
+            self._adopt_late()
         if self._gradpress.any_submitted:  # parameters this backward did not reach
             self.synchronize()
+
+    def _adopt_late(self) -> None:
+        """Parameters unfrozen since wrapping join at the end of the backward that first made
+        their gradients (which travel with this step's, as every worker unfreezes them at the
+        same step), then as the others do. torch's DDP leaves them out: each worker would
+        step on its own gradient, and the models drift apart."""
+        late, self._late = self._late, []
+        for name, p in late:
+            self._gradpress.adopt(p, name)
+            _check_spec(self._gradpress.table, p)
+            self._param[id(p)] = p
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+        warnings.warn(f"DistributedDataParallel: {', '.join(n for n, _ in late)} became trainable after "
+                      f"wrapping; averaged from this step on", stacklevel=2)
 
     def synchronize(self) -> None:
         """Finish every gradient's push_pull (pushing those this backward did not reach); a
