@@ -23,6 +23,15 @@ class AsyncParameters:
                     p.zero_()
             self._exchange()
 
+    def adopt(self, p: torch.Tensor, name: str) -> None:
+        """``p`` became trainable (``ParameterTable.adopt``): its key's round 0 makes the
+        servers' copy rank 0's, as the constructor does for the others."""
+        self.table.adopt(p, name)
+        with torch.no_grad():
+            if self.comm.rank() != 0:
+                p.zero_()
+            self.comm.wait(self._start(p))
+
     def step(self, local_step: Callable[[], object]):
         """Run ``local_step`` (the wrapped optimizer's), push each parameter's change, pull
         the servers' parameters into it."""
@@ -35,7 +44,10 @@ class AsyncParameters:
         return loss
 
     def _exchange(self) -> None:
-        handles = [self.comm.start(p.data, "AsyncParam." + self.table.names[id(p)], average=False,
-                                   priority=self.table.priority[id(p)]) for p in self.table.trainable]
+        handles = [self._start(p) for p in self.table.trainable]
         for h in handles:
             self.comm.wait(h)
+
+    def _start(self, p: torch.Tensor) -> int:
+        return self.comm.start(p.data, "AsyncParam." + self.table.names[id(p)], average=False,
+                               priority=self.table.priority[id(p)])

@@ -51,6 +51,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 warnings.warn("BYTEPS_ENABLE_ASYNC=1: compression is ignored, as in BytePS: parameter "
                               "deltas travel uncompressed", stacklevel=3)
             self._gradpress = AsyncParameters(ParameterTable(all_params, named_parameters))
+            self._known = {id(p) for p in self._gradpress.table.trainable}
             return
         table = ParameterTable(all_params, named_parameters,
                                CompressionPolicy.for_job(settings, compression_params, compression_rules))
@@ -60,6 +61,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                            fuse_below=settings.fuse_below_bytes,
                                            sparse_density=settings.sparse_density, fill=gradient_or_zeros,
                                            tuning=plan_tuning)
+        self._known = {id(p) for p in table.trainable}
         self._passes_left = {id(p): backward_passes_per_step for p in table.trainable}
         self._should_sync = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in table.trainable]
@@ -112,27 +114,33 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._reset_passes()
 
+    def _late(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, parameter) of each parameter that became trainable after the optimizer was
+        built: unfrozen, or in a param group added since."""
+        table, known = self._gradpress.table, self._known
+        return [(table.names.get(id(p)) or table.given.get(id(p)) or f"param_group{g}.{i}", p)
+                for g, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])
+                if p.requires_grad and id(p) not in known]
+
     def _adopt_late(self) -> None:
-        """Parameters that became trainable after the optimizer was built (unfrozen, or in a
-        param group added since) join the pipeline at this step boundary: this step's gradient
-        is averaged with the rest, later ones as backward makes them. (BytePS and torch's DDP
-        leave them out: each worker steps on its own gradient and the models drift apart.)
-        Every worker adopts them at the same step, as each unfreezes them at the same step."""
-        table, late = self._gradpress.table, []
-        for g, group in enumerate(self.param_groups):
-            for i, p in enumerate(group["params"]):
-                if p.requires_grad and id(p) not in self._passes_left:
-                    name = table.names.get(id(p)) or table.given.get(id(p)) or f"param_group{g}.{i}"
-                    self._gradpress.adopt(p, name)
-                    self._passes_left[id(p)] = self.backward_passes_per_step
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient))
-                    ops.declare("Gradient." + name)
-                    late.append(name)
+        """Late parameters (``_late``) join at this step boundary: this step's gradient (or
+        change, in async mode) travels with the rest, later ones as backward makes them.
+        (BytePS and torch's DDP leave them out: each worker steps on its own gradient and the
+        models drift apart.) Every worker adopts them at the same step, as each unfreezes
+        them at the same step."""
+        late = self._late()
+        for name, p in late:
+            self._gradpress.adopt(p, name)
+            self._known.add(id(p))
+            if not self._async:
+                self._passes_left[id(p)] = self.backward_passes_per_step
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient))
+                ops.declare("Gradient." + name)
         if late:
             self._index_groups()
-            warnings.warn(f"DistributedOptimizer: {', '.join(late)} became trainable after the optimizer was "
-                          f"built; averaged from this step on (uncompressed where a low-rank or 'auto' rule "
-                          f"names them)", stacklevel=3)
+            warnings.warn(f"DistributedOptimizer: {', '.join(n for n, _ in late)} became trainable after the "
+                          f"optimizer was built; averaged from this step on (uncompressed where a low-rank or "
+                          f"'auto' rule names them)", stacklevel=4)
 
     def _land(self, results: dict[int, torch.Tensor]) -> None:
         """Each average becomes its parameter's gradient (when it is not already: a sparse
@@ -179,6 +187,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         if self._async:
+            self._adopt_late()
             return self._gradpress.step(lambda: super(_DistributedOptimizer, self).step(closure))
         if self._should_sync:
             self.synchronize()

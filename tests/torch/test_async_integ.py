@@ -87,3 +87,30 @@ print("OK refused", flush=True)
 bps.shutdown()
 """).assert_success()
     assert "OK refused" in c.log("worker 0")
+
+
+def test_a_parameter_unfrozen_later_starts_from_rank_0s_value_on_the_servers(cluster):
+    c = cluster(workers=2, servers=1, env={"BYTEPS_ENABLE_ASYNC": "1"})
+    c.start("""
+import os, torch, warnings, gradpress.torch as bps
+from gradpress.torch import ops
+bps.init()
+r = bps.rank()
+w = torch.nn.Parameter(torch.ones(10))
+v = torch.nn.Parameter(torch.full((100,), 5.0 if r == 0 else 3.0), requires_grad=False)
+opt = bps.DistributedOptimizer(torch.optim.SGD([w, v], lr=0.5), named_parameters=[("w", w), ("v", v)])
+v.requires_grad_(True)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    opt.zero_grad()
+    (w.sum() + v.sum()).backward()   # both workers at once: the new key's round 0 is everyone's
+    opt.step()
+assert any("v became trainable" in str(m.message) for m in caught), [str(m.message) for m in caught]
+ops.client().barrier()
+w.grad, v.grad = torch.zeros_like(w), torch.zeros_like(v)
+opt.step()                           # a zero step: pull the final parameters
+assert torch.all(v == 5.0 - 2 * 0.5), v[:3]
+print("OK", v[0].item(), flush=True)
+bps.shutdown()
+""").assert_success()
+    assert "OK 4.0" in c.log("worker 1")
