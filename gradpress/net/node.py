@@ -62,6 +62,16 @@ class AddressBook:
         return [n for n in self.nodes if machine and n.machine == machine and n.role in ("worker", "server")]
 
 
+def _unlaunched_hint(settings: Settings) -> str:
+    """What to do, where nothing says where the job's scheduler is (no DMLC_PS_ROOT_URI, no
+    DMLC_ROLE, no job file): the process was most likely started without a launcher."""
+    if settings.config_file or any(k in os.environ for k in ("DMLC_PS_ROOT_URI", "DMLC_ROLE")):
+        return ""
+    return ("DMLC_PS_ROOT_URI and DMLC_ROLE are unset, so this process was not started by a launcher: "
+            "run it as `gradpress-launch --local --workers N --servers M -- python <script>`, or set the "
+            "DMLC_* variables as BytePS's launcher does (docs/deploy.md)")
+
+
 class SchedulerLink:
     def __init__(self, settings: Settings, role: str, ctx: zmq.Context, port: int = 0,
                  lanes: list[int] | None = None):
@@ -89,13 +99,18 @@ class SchedulerLink:
                    machine=host.machine_id(), **({"local_reduce": s.local_reduce} if self.role == "worker" else {}),
                    **({"ports": self.lanes} if self.lanes else {}))
         deadline = time.monotonic() + s.connect_timeout_s
+        hint = _unlaunched_hint(s)
+        if hint:  # a script run with plain `python`: say so now, not at the deadline
+            log.warning("%s: waiting up to GRADPRESS_CONNECT_TIMEOUT_S=%g s for a scheduler at %s:%d; %s",
+                        self.role, s.connect_timeout_s, s.root_uri, s.root_port, hint)
         while self.book is None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise OpTimeoutError(
                     f"{self.role}: no address book from the scheduler at {s.root_uri}:{s.root_port} "
                     f"within GRADPRESS_CONNECT_TIMEOUT_S={s.connect_timeout_s:g} s "
-                    f"(expecting {s.num_worker} worker machine(s) and {s.num_server} server(s))")
+                    f"(expecting {s.num_worker} worker machine(s) and {s.num_server} server(s))"
+                    + (f"; {hint}" if hint else ""))
             if self.sock.poll(min(left, s.heartbeat_interval_s) * 1000):
                 _, header, _ = transport.recv(self.sock, routed=False)
                 if header is not None:
