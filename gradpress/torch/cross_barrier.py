@@ -30,7 +30,7 @@ from .broadcast import broadcast_optimizer_state, broadcast_parameters  # noqa: 
 from .compression import Compression
 from .ops import init, local_rank, local_size, poll, rank, shutdown, size, synchronize  # noqa: F401  (as BytePS's)
 from .ops import push_pull_async_inplace as byteps_push_pull  # noqa: F401
-from .optimizer import DistributedOptimizer
+from .optimizer import DistributedOptimizer, constructor_args
 
 log = logging.getLogger(__name__)
 _STOP = object()
@@ -43,24 +43,29 @@ class _CrossBarrier:
         self._model, self._opt = model, opt
         self._pipeline = opt._gradpress
         self._step, self._final_step = 0, num_steps
-        params = self._pipeline.table.trainable
-        self._forward_order = {id(p): i for i, p in enumerate(params)}
-        self._ready = {id(p): threading.Event() for p in params}
-        for event in self._ready.values():
-            event.set()
+        self._forward_order: dict[int, int] = {}
+        self._ready: dict[int, threading.Event] = {}
+        self._single: dict[int, torch.optim.Optimizer] = {}
         self._error: BaseException | None = None
-        base = type(opt).__bases__[1]  # the wrapped optimizer's class (DistributedOptimizer's second base)
-        self._single = {}
-        for p in params:  # one-parameter optimizers sharing the wrapped one's state
-            single = base([{**self._hyper(p), "params": [p]}])
-            single.state = opt.state
-            self._single[id(p)] = single
+        for p in self._pipeline.table.trainable:
+            self._track(p)
         self._pipeline.listener = self._started
         self._hooks = [m.register_forward_pre_hook(self._before_forward)
                        for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
         self._work: queue.Queue = queue.Queue()
         self._updater = threading.Thread(target=self._update_loop, name="gp-cross-barrier", daemon=True)
         self._updater.start()
+
+    def _track(self, p: torch.Tensor) -> None:
+        """``p``'s place in the forward order, its landed event (set: nothing in flight) and
+        its one-parameter optimizer sharing the wrapped one's state."""
+        base = type(self._opt).__bases__[1]  # the wrapped optimizer's class (DistributedOptimizer's second base)
+        self._forward_order[id(p)] = len(self._forward_order)
+        self._ready[id(p)] = threading.Event()
+        self._ready[id(p)].set()
+        single = base([{**self._hyper(p), "params": [p]}], **constructor_args(base, self._opt.defaults))
+        single.state = self._opt.state
+        self._single[id(p)] = single
 
     def __getattr__(self, item):
         return getattr(self._opt, item)
@@ -94,6 +99,11 @@ class _CrossBarrier:
             raise JobError(f"CrossBarrier: updating the parameters failed: {self._error!r}") from self._error
         loss = closure() if closure is not None else None
         pipeline = self._pipeline
+        late = self._opt._late()  # unfrozen, or added with add_param_group: they join now
+        if late:
+            self._opt._adopt_late()
+            for _, p in late:
+                self._track(p)
         pipeline.flush()
         batch = sorted(pipeline.submitted(), key=lambda p: self._forward_order[id(p)])
         # hyper-parameters as of this step: an LR scheduler may change them before the updater runs

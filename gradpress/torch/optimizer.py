@@ -37,7 +37,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # the wrapped class's own constructor, with the hyper-parameters the user gave it: its
         # defaults fill a param group added later, and an optimizer whose constructor needs
         # them (a custom one's lr) is built at all
-        super().__init__(optimizer.param_groups, **_constructor_args(type(optimizer), optimizer.defaults))
+        super().__init__(optimizer.param_groups, **constructor_args(type(optimizer), optimizer.defaults))
         self.state.update(optimizer.state)  # a checkpoint loaded before wrapping stays loaded
         self.backward_passes_per_step = backward_passes_per_step
         self._index_groups()
@@ -241,7 +241,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                compression_params, compression_rules, plan_tuning)
 
 
-def _constructor_args(optimizer_class: type, defaults: dict) -> dict:
+def constructor_args(optimizer_class: type, defaults: dict) -> dict:
     """The entries of ``defaults`` that ``optimizer_class``'s constructor takes by name."""
     try:
         named = inspect.signature(optimizer_class.__init__).parameters

@@ -23,6 +23,9 @@ def batch(step):
     g = torch.Generator().manual_seed(1000 * step + r)
     return torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
 a, b = make_model(), make_model()
+frozen = os.environ["GP_FREEZE"] == "1"  # the first layer trains from step 2 on
+for m in (a, b):
+    m[0].weight.requires_grad_(not frozen)
 opt_a = cb.CrossBarrier(a, make_opt(a.parameters()), named_parameters=a.named_parameters(), num_steps=6)
 cb.broadcast_parameters(a.state_dict(), root_rank=0)
 cb.broadcast_optimizer_state(opt_a, root_rank=0)   # on workers but the root: load_state_dict
@@ -34,6 +37,9 @@ assert all(opt_b._groups[id(p)] is g for g in opt_b.param_groups for p in g["par
 sched = torch.optim.lr_scheduler.StepLR(opt_b, step_size=2, gamma=0.5)
 for step in range(6):
     x, y = batch(step)
+    if frozen and step == 2:
+        a[0].weight.requires_grad_(True)
+        b[0].weight.requires_grad_(True)
     opt_a.zero_grad()
     nn.functional.cross_entropy(a(x), y).backward()   # a's forward waits for each layer's update
     opt_a.step()
@@ -58,8 +64,9 @@ cb.shutdown()
 """
 
 
-@pytest.mark.parametrize("opt_name", ["SGD", "Adam"])
-def test_cross_barrier_is_bit_identical_to_the_plain_optimizer(cluster, opt_name):
+@pytest.mark.parametrize("opt_name,freeze", [("SGD", "0"), ("Adam", "0"), ("SGD", "1")])
+def test_cross_barrier_is_bit_identical_to_the_plain_optimizer(cluster, opt_name, freeze):
+    """Also with a layer unfrozen after wrapping: both adopt it at the same step."""
     c = cluster(workers=2, servers=1)
-    c.start(CROSS, worker_env={"GP_OPT": opt_name}).assert_success()
+    c.start(CROSS, worker_env={"GP_OPT": opt_name, "GP_FREEZE": freeze}).assert_success()
     assert "OK cross barrier" in c.log("worker 0") and "OK cross barrier" in c.log("worker 1"), c.logs()
