@@ -236,6 +236,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         raise ValueError(f"staleness={staleness}: only synchronous training (staleness=0) is supported")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step={backward_passes_per_step}: must be at least 1")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("DistributedOptimizer: this optimizer is a DistributedOptimizer already; wrapping it "
+                         "again would average every gradient twice")
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     return cls(optimizer, named_parameters, compression, backward_passes_per_step,
                compression_params, compression_rules, plan_tuning)

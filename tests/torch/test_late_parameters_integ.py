@@ -75,6 +75,11 @@ opt = bps.DistributedOptimizer(NeedsLr([c], lr=0.5), named_parameters=[("c", c)]
 (c.sum() * (r + 1)).backward()
 opt.step()
 out["custom"] = c.detach().clone()
+try:
+    bps.DistributedOptimizer(opt, named_parameters=[("c", c)])
+    out["double"] = "wrapped twice"
+except ValueError as e:
+    out["double"] = str(e)
 
 d = torch.nn.Parameter(torch.ones(2))
 base = torch.optim.SGD([d], lr=0.1, momentum=0.5)
@@ -141,6 +146,7 @@ def test_late_parameters_are_averaged_and_the_wrapped_optimizer_keeps_its_argume
             b_expected = b_expected - 0.25 * 1.5 * 2 * b_expected
         torch.testing.assert_close(b, b_expected)
         torch.testing.assert_close(out["custom"], torch.full((2,), 1 - 0.5 * 1.5))
+        assert "a DistributedOptimizer already" in out["double"], out["double"]
         # the momentum buffer loaded before wrapping: buf = 0.5 * 4 + 1.5
         torch.testing.assert_close(out["loaded"], torch.full((2,), 1 - 0.1 * (0.5 * 4 + 1.5)))
         assert "OneBitAdam: ['0.weight'] became trainable after the optimizer was built" in out["onebit"], out
