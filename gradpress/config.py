@@ -109,6 +109,9 @@ class Settings:
             raise ValueError(f"GRADPRESS_FUSE_BELOW_BYTES={self.fuse_below_bytes}: must be >= 0 (0: no fusion)")
         if self.min_compress_bytes < 0:
             raise ValueError(f"BYTEPS_MIN_COMPRESS_BYTES={self.min_compress_bytes}: must be >= 0")
+        for name in ("server_max_keys", "server_max_key_bytes"):  # 0 or below -1 would silently mean -1
+            if getattr(self, name) == 0 or getattr(self, name) < -1:
+                raise ValueError(f"{_env(name)}={getattr(self, name)}: a cap of at least 1, or -1 for the default")
         if self.job_secret and self.job_secret_file:
             raise ValueError("GRADPRESS_JOB_SECRET and GRADPRESS_JOB_SECRET_FILE are both set: set only one")
         if self.io_threads == 0 or self.io_threads < -1:

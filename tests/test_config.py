@@ -89,6 +89,9 @@ def test_wrong_type_is_named(tmp_path, line, expected):
     ("op_timeout_s = nan", "GRADPRESS_OP_TIMEOUT_S=nan: must be a finite number"),
     ("heartbeat_timeout_s = inf", "PS_HEARTBEAT_TIMEOUT=inf: must be a finite number"),
     ("peer_rate = nan", "GRADPRESS_PEER_RATE=nan: must be a finite number"),
+    # a cap of 0, or below -1, would have meant the default without a word
+    ("server_max_keys = 0", "GRADPRESS_SERVER_MAX_KEYS=0: a cap of at least 1"),
+    ("server_max_key_bytes = -5", "GRADPRESS_SERVER_MAX_KEY_BYTES=-5: a cap of at least 1"),
 ])
 def test_wrong_value_is_named(tmp_path, line, expected):
     path = job_file(tmp_path, f"[settings]\n{line}\n")
