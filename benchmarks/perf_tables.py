@@ -211,6 +211,14 @@ def render_half_average(r: dict) -> list[str]:
          f"{r['sum_f16_software_ms'] / f32:.2f}x"]])
 
 
+def render_compress_host(r: dict) -> list[str]:
+    codecs = [k[:-len("_stage_ms")] for k in r if k.endswith("_stage_ms")]
+    return table([f"codec, error feedback on ({r['partitions']} partitions)", "host ms a step", "us a partition",
+                  "launches a partition"],
+                 [[c, f(r[f"{c}_stage_ms"], 2), f(r[f"{c}_us_per_partition"], 1),
+                   f"{r[f'{c}_launches_per_partition']:g}"] for c in codecs])
+
+
 def render_fused_copies(r: dict) -> list[str]:
     return table(["the transformer's 102 gradients as one group", "ms"], [
         ["new gradients: copied in, handed back as views", f(r["tfm_fused_new_gradients_ms"], 2)],
@@ -418,7 +426,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "host_floor": render_host_floor, "sparse": render_sparse, "cross_barrier": render_cross_barrier,
     "linkrate": render_linkrate, "soak": render_soak, "gpu": render_gpu, "curve_threads": render_curve_threads,
     "curve_threads-lanes": render_curve_threads,
-    "hierarchy": render_hierarchy,
+    "hierarchy": render_hierarchy, "compress_host": render_compress_host,
 }
 
 

@@ -1,0 +1,99 @@
+"""The host side of a GPU worker's compress stage, measured on a machine without a GPU.
+
+A GPU worker's compress stage is launches, copies and Python (issue 34's goal: 2 ms a step
+for the 102-gradient transformer; 19-207 ms measured on an H200). This benchmark runs the
+CUDA path of each codec with error feedback under numba's CUDA simulator with every kernel
+launch stubbed out (counted, not run), over the partitions the transformer's job
+compresses (the gradients of at least BYTEPS_MIN_COMPRESS_BYTES, cut at
+BYTEPS_PARTITION_BYTES). What it times is what the host does per partition besides the
+kernels: gradpress's own Python, and the simulator's array plumbing where a GPU has
+numba's (views, copies of the payload into host memory). It is a proxy: numba's real
+launches and driver calls (about 25 us a launch on an H200) come on top, one per counted
+launch.
+
+    python benchmarks/compress_host.py [--reps N]
+
+The last line is ``RESULT {json}`` (``results.emit``: a record too, where asked).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # before numba loads
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+from numba.cuda.simulator import kernel as simulated  # noqa: E402
+
+from bandwidth_models import MODELS  # noqa: E402
+from gpu import ENCODERS  # noqa: E402  the codecs and settings benchmarks/gpu.py times on a GPU
+from results import emit  # noqa: E402
+
+from gradpress.compressors import build_compressor  # noqa: E402
+from gradpress.config import Settings  # noqa: E402
+from gradpress.kernels.cuda.device import working_on  # noqa: E402
+from gradpress.placement import partition_counts  # noqa: E402
+
+launched = [0]
+
+
+def _counted(self, *args):
+    """A kernel launch that is counted and not run (device functions run: none is called
+    from the host here)."""
+    if self._device:
+        return self.fn(*args)
+    launched[0] += 1
+
+
+def _zeroed(shape, dtype=np.float64, stream=0, **_):
+    return cuda.to_device(np.zeros(shape, dtype), stream=stream)
+
+
+def job_partitions() -> list[int]:
+    """Element counts of the transformer job's compressed partitions."""
+    settings = Settings()
+    sizes = [p.numel() for p in MODELS["tfm"].build().parameters()]
+    return [count for n in sizes if n * 4 >= settings.min_compress_bytes
+            for count in partition_counts(n, 4, settings.partition_bytes)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=15, help="steps timed per codec (after 2 untimed)")
+    args = ap.parse_args()
+    simulated.FakeCUDAKernel.__call__ = _counted
+    # what the stubbed kernels would have written is read back as flags (NaN found, fallback
+    # taken): device memory starts zeroed, so every flag reads "none"
+    cuda.device_array = _zeroed
+    counts = job_partitions()
+    rng = np.random.default_rng(0)
+    parts = [cuda.to_device(rng.standard_normal(n, dtype=np.float32)) for n in counts]
+    out: dict = {"partitions": len(parts), "elements": int(sum(counts))}
+    for name, params in ENCODERS.items():
+        codec = build_compressor(params, "worker")
+        times = []
+        for step in range(args.reps + 2):
+            launched[0] = 0
+            start = time.perf_counter()
+            for key, g in enumerate(parts):
+                with working_on(g):
+                    codec.compress(g, key=key, round=step)
+            if step >= 2:
+                times.append(time.perf_counter() - start)
+        median = statistics.median(times)
+        out[f"{name}_stage_ms"] = round(1e3 * median, 3)
+        out[f"{name}_us_per_partition"] = round(1e6 * median / len(parts), 1)
+        out[f"{name}_launches_per_partition"] = launched[0] / len(parts)
+        print(f"{name:8s} {1e3 * median:8.2f} ms a step  {1e6 * median / len(parts):7.1f} us a partition  "
+              f"{launched[0] / len(parts):5.1f} launches a partition", flush=True)
+    emit("compress_host", out)
+
+
+if __name__ == "__main__":
+    main()
