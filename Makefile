@@ -6,6 +6,11 @@ BIN     := $(VENV)/bin
 # multi-GB CUDA build here, and the suite and the benchmarks are measured on 2.13.0.
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
+# numba-cuda (the version the lent GPU machines run) and NVIDIA's NVVM and NVRTC, apart from
+# the venv, whose numba keeps its built-in CUDA target and simulator: the tests compile every
+# kernel the simulator ran for a real GPU with them, without one (tests/support/ptx_check.py)
+CUDA_COMPILER := numba-cuda==0.30.4 cuda-bindings==13.5.0 cuda-core==1.2.2 cuda-pathfinder==1.9.1 \
+                 nvidia-nvvm==13.5.37 nvidia-cuda-nvrtc==13.5.37
 
 .PHONY: setup demo test bench clean images gpu-check
 
@@ -16,6 +21,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q --upgrade --no-deps --target $(VENV)/cuda-compiler $(CUDA_COMPILER)
 	touch $(STAMP)
 
 demo: setup

@@ -12,8 +12,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 
 import cudasim_races  # noqa: E402
+import kernel_signatures  # noqa: E402
 
 cudasim_races.install()  # before any kernel runs: two simulator races closed
+kernel_signatures.record()  # what is launched, to compile for a GPU after (cudasim_run.py)
 
 from numba import cuda  # noqa: E402
 

@@ -15,9 +15,12 @@ into a pinned host buffer. Everything the host used to decide lives in a small d
    each thread writes its pairs at its place (ties: the lowest indices, as the CPU).
 
 When the estimate was off (fewer than k candidates, or more than the capacity) the scan
-of step 2 sets ``FALLBACK`` and steps 3 and 4 run over the whole input instead. Both
-variants are always launched and one of them returns at once, so the host never waits to
-learn which: an empty launch costs microseconds, a round trip a synchronisation.
+of step 2 sets ``FALLBACK`` and steps 3 and 4 run over the whole input instead. Each of
+their kernels reads the flag and takes its source (the candidates or the input) itself,
+over a grid that covers the whole input, tiles past the source returning at once: the host
+never waits to learn which, and launches each kernel once (15 launches in all with error
+feedback; launching both variants, one of which returned at once, took 24: each launch is
+about 25 us of the host's time on an H200, an empty tile a few nanoseconds of the card's).
 """
 import numpy as np
 from numba import cuda
@@ -28,7 +31,7 @@ from gradpress.kernels.cuda.blockscan import SCAN_THREADS, exclusive_scan, scan_
 from gradpress.kernels.cuda.elementwise import compensate_flagged
 from gradpress.kernels.cuda.topk_radix import (
     ABS, BINS, COUNT, DIGITS, ESTIMATE, FALLBACK, ITEMS, NONFINITE, PREFIX, RANK, STATE, THREADS, TILE,
-    digit_histogram, source_length, pick_digit)
+    digit_histogram, pick_digit, source_length, source_word)
 from gradpress.kernels.selection import SAMPLE, sample_plan
 
 
@@ -125,17 +128,21 @@ def _compact(bits, state, offsets, candidate_index, candidate_bits):
 
 
 @cuda.jit
-def _count_kept(bits, direct, state, above, equal):
-    """Per tile: keys above the threshold, and equal to it."""
-    if state[FALLBACK] != direct:
-        return
+def _count_kept(found, bits, state, above, equal):
+    """Per tile of the source: keys above the threshold, and equal to it (tiles past the
+    source return at once: the scan reads only the source's)."""
+    direct = state[FALLBACK]
+    length = source_length(bits, direct, state)
+    first = cuda.blockIdx.x * TILE
+    if first >= length:
+        return  # the whole block
     scan = cuda.shared.array(THREADS, np.int64)
     t = cuda.threadIdx.x
     threshold = state[PREFIX]
-    first = cuda.blockIdx.x * TILE + t * ITEMS
+    first += t * ITEMS
     own_above, own_equal = np.int64(0), np.int64(0)
-    for i in range(first, min(first + ITEMS, source_length(bits, direct, state))):
-        key = np.int64(bits[i] & ABS)
+    for i in range(first, min(first + ITEMS, length)):
+        key = np.int64(source_word(found, bits, direct, i) & ABS)
         own_above += key > threshold
         own_equal += key == threshold
     _, total_above = exclusive_scan(scan, t, own_above)
@@ -146,9 +153,10 @@ def _count_kept(bits, direct, state, above, equal):
 
 
 @cuda.jit
-def _scan_kept(above, equal, tile_count, direct, state):
-    if state[FALLBACK] != direct:
-        return
+def _scan_kept(above, equal, bits, state):
+    """The per-tile counts of the source's tiles, each scanned in place."""
+    direct = state[FALLBACK]
+    tile_count = (source_length(bits, direct, state) + TILE - 1) // TILE
     scan = cuda.shared.array(SCAN_THREADS, np.int64)
     t = cuda.threadIdx.x
     scan_in_place(above, tile_count, scan, t)
@@ -156,20 +164,25 @@ def _scan_kept(above, equal, tile_count, direct, state):
 
 
 @cuda.jit
-def _write_pairs(bits, index, direct, state, above, equal, k, payload, zero, target):
+def _write_pairs(found, index, bits, state, above, equal, k, payload, zero, target):
     """Each thread's pairs at its place: the keys above the threshold before it, plus the
     equal ones before it that the tie rule keeps (the first ``RANK``). With ``zero``,
     ``target`` (p) gets 0 where a pair was taken."""
-    if state[FALLBACK] != direct:
-        return
+    if cuda.threadIdx.x == 0 and cuda.blockIdx.x == 0:
+        payload[2 * k] = state[NONFINITE]
+    direct = state[FALLBACK]
+    length = source_length(bits, direct, state)
+    first = cuda.blockIdx.x * TILE
+    if first >= length:
+        return  # the whole block
     scan = cuda.shared.array(THREADS, np.int64)
     t = cuda.threadIdx.x
     threshold, keep_equal = state[PREFIX], state[RANK]
-    first = cuda.blockIdx.x * TILE + t * ITEMS
-    last = min(first + ITEMS, source_length(bits, direct, state))
+    first += t * ITEMS
+    last = min(first + ITEMS, length)
     own_above, own_equal = np.int64(0), np.int64(0)
     for i in range(first, last):
-        key = np.int64(bits[i] & ABS)
+        key = np.int64(source_word(found, bits, direct, i) & ABS)
         own_above += key > threshold
         own_equal += key == threshold
     above_before, _ = exclusive_scan(scan, t, own_above)
@@ -178,7 +191,8 @@ def _write_pairs(bits, index, direct, state, above, equal, k, payload, zero, tar
     equal_before += equal[cuda.blockIdx.x]
     out = above_before + min(equal_before, keep_equal)
     for i in range(first, last):
-        key = np.int64(bits[i] & ABS)
+        word = source_word(found, bits, direct, i)
+        key = np.int64(word & ABS)
         keep = key > threshold
         if key == threshold:
             keep = equal_before < keep_equal
@@ -186,12 +200,10 @@ def _write_pairs(bits, index, direct, state, above, equal, k, payload, zero, tar
         if keep and out < k:
             at = i if direct else np.int64(index[i])
             payload[out] = at
-            payload[k + out] = bits[i]
+            payload[k + out] = word
             if zero:
                 target[at] = 0.0
             out += 1
-    if t == 0 and cuda.blockIdx.x == 0:
-        payload[2 * k] = state[NONFINITE]
 
 
 def _select(p, k: int, state, zero: bool) -> np.ndarray:
@@ -202,26 +214,26 @@ def _select(p, k: int, state, zero: bool) -> np.ndarray:
     bits = p.view(np.uint32)
     m, rank, capacity = sample_plan(n, k)
     _estimate[1, THREADS, stream](bits, m, 1 << (m - 1).bit_length(), rank, state)
-    counts = sparse_buffers.scratch("topk-counts", tiles(n), np.int64)
-    _count_candidates[tiles(n), THREADS, stream](bits, state, counts)
+    grid = tiles(n)
+    counts = sparse_buffers.scratch("topk-counts", grid, np.int64)
+    _count_candidates[grid, THREADS, stream](bits, state, counts)
     _scan_candidates[1, SCAN_THREADS, stream](counts, state, k, capacity)
     index = sparse_buffers.scratch("topk-index", capacity, np.uint32)
     found = sparse_buffers.scratch("topk-bits", capacity, np.uint32)
-    _compact[tiles(n), THREADS, stream](bits, state, counts, index, found)
+    _compact[grid, THREADS, stream](bits, state, counts, index, found)
     histogram = sparse_buffers.scratch("topk-histogram", len(DIGITS) * BINS, np.int32)
     payload = sparse_buffers.scratch("topk-payload", 2 * k + 1, np.uint32)
-    for direct, source in ((0, found), (1, bits)):  # one of the two returns at once
-        grid = tiles(source.shape[0])
-        for digit, (shift, width) in enumerate(DIGITS):
-            digit_histogram[grid, THREADS, stream](source, direct, state, histogram, digit, shift,
-                                              width)
-            pick_digit[1, SCAN_THREADS, stream](histogram, direct, state, digit, shift, width)
-        above = sparse_buffers.scratch("topk-above", grid, np.int64)
-        equal = sparse_buffers.scratch("topk-equal", grid, np.int64)
-        _count_kept[grid, THREADS, stream](source, direct, state, above, equal)
-        _scan_kept[1, SCAN_THREADS, stream](above, equal, grid, direct, state)
-        _write_pairs[grid, THREADS, stream](source, index, direct, state, above, equal, k,
-                                            payload, zero, p)
+    # steps 3 and 4 over the candidates, or over the whole input where the scan set
+    # FALLBACK: each kernel reads which, so one launch each serves both (the grid covers
+    # the whole input; tiles past the candidates return at once)
+    for digit, (shift, width) in enumerate(DIGITS):
+        digit_histogram[grid, THREADS, stream](found, bits, state, histogram, digit, shift, width)
+        pick_digit[1, SCAN_THREADS, stream](histogram, state, digit, shift, width)
+    above = sparse_buffers.scratch("topk-above", grid, np.int64)
+    equal = sparse_buffers.scratch("topk-equal", grid, np.int64)
+    _count_kept[grid, THREADS, stream](found, bits, state, above, equal)
+    _scan_kept[1, SCAN_THREADS, stream](above, equal, bits, state)
+    _write_pairs[grid, THREADS, stream](found, index, bits, state, above, equal, k, payload, zero, p)
     return payload
 
 

@@ -21,26 +21,38 @@ STATE = 8
 ABS = np.uint32(0x7FFFFFFF)
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline=True)
 def source_length(bits, direct, state):
-    """Elements of the source: all of ``bits``, or the candidates stored in it."""
+    """Elements of the source: all of ``bits`` where the estimate was off (``direct``, the
+    state's FALLBACK), else the COUNT candidates."""
     return bits.shape[0] if direct else state[COUNT]
 
 
+@cuda.jit(device=True, inline=True)
+def source_word(found, bits, direct, i):
+    """Element ``i`` of the source as float32 bits: of the whole input, or of the candidates."""
+    return bits[i] if direct else found[i]
+
+
 @cuda.jit
-def digit_histogram(bits, direct, state, histogram, digit, shift, width):
-    """Keys that share the threshold's digits found so far, by their next digit."""
-    if state[FALLBACK] != direct:
-        return
+def digit_histogram(found, bits, state, histogram, digit, shift, width):
+    """Keys of the source (``source_length``) that share the threshold's digits found so
+    far, by their next digit. Launched over the whole input's tiles: those past the source
+    return at once."""
+    direct = state[FALLBACK]
+    first = cuda.blockIdx.x * TILE
+    length = source_length(bits, direct, state)
+    if first >= length:
+        return  # the whole block: no barrier is left waiting
     local = cuda.shared.array(BINS, np.int32)
     t = cuda.threadIdx.x
     for b in range(t, BINS, THREADS):
         local[b] = 0
     cuda.syncthreads()
     known = state[PREFIX] >> (shift + width)
-    first = cuda.blockIdx.x * TILE + t * ITEMS
-    for i in range(first, min(first + ITEMS, source_length(bits, direct, state))):
-        key = np.int64(bits[i] & ABS)
+    first += t * ITEMS
+    for i in range(first, min(first + ITEMS, length)):
+        key = np.int64(source_word(found, bits, direct, i) & ABS)
         if key >> (shift + width) == known:
             cuda.atomic.add(local, (key >> shift) & ((1 << width) - 1), 1)
     cuda.syncthreads()
@@ -50,10 +62,8 @@ def digit_histogram(bits, direct, state, histogram, digit, shift, width):
 
 
 @cuda.jit
-def pick_digit(histogram, direct, state, digit, shift, width):
+def pick_digit(histogram, state, digit, shift, width):
     """One block: from the top, the bin where the rank is reached becomes the digit."""
-    if state[FALLBACK] != direct:
-        return
     scan = cuda.shared.array(SCAN_THREADS, np.int64)
     t = cuda.threadIdx.x
     rank = state[RANK]
