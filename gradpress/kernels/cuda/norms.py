@@ -1,14 +1,17 @@
 """Norms on the GPU in the summation order of ``kernels.reduction``, reduced on the device.
 
-``launch_totals`` queues two kernels: one block of 64 threads per chunk, thread j being
+``launch_totals`` queues one kernel: one block of 64 threads per chunk, thread j being
 lane j (a warp's loads are 32 consecutive floats), each chunk's lanes paired in shared
-memory as ``lane_tree`` pairs them; then one block pairing the chunk values level by level
-as ``pairwise_total`` does. The totals stay on the device: an encoder's next kernel
-derives its scale or norm from them, and nothing comes back to the host before the
+memory as ``lane_tree`` pairs them; the last block to finish then pairs the chunk values
+level by level as ``pairwise_total`` does (a ticket drawn after a fence, as in CUDA's
+threadfence reduction: a second, one-block kernel cost one more launch, about 25 us of the
+host's time on an H200, per partition). The totals stay on the device: an encoder's next
+kernel derives its scale or norm from them, and nothing comes back to the host before the
 payload does.
 
-Device functions here and in the other modules use no ``cuda.*`` inside: the simulator
-swaps a device function's module's ``cuda`` per call, which races between its threads.
+``load`` uses no ``cuda.*`` inside: the simulator swaps a device function's module's
+``cuda`` per call, which raced between its threads until ``tests/support/cudasim_races.py``
+closed it; ``_pair_totals`` needs barriers, as ``blockscan``'s device functions do.
 """
 from typing import Any
 
@@ -23,6 +26,10 @@ from gradpress.kernels.reduction import CHUNK, LANES, chunk_count
 # simulator, which runs each as a Python thread
 TOTAL_THREADS = 32 if config.ENABLE_CUDASIM else 256
 _SHARED_VALUES = 2 * TOTAL_THREADS  # levels with at most this many values pair in shared memory
+# the same in ``_norms``' last block, of LANES threads. Every block reserves the room: with
+# 4 KiB a block holds 7.5 KiB of shared memory in all, and an H100's SM 30 of them (its
+# most, 32, 2,048 threads, would take 240 KiB; another 12 KiB a block would leave 12)
+_LAST_BLOCK_VALUES = 2 * LANES
 _FLOAT32_MAX = np.float32(3.4028235e38)
 ABS, SQUARE, LARGEST = 0, 1, 2  # rows of the chunk values and of the totals
 
@@ -37,10 +44,13 @@ def load(g, e, lam, feedback, i):
 
 
 @cuda.jit
-def _chunk_norms(g, e, lam, feedback, work):
+def _norms(g, e, lam, feedback, work, totals, ticket):
     """Block c: work[0, ABS, c] = sum |p| and work[0, SQUARE, c] = sum p^2 over chunk c in
     the order of ``kernels.reduction``, work[0, LARGEST, c] = largest |p| (inf for NaN/inf:
-    float32 maxima order as their bits do)."""
+    float32 maxima order as their bits do). The last block to finish (the ``ticket`` it
+    draws, after a fence that makes its chunk's values visible to every block) then pairs
+    all the chunk values into ``totals`` (``_pair_totals``) and sets the ticket back to 0
+    for the next launch: one launch where a second, one-block kernel cost another."""
     c = cuda.blockIdx.x
     j = cuda.threadIdx.x
     lanes = cuda.shared.array((2, 3, LANES), float64)  # read from one half, write the other
@@ -72,23 +82,36 @@ def _chunk_norms(g, e, lam, feedback, work):
                 lanes[1 - src, row, j] = lanes[src, row, 2 * j] + lanes[src, row, 2 * j + 1]
             lanes[1 - src, LARGEST, j] = max(lanes[src, LARGEST, 2 * j], lanes[src, LARGEST, 2 * j + 1])
         src = 1 - src
+    last = cuda.shared.array(1, uint32)
     if j == 0:  # thread 0 wrote the last level itself
         for row in range(3):
             work[0, row, c] = lanes[src, row, 0]
+        cuda.threadfence()
+        last[0] = 1 if cuda.atomic.add(ticket, 0, 1) == cuda.gridDim.x - 1 else 0
+    cuda.syncthreads()
+    if last[0] == 0:
+        return  # the whole block
+    values = cuda.shared.array((2, 2, _LAST_BLOCK_VALUES), float64)
+    top = cuda.shared.array(LANES, float64)
+    _pair_totals(work, totals, j, LANES, values, top)
+    if j == 0:
+        ticket[0] = 0
 
 
-@cuda.jit
-def _totals(work, totals):
-    """One block of ``TOTAL_THREADS``: totals[ABS] and totals[SQUARE] = ``pairwise_total``
-    of the chunk values, totals[LARGEST] their largest; ``work`` is overwritten. Levels of
-    many values pair in global memory (work[0] and work[1] in turn), the last ones in
-    shared memory."""
-    t = cuda.threadIdx.x
+@cuda.jit(device=True)
+def _pair_totals(work, totals, t, threads, values, top):
+    """By the ``threads`` threads of one block (a power of two; ``t`` this one's):
+    totals[ABS] and totals[SQUARE] = ``pairwise_total`` of the chunk values in work[0],
+    totals[LARGEST] their largest; ``work`` is overwritten. Levels of more values than
+    ``values`` (shared, (2, 2, S)) holds pair in global memory (work[0] and work[1] in
+    turn), the last ones in shared memory; ``top`` (shared, ``threads``) takes the maxima.
+    The pairs are the same whatever the thread count and S: only who computes them moves."""
     n = work.shape[2]
+    room = values.shape[2]
     src = 0
-    while n > _SHARED_VALUES:
+    while n > room:
         half = n // 2
-        for j in range(t, half, TOTAL_THREADS):
+        for j in range(t, half, threads):
             for row in range(2):
                 work[1 - src, row, j] = work[src, row, 2 * j] + work[src, row, 2 * j + 1]
         if n % 2 and t == 0:
@@ -97,20 +120,18 @@ def _totals(work, totals):
         n = half + n % 2
         src = 1 - src
         cuda.syncthreads()
-    values = cuda.shared.array((2, 2, _SHARED_VALUES), float64)  # halves as work's
-    for j in range(t, n, TOTAL_THREADS):
+    for j in range(t, n, threads):
         for row in range(2):
             values[0, row, j] = work[src, row, j]
-    top = cuda.shared.array(TOTAL_THREADS, float64)
     largest = 0.0
-    for j in range(t, work.shape[2], TOTAL_THREADS):  # any order gives the same maximum
+    for j in range(t, work.shape[2], threads):  # any order gives the same maximum
         largest = max(largest, work[0, LARGEST, j])
     top[t] = largest
     src = 0
     cuda.syncthreads()
     while n > 1:
         half = n // 2
-        for j in range(t, half, TOTAL_THREADS):
+        for j in range(t, half, threads):
             for row in range(2):
                 values[1 - src, row, j] = values[src, row, 2 * j] + values[src, row, 2 * j + 1]
         if n % 2 and t == 0:
@@ -119,7 +140,7 @@ def _totals(work, totals):
         n = half + n % 2
         src = 1 - src
         cuda.syncthreads()
-    width = TOTAL_THREADS
+    width = threads
     while width > 1:
         width //= 2
         if t < width:
@@ -131,16 +152,25 @@ def _totals(work, totals):
         totals[LARGEST] = top[0]
 
 
+@cuda.jit
+def _totals(work, totals):
+    """``_pair_totals`` alone, by one block of ``TOTAL_THREADS``, over chunk values the
+    caller gives: the tests' way to reach its switch from global to shared memory, which
+    takes thousands of chunks through ``_norms``."""
+    values = cuda.shared.array((2, 2, _SHARED_VALUES), float64)
+    top = cuda.shared.array(TOTAL_THREADS, float64)
+    _pair_totals(work, totals, cuda.threadIdx.x, TOTAL_THREADS, values, top)
+
+
 def launch_totals(g: Any, e: Any, lam: np.float32, feedback: bool) -> Any:
     """Queue, on gradpress's stream, the norms of p (of g alone without ``feedback``): a
     device float64 array of 3 (sum |p|, sum p^2, largest |p| with inf for a NaN/inf) that
-    the encoder's next kernel reads; nothing comes back to the host."""
+    the encoder's next kernel reads; nothing comes back to the host. One launch."""
     chunks = chunk_count(g.shape[0])
     work = scratch.device_array((2, 3, chunks), np.float64)
     totals = scratch.device_array((3,), np.float64)
-    stream = device.stream()
-    _chunk_norms[chunks, LANES, stream](g, e, lam, feedback, work)
-    _totals[1, TOTAL_THREADS, stream](work, totals)
+    ticket = scratch.zeroed((1,), np.uint32, "norms-ticket")
+    _norms[chunks, LANES, device.stream()](g, e, lam, feedback, work, totals, ticket)
     return totals
 
 

@@ -89,6 +89,13 @@ def device_array(shape: tuple, dtype: Any, role: str = "") -> Any:
                    lambda: cuda.device_array(shape, dtype, stream=device.stream()))
 
 
+def zeroed(shape: tuple, dtype: Any, role: str) -> Any:
+    """A device array of ``shape``, this thread's own, reused, zeroed when made: a counter
+    that the kernels using it leave at 0 when they finish (``norms``' ticket)."""
+    return _cached(("zeroed", role, tuple(shape), np.dtype(dtype)),
+                   lambda: cuda.to_device(np.zeros(shape, dtype), stream=device.stream()))
+
+
 def staged(layout: Layout) -> tuple[Any, list]:
     """(the whole uint8 device allocation, its typed views) for ``layout``, this thread's
     own, reused; zeroed when made, so a status word holds 0 or what a kernel wrote."""
