@@ -273,6 +273,13 @@ def sparse_feedback_cases():
         except ValueError:
             if device.state_dict()["residuals"][2].tobytes() != before.tobytes():
                 problem = problem or "the residual changed"
+        # the refused round's flag is still in the device payload: the next round is not refused
+        g = np.round(gaussian(150, seed=4) * 2).astype(np.float32)
+        try:
+            problem = problem or same_payload(host.compress(g, key=2, round=4),
+                                              device.compress(cuda.to_device(g), key=2, round=4))
+        except ValueError:
+            problem = problem or "the round after a refused one was refused too"
         yield f"sparse-feedback/{name}", problem
 
 

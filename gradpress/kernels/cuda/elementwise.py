@@ -68,11 +68,11 @@ def _compensate_checked(g, e, lam, e_out, flag, epoch):
 _FLAG = scratch.Layout(((np.int32, 1),), 1)
 
 
-def compensate_flagged(g: Any, e: Any, lam: float, e_out: Any, flag: Any) -> None:
-    """e_out = g + lam * e on gradpress's stream; ``flag[0]`` (a device int) becomes 1 on
-    a NaN/inf, for a later kernel or copy to read: the host does not wait for it."""
+def compensate_flagged(g: Any, e: Any, lam: float, e_out: Any, flag: Any, epoch: int = 1) -> None:
+    """e_out = g + lam * e on gradpress's stream; ``flag[0]`` (a device int) becomes
+    ``epoch`` on a NaN/inf, for a later kernel or copy to read: the host does not wait for it."""
     _compensate_checked[blocks(e_out.shape[0]), THREADS, device.stream()](
-        g, e, np.float32(lam), e_out, flag, np.int32(1))
+        g, e, np.float32(lam), e_out, flag, np.int32(epoch))
 
 
 def compensate_checked(g: Any, e: Any, lam: float, e_out: Any) -> bool:

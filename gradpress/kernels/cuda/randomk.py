@@ -18,7 +18,7 @@ import numpy as np
 from numba import cuda
 
 from gradpress.kernels.cpu.randomk import random_indices
-from gradpress.kernels.cuda import device, sparse_buffers
+from gradpress.kernels.cuda import device, scratch, sparse_buffers
 from gradpress.kernels.cuda.device import THREADS, blocks
 from gradpress.kernels.cuda.elementwise import compensate_flagged
 
@@ -63,25 +63,21 @@ def device_indices(n: int, k: int, stream: np.uint64):
 
 
 @cuda.jit
-def _clear_flag(payload, k):
-    payload[k] = 0
-
-
-@cuda.jit
-def _gather_scaled(x, indices, scale, payload, values):
+def _gather_scaled(x, indices, scale, payload, values, epoch):
     """values[j] = float32(float64(x[i]) * scale) (``values`` views payload[:k]);
-    payload[k] = 1 on NaN/inf."""
+    payload[k] = ``epoch`` (this call's number, ``scratch.epoch``) on NaN/inf: an earlier
+    call's flag is another number, so no launch clears it first."""
     j = cuda.grid(1)
     k = indices.shape[0]
     if j < k:
         value = np.float32(np.float64(x[indices[j]]) * scale)
         values[j] = value
         if not abs(value) < np.inf:
-            cuda.atomic.max(payload, k, 1)
+            payload[k] = epoch
 
 
 @cuda.jit
-def _take_feedback(e_out, indices, scale, payload, values):
+def _take_feedback(e_out, indices, scale, payload, values, epoch):
     """``_gather_scaled`` of p = e_out, and the values taken out of it."""
     j = cuda.grid(1)
     k = indices.shape[0]
@@ -92,26 +88,29 @@ def _take_feedback(e_out, indices, scale, payload, values):
         left = e_out[i] - value
         e_out[i] = left
         if not (abs(value) < np.inf and abs(left) < np.inf):
-            cuda.atomic.max(payload, k, 1)
+            payload[k] = epoch
 
 
-def _land(payload, k: int, reuse) -> np.ndarray | None:
+def _payload(k: int) -> tuple:
+    """The device payload (k values, then a flag word: zeroed when made, so that no call's
+    epoch is found there by chance) and this call's epoch."""
+    return scratch.zeroed((k + 1,), np.uint32, "randomk-payload"), scratch.epoch()
+
+
+def _land(payload, k: int, reuse, epoch) -> np.ndarray | None:
     """The one copy to the host and the wait for it: the values, None on a NaN/inf."""
     host = sparse_buffers.payload(k + 1, reuse)
     payload.copy_to_host(host, stream=device.stream())
     device.stream().synchronize()
-    return None if host[k] else host[:k].view(np.float32)
+    return None if host[k] == epoch else host[:k].view(np.float32)
 
 
 def gather_scaled(x, n: int, k: int, stream: np.uint64, scale: float) -> np.ndarray | None:
     """Host float32 values at the indices of ``stream``, scaled; None on a NaN/inf."""
     indices = device_indices(n, k, stream)
-    payload = sparse_buffers.scratch("randomk-payload", k + 1, np.uint32)
-    launch = device.stream()
-    _clear_flag[1, 1, launch](payload, k)
-    _gather_scaled[blocks(k), THREADS, launch](x, indices, scale, payload,
-                                                  payload.view(np.float32))
-    return _land(payload, k, None)
+    payload, epoch = _payload(k)
+    _gather_scaled[blocks(k), THREADS, device.stream()](x, indices, scale, payload, payload.view(np.float32), epoch)
+    return _land(payload, k, None, epoch)
 
 
 def gather_feedback(g, e, lam: float, e_out, n: int, k: int, stream: np.uint64, scale: float,
@@ -121,10 +120,8 @@ def gather_feedback(g, e, lam: float, e_out, n: int, k: int, stream: np.uint64, 
     payload) where it is one of ours. None when anything is not finite (e_out then holds
     garbage; it must not be e)."""
     indices = device_indices(n, k, stream)
-    payload = sparse_buffers.scratch("randomk-payload", k + 1, np.uint32)
-    launch = device.stream()
-    _clear_flag[1, 1, launch](payload, k)
-    compensate_flagged(g, e, lam, e_out, payload[k:k + 1])
-    _take_feedback[blocks(k), THREADS, launch](e_out, indices, scale, payload,
-                                                  payload.view(np.float32))
-    return _land(payload, k, reuse)
+    payload, epoch = _payload(k)
+    compensate_flagged(g, e, lam, e_out, payload[k:k + 1], epoch)
+    _take_feedback[blocks(k), THREADS, device.stream()](e_out, indices, scale, payload, payload.view(np.float32),
+                                                        epoch)
+    return _land(payload, k, reuse, epoch)
