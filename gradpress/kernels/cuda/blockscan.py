@@ -2,11 +2,7 @@
 run under numba's simulator too), for order-preserving compaction: a thread's place in
 the output is the sum of the counts of everything before it."""
 import numpy as np
-from numba import config, cuda
-
-# threads of the one-block kernels that scan per-block counts (up to n / 1024 of them):
-# a full block on a GPU; few under the simulator, which runs each thread as a Python thread
-SCAN_THREADS = 8 if config.ENABLE_CUDASIM else 1024
+from numba import cuda
 
 
 @cuda.jit(device=True)

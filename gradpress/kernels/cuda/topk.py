@@ -5,33 +5,36 @@ into a pinned host buffer. Everything the host used to decide lives in a small d
 
 1. a strided sample of ``selection.sample_plan`` sorted in shared memory by one block
    (bitonic: 4096 keys at most) gives the estimate, a little below the k-th largest key;
-2. one counting pass per tile, a one-block scan of the tile counts, and an
+2. one counting pass per tile, whose last block scans the tile counts, and an
    order-preserving compaction of the candidates (keys >= estimate) with their indices;
    the same pass flags NaN/inf;
 3. the exact threshold among the candidates by radix select, three 10- or 11-bit digits,
-   each a histogram in shared memory per block summed into a global one, and a one-block
-   pick of the digit holding the rank;
-4. the k pairs: per-tile counts of keys above and equal to the threshold, scanned, then
-   each thread writes its pairs at its place (ties: the lowest indices, as the CPU).
+   each a histogram in shared memory per block summed into a global one, whose last block
+   picks the digit holding the rank;
+4. the k pairs: per-tile counts of keys above and equal to the threshold, scanned by the
+   last block, then each thread writes its pairs at its place (ties: the lowest indices,
+   as the CPU).
 
 When the estimate was off (fewer than k candidates, or more than the capacity) the scan
 of step 2 sets ``FALLBACK`` and steps 3 and 4 run over the whole input instead. Each of
 their kernels reads the flag and takes its source (the candidates or the input) itself,
-over a grid that covers the whole input, tiles past the source returning at once: the host
-never waits to learn which, and launches each kernel once (15 launches in all with error
-feedback; launching both variants, one of which returned at once, took 24: each launch is
-about 25 us of the host's time on an H200, an empty tile a few nanoseconds of the card's).
+over a grid that covers the whole input, tiles past the source doing nothing: the host
+never waits to learn which. What needs every block's part (a scan, a pick) is done by the
+last block to finish (``topk_radix.last_block``), not by a one-block kernel of its own.
+So a top-k is 10 launches with error feedback (9 without); it was 24, launching both
+variants (one of which returned at once) and the one-block kernels apart. Each launch is
+about 25 us of the host's time on an H200; an idle tile a few nanoseconds of the card's.
 """
 import numpy as np
 from numba import cuda
 
 from gradpress.kernels.cpu.norms import INF_BITS
 from gradpress.kernels.cuda import device, sparse_buffers
-from gradpress.kernels.cuda.blockscan import SCAN_THREADS, exclusive_scan, scan_in_place
+from gradpress.kernels.cuda.blockscan import exclusive_scan, scan_in_place
 from gradpress.kernels.cuda.elementwise import compensate_flagged
 from gradpress.kernels.cuda.topk_radix import (
     ABS, BINS, COUNT, DIGITS, ESTIMATE, FALLBACK, ITEMS, NONFINITE, PREFIX, RANK, STATE, THREADS, TILE,
-    digit_histogram, pick_digit, source_length, source_word)
+    digit_histogram, last_block, source_length, source_word)
 from gradpress.kernels.selection import SAMPLE, sample_plan
 
 
@@ -78,9 +81,11 @@ def _estimate(bits, m, padded, rank, state):
 
 
 @cuda.jit
-def _count_candidates(bits, state, counts):
-    """Per tile: how many keys reach the estimate; any NaN/inf is flagged."""
+def _count_candidates(bits, state, counts, k, capacity):
+    """Per tile: how many keys reach the estimate; any NaN/inf is flagged. The last block
+    then scans the tile counts in place (each tile's offset), and sets COUNT and FALLBACK."""
     scan = cuda.shared.array(THREADS, np.int64)
+    flag = cuda.shared.array(1, np.int32)
     t = cuda.threadIdx.x
     estimate = state[ESTIMATE]
     first = cuda.blockIdx.x * TILE + t * ITEMS
@@ -93,16 +98,11 @@ def _count_candidates(bits, state, counts):
     _, total = exclusive_scan(scan, t, own)
     if t == 0:
         counts[cuda.blockIdx.x] = total
-
-
-@cuda.jit
-def _scan_candidates(counts, state, k, capacity):
-    scan = cuda.shared.array(SCAN_THREADS, np.int64)
-    t = cuda.threadIdx.x
-    total = scan_in_place(counts, counts.shape[0], scan, t)
-    if t == 0:
-        state[COUNT] = total
-        state[FALLBACK] = 0 if k <= total <= capacity else 1
+    if last_block(state, t, flag):
+        total = scan_in_place(counts, counts.shape[0], scan, t)
+        if t == 0:
+            state[COUNT] = total
+            state[FALLBACK] = 0 if k <= total <= capacity else 1
 
 
 @cuda.jit
@@ -130,37 +130,31 @@ def _compact(bits, state, offsets, candidate_index, candidate_bits):
 @cuda.jit
 def _count_kept(found, bits, state, above, equal):
     """Per tile of the source: keys above the threshold, and equal to it (tiles past the
-    source return at once: the scan reads only the source's)."""
+    source only draw their ticket); the last block then scans the source's tile counts in
+    place."""
     direct = state[FALLBACK]
     length = source_length(bits, direct, state)
     first = cuda.blockIdx.x * TILE
-    if first >= length:
-        return  # the whole block
     scan = cuda.shared.array(THREADS, np.int64)
+    flag = cuda.shared.array(1, np.int32)
     t = cuda.threadIdx.x
-    threshold = state[PREFIX]
-    first += t * ITEMS
-    own_above, own_equal = np.int64(0), np.int64(0)
-    for i in range(first, min(first + ITEMS, length)):
-        key = np.int64(source_word(found, bits, direct, i) & ABS)
-        own_above += key > threshold
-        own_equal += key == threshold
-    _, total_above = exclusive_scan(scan, t, own_above)
-    _, total_equal = exclusive_scan(scan, t, own_equal)
-    if t == 0:
-        above[cuda.blockIdx.x] = total_above
-        equal[cuda.blockIdx.x] = total_equal
-
-
-@cuda.jit
-def _scan_kept(above, equal, bits, state):
-    """The per-tile counts of the source's tiles, each scanned in place."""
-    direct = state[FALLBACK]
-    tile_count = (source_length(bits, direct, state) + TILE - 1) // TILE
-    scan = cuda.shared.array(SCAN_THREADS, np.int64)
-    t = cuda.threadIdx.x
-    scan_in_place(above, tile_count, scan, t)
-    scan_in_place(equal, tile_count, scan, t)
+    if first < length:  # the whole block either way: its barriers are met
+        threshold = state[PREFIX]
+        first += t * ITEMS
+        own_above, own_equal = np.int64(0), np.int64(0)
+        for i in range(first, min(first + ITEMS, length)):
+            key = np.int64(source_word(found, bits, direct, i) & ABS)
+            own_above += key > threshold
+            own_equal += key == threshold
+        _, total_above = exclusive_scan(scan, t, own_above)
+        _, total_equal = exclusive_scan(scan, t, own_equal)
+        if t == 0:
+            above[cuda.blockIdx.x] = total_above
+            equal[cuda.blockIdx.x] = total_equal
+    if last_block(state, t, flag):
+        tile_count = (length + TILE - 1) // TILE
+        scan_in_place(above, tile_count, scan, t)
+        scan_in_place(equal, tile_count, scan, t)
 
 
 @cuda.jit
@@ -216,8 +210,7 @@ def _select(p, k: int, state, zero: bool) -> np.ndarray:
     _estimate[1, THREADS, stream](bits, m, 1 << (m - 1).bit_length(), rank, state)
     grid = tiles(n)
     counts = sparse_buffers.scratch("topk-counts", grid, np.int64)
-    _count_candidates[grid, THREADS, stream](bits, state, counts)
-    _scan_candidates[1, SCAN_THREADS, stream](counts, state, k, capacity)
+    _count_candidates[grid, THREADS, stream](bits, state, counts, k, capacity)
     index = sparse_buffers.scratch("topk-index", capacity, np.uint32)
     found = sparse_buffers.scratch("topk-bits", capacity, np.uint32)
     _compact[grid, THREADS, stream](bits, state, counts, index, found)
@@ -228,11 +221,9 @@ def _select(p, k: int, state, zero: bool) -> np.ndarray:
     # the whole input; tiles past the candidates return at once)
     for digit, (shift, width) in enumerate(DIGITS):
         digit_histogram[grid, THREADS, stream](found, bits, state, histogram, digit, shift, width)
-        pick_digit[1, SCAN_THREADS, stream](histogram, state, digit, shift, width)
     above = sparse_buffers.scratch("topk-above", grid, np.int64)
     equal = sparse_buffers.scratch("topk-equal", grid, np.int64)
     _count_kept[grid, THREADS, stream](found, bits, state, above, equal)
-    _scan_kept[1, SCAN_THREADS, stream](above, equal, bits, state)
     _write_pairs[grid, THREADS, stream](found, index, bits, state, above, equal, k, payload, zero, p)
     return payload
 

@@ -1,12 +1,13 @@
 """The shared layout of the GPU top-k (``topk.py``) and its radix select: the exact
 threshold among the candidates (or, when the estimate was off, the whole input), found
 digit by digit, high first. Each digit is a histogram in shared memory per block, summed
-into a global one, and a one-block pick of the bin where the rank is reached; ``state``
-keeps the digits found so far (PREFIX) and the rank still to take (RANK)."""
+into a global one, and the pick of the bin where the rank is reached by the last block to
+finish (``last_block``: one launch a digit, not two); ``state`` keeps the digits found so
+far (PREFIX) and the rank still to take (RANK)."""
 import numpy as np
 from numba import config, cuda
 
-from gradpress.kernels.cuda.blockscan import SCAN_THREADS, exclusive_scan
+from gradpress.kernels.cuda.blockscan import exclusive_scan
 
 # threads per block: few under the simulator, which runs each as a Python thread (and so
 # splits its small test arrays into several tiles, as large ones are split on a GPU)
@@ -16,7 +17,7 @@ TILE = THREADS * ITEMS
 BINS = 2048  # shared histogram: 8 KiB
 DIGITS = ((20, 11), (10, 10), (0, 10))  # (shift, width) of the 31 key bits, high first
 # slots of ``state``
-NONFINITE, ESTIMATE, COUNT, FALLBACK, PREFIX, RANK = range(6)  # RANK: k, then still to take
+NONFINITE, ESTIMATE, COUNT, FALLBACK, PREFIX, RANK, TICKET = range(7)  # RANK: k, then still to take
 STATE = 8
 ABS = np.uint32(0x7FFFFFFF)
 
@@ -34,41 +35,61 @@ def source_word(found, bits, direct, i):
     return bits[i] if direct else found[i]
 
 
+@cuda.jit(device=True)
+def last_block(state, t, flag):
+    """Whether this block is the grid's last to get here, which then finishes what needs
+    every block's part (a scan, a pick) in the same launch: each thread's writes are
+    fenced, then thread 0 draws a ticket (state[TICKET]); the last block puts it back to 0
+    for the next kernel. ``flag`` is shared (1); every thread of every block must call it."""
+    cuda.threadfence()
+    cuda.syncthreads()
+    if t == 0:
+        drawn = cuda.atomic.add(state, TICKET, 1)
+        flag[0] = 1 if drawn == cuda.gridDim.x - 1 else 0
+        if drawn == cuda.gridDim.x - 1:
+            state[TICKET] = 0
+    cuda.syncthreads()
+    return flag[0] != 0
+
+
 @cuda.jit
 def digit_histogram(found, bits, state, histogram, digit, shift, width):
     """Keys of the source (``source_length``) that share the threshold's digits found so
-    far, by their next digit. Launched over the whole input's tiles: those past the source
-    return at once."""
+    far, by their next digit; then the last block picks the digit (``pick``). Launched
+    over the whole input's tiles: those past the source only draw their ticket."""
     direct = state[FALLBACK]
     first = cuda.blockIdx.x * TILE
     length = source_length(bits, direct, state)
-    if first >= length:
-        return  # the whole block: no barrier is left waiting
     local = cuda.shared.array(BINS, np.int32)
+    scan = cuda.shared.array(THREADS, np.int64)
+    flag = cuda.shared.array(1, np.int32)
     t = cuda.threadIdx.x
-    for b in range(t, BINS, THREADS):
-        local[b] = 0
-    cuda.syncthreads()
-    known = state[PREFIX] >> (shift + width)
-    first += t * ITEMS
-    for i in range(first, min(first + ITEMS, length)):
-        key = np.int64(source_word(found, bits, direct, i) & ABS)
-        if key >> (shift + width) == known:
-            cuda.atomic.add(local, (key >> shift) & ((1 << width) - 1), 1)
-    cuda.syncthreads()
-    for b in range(t, 1 << width, THREADS):
-        if local[b]:
-            cuda.atomic.add(histogram, digit * BINS + b, local[b])
+    if first < length:  # the whole block either way: its barriers are met
+        for b in range(t, BINS, THREADS):
+            local[b] = 0
+        cuda.syncthreads()
+        known = state[PREFIX] >> (shift + width)
+        first += t * ITEMS
+        for i in range(first, min(first + ITEMS, length)):
+            key = np.int64(source_word(found, bits, direct, i) & ABS)
+            if key >> (shift + width) == known:
+                cuda.atomic.add(local, (key >> shift) & ((1 << width) - 1), 1)
+        cuda.syncthreads()
+        for b in range(t, 1 << width, THREADS):
+            if local[b]:
+                cuda.atomic.add(histogram, digit * BINS + b, local[b])
+    if last_block(state, t, flag):
+        pick(histogram, state, digit, shift, width, t, scan)
 
 
-@cuda.jit
-def pick_digit(histogram, state, digit, shift, width):
-    """One block: from the top, the bin where the rank is reached becomes the digit."""
-    scan = cuda.shared.array(SCAN_THREADS, np.int64)
-    t = cuda.threadIdx.x
+@cuda.jit(device=True)
+def pick(histogram, state, digit, shift, width, t, scan):
+    """By one block (``scan``: shared, a slot per thread): from the top, the bin where the
+    rank is reached becomes the digit."""
+    threads = scan.shape[0]
     rank = state[RANK]
     bins = 1 << width
-    per = (bins + SCAN_THREADS - 1) // SCAN_THREADS
+    per = (bins + threads - 1) // threads
     top = bins - 1 - t * per  # this thread's bins, descending
     own = np.int64(0)
     for r in range(per):
