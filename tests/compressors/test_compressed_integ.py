@@ -210,7 +210,7 @@ except OpTimeoutError as e:
     raise SystemExit(f"worker {r} waited for a round that worker 0 refused: {e}")
 except JobError as e:
     assert "'nan'" in str(e) and "NaN" in str(e) and (r == 0 or "refused by worker 0" in str(e)), e
-print("OK", r, flush=True)
+print(f"OK {r}", flush=True)
 bps.shutdown()
 """
 

@@ -38,7 +38,7 @@ for dtype in ("float32", "float16", "float64"):
         summed = cuda.to_device(host[r])
         c.push_pull_async(f"{dtype}.sum", summed, summed, 1, 0).result(60)
         assert summed.copy_to_host().tobytes() == total.tobytes(), (dtype, step, "sum")
-print("OK", r, flush=True)
+print(f"OK {r}", flush=True)
 c.finish()
 """
 
@@ -84,7 +84,7 @@ for start in range(0, 3000, 1024):  # each 4096-byte partition: owners encode, t
     header, payload = build_compressor(params, "server").compress(acc, key=0, round=0)
     build_compressor(params, "worker").decompress(header, payload, want[start:end], key=0, round=0, divisor=n)
 assert got.tobytes() == want.tobytes(), "onebit: not the replay of owners, server and decode"
-print("OK", r, got[:2].tobytes().hex(), flush=True)
+print(f"OK {r} {got[:2].tobytes().hex()}", flush=True)
 c.finish()
 """
 

@@ -110,7 +110,7 @@ ops.client().barrier()
 w.grad, v.grad = torch.zeros_like(w), torch.zeros_like(v)
 opt.step()                           # a zero step: pull the final parameters
 assert torch.all(v == 5.0 - 2 * 0.5), v[:3]
-print("OK", v[0].item(), flush=True)
+print(f"OK {v[0].item()}", flush=True)
 bps.shutdown()
 """).assert_success()
     assert "OK 4.0" in c.log("worker 1")
