@@ -17,10 +17,23 @@ def loss_of(model, x):
     return (model(x) ** 2).mean()
 UNFREEZE_AT = 2
 STEPS = 5
+def train_unfreezing(model, forward, opt, worker):
+    # STEPS steps on the worker's batches, model[0].weight trainable from UNFREEZE_AT on;
+    # returns the warnings raised
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(STEPS):
+            if step == UNFREEZE_AT:
+                model[0].weight.requires_grad_(True)
+            opt.zero_grad()
+            loss_of(forward, batch(worker, step)).backward()
+            opt.step()
+    return [str(w.message) for w in caught]
 """
 
 WORKER = MODEL + """
-import os, warnings, gradpress.torch as bps
+import os, gradpress.torch as bps
 bps.init()
 r, out = bps.rank(), {}
 
@@ -28,31 +41,15 @@ model = make_model()
 model[0].weight.requires_grad_(False)
 opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                named_parameters=model.named_parameters())
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    for step in range(STEPS):
-        if step == UNFREEZE_AT:
-            model[0].weight.requires_grad_(True)
-        opt.zero_grad()
-        loss_of(model, batch(r, step)).backward()
-        opt.step()
+out["warnings"] = train_unfreezing(model, model, opt, r)
 out["unfrozen"] = {k: v.clone() for k, v in model.state_dict().items()}
 
 from gradpress.torch.parallel import DistributedDataParallel
 inner = make_model()
 inner[0].weight.requires_grad_(False)
 ddp = DistributedDataParallel(inner)
-sgd = torch.optim.SGD(inner.parameters(), lr=0.1, momentum=0.9)
-with warnings.catch_warnings(record=True) as more:
-    warnings.simplefilter("always")
-    for step in range(STEPS):
-        if step == UNFREEZE_AT:
-            inner[0].weight.requires_grad_(True)
-        sgd.zero_grad()
-        loss_of(ddp, batch(r, step)).backward()
-        sgd.step()
+out["warnings"] += train_unfreezing(inner, ddp, torch.optim.SGD(inner.parameters(), lr=0.1, momentum=0.9), r)
 out["ddp"] = {k: v.clone() for k, v in inner.state_dict().items()}
-out["warnings"] = [str(w.message) for w in caught + more]
 
 a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
 opt = bps.DistributedOptimizer(torch.optim.SGD([a], lr=0.25), named_parameters=[("a", a)])
