@@ -21,15 +21,17 @@ their kernels reads the flag and takes its source (the candidates or the input) 
 over a grid that covers the whole input, tiles past the source doing nothing: the host
 never waits to learn which. What needs every block's part (a scan, a pick) is done by the
 last block to finish (``topk_radix.last_block``), not by a one-block kernel of its own.
-So a top-k is 10 launches with error feedback (9 without); it was 24, launching both
-variants (one of which returned at once) and the one-block kernels apart. Each launch is
+The reset of the call's state rides in the estimate's block, and the NaN flag holds the
+call's epoch (``scratch.epoch``), so nothing needs clearing first. So a top-k is 9
+launches with error feedback (8 without); it was 24, launching both variants (one of
+which returned at once), the one-block kernels and the reset apart. Each launch is
 about 25 us of the host's time on an H200; an idle tile a few nanoseconds of the card's.
 """
 import numpy as np
 from numba import cuda
 
 from gradpress.kernels.cpu.norms import INF_BITS
-from gradpress.kernels.cuda import device, sparse_buffers
+from gradpress.kernels.cuda import device, scratch, sparse_buffers
 from gradpress.kernels.cuda.blockscan import exclusive_scan, scan_in_place
 from gradpress.kernels.cuda.elementwise import compensate_flagged
 from gradpress.kernels.cuda.topk_radix import (
@@ -44,21 +46,17 @@ def tiles(n: int) -> int:
 
 
 @cuda.jit
-def _reset(state, histogram, k):
-    """One block (a few thousand words: a grid would cost more to launch)."""
+def _estimate(bits, m, padded, rank, state, histogram, k):
+    """One block: the call's state (RANK = k, the rest 0 but the NaN flag, which holds
+    an epoch: ``_count_candidates``) and histogram reset; then sort the sample (padded with
+    zero keys, which sort below every real key) in shared memory: the rank-th largest is
+    the estimate. The reset rides here rather than in a launch of its own."""
     t = cuda.threadIdx.x
     for i in range(t, histogram.shape[0], THREADS):
         histogram[i] = 0
-    if t < STATE:
+    if t < STATE and t != NONFINITE:
         state[t] = k if t == RANK else 0
-
-
-@cuda.jit
-def _estimate(bits, m, padded, rank, state):
-    """One block: sort the sample (padded with zero keys, which sort below every real
-    key) in shared memory; the rank-th largest is the estimate."""
     sample = cuda.shared.array(SAMPLE, np.uint32)
-    t = cuda.threadIdx.x
     n = bits.shape[0]
     for j in range(t, padded, THREADS):
         sample[j] = bits[(j * n) // m] & ABS if j < m else 0
@@ -81,8 +79,9 @@ def _estimate(bits, m, padded, rank, state):
 
 
 @cuda.jit
-def _count_candidates(bits, state, counts, k, capacity):
-    """Per tile: how many keys reach the estimate; any NaN/inf is flagged. The last block
+def _count_candidates(bits, state, counts, k, capacity, epoch):
+    """Per tile: how many keys reach the estimate; any NaN/inf is flagged (state[NONFINITE]
+    = ``epoch``, this call's number: an earlier call's flag is another). The last block
     then scans the tile counts in place (each tile's offset), and sets COUNT and FALLBACK."""
     scan = cuda.shared.array(THREADS, np.int64)
     flag = cuda.shared.array(1, np.int32)
@@ -94,7 +93,7 @@ def _count_candidates(bits, state, counts, k, capacity):
         key = np.int64(bits[i] & ABS)
         own += key >= estimate
         if key >= INF_BITS:
-            cuda.atomic.max(state, NONFINITE, 1)
+            state[NONFINITE] = epoch
     _, total = exclusive_scan(scan, t, own)
     if t == 0:
         counts[cuda.blockIdx.x] = total
@@ -200,21 +199,21 @@ def _write_pairs(found, index, bits, state, above, equal, k, payload, zero, targ
             out += 1
 
 
-def _select(p, k: int, state, zero: bool) -> np.ndarray:
-    """Launch steps 1-4 over ``p`` (float32, its NaN flag already reset) and copy the
-    payload out; returns the pinned host words (indices, value bits, NaN flag)."""
+def _select(p, k: int, state, zero: bool, epoch) -> np.ndarray:
+    """Launch steps 1-4 over ``p`` (float32) and copy the payload out; returns the pinned
+    host words (indices, value bits, NaN flag: ``epoch`` where p had a NaN/inf)."""
     stream = device.stream()
     n = p.shape[0]
     bits = p.view(np.uint32)
     m, rank, capacity = sample_plan(n, k)
-    _estimate[1, THREADS, stream](bits, m, 1 << (m - 1).bit_length(), rank, state)
+    histogram = sparse_buffers.scratch("topk-histogram", len(DIGITS) * BINS, np.int32)
+    _estimate[1, THREADS, stream](bits, m, 1 << (m - 1).bit_length(), rank, state, histogram, k)
     grid = tiles(n)
     counts = sparse_buffers.scratch("topk-counts", grid, np.int64)
-    _count_candidates[grid, THREADS, stream](bits, state, counts, k, capacity)
+    _count_candidates[grid, THREADS, stream](bits, state, counts, k, capacity, epoch)
     index = sparse_buffers.scratch("topk-index", capacity, np.uint32)
     found = sparse_buffers.scratch("topk-bits", capacity, np.uint32)
     _compact[grid, THREADS, stream](bits, state, counts, index, found)
-    histogram = sparse_buffers.scratch("topk-histogram", len(DIGITS) * BINS, np.int32)
     payload = sparse_buffers.scratch("topk-payload", 2 * k + 1, np.uint32)
     # steps 3 and 4 over the candidates, or over the whole input where the scan set
     # FALLBACK: each kernel reads which, so one launch each serves both (the grid covers
@@ -228,19 +227,18 @@ def _select(p, k: int, state, zero: bool) -> np.ndarray:
     return payload
 
 
-def _start(k: int):
-    state = sparse_buffers.scratch("topk-state", STATE, np.int64)
-    histogram = sparse_buffers.scratch("topk-histogram", len(DIGITS) * BINS, np.int32)
-    _reset[1, THREADS, device.stream()](state, histogram, k)
-    return state
+def _start() -> tuple:
+    """The call's state (zeroed when made, so that no epoch is found in its NaN flag by
+    chance; ``_estimate`` resets the rest) and epoch."""
+    return scratch.zeroed((STATE,), np.int64, "topk-state"), scratch.epoch()
 
 
-def _land(payload, k: int, reuse) -> tuple | None:
+def _land(payload, k: int, reuse, epoch) -> tuple | None:
     """The one copy to the host, and the wait for it; None when the input had a NaN/inf."""
     host = sparse_buffers.payload(2 * k + 1, reuse)
     payload.copy_to_host(host, stream=device.stream())
     device.stream().synchronize()
-    if host[2 * k]:
+    if host[2 * k] == epoch:
         return None
     return host[:k], host[k:2 * k].view(np.float32)
 
@@ -248,8 +246,8 @@ def _land(payload, k: int, reuse) -> tuple | None:
 def select_topk(x, k: int) -> tuple:
     """Host (indices uint32, values float32) of the k (1 <= k <= n) largest magnitudes of
     device ``x``: views of one pinned buffer, returned to a pool once both are gone."""
-    state = _start(k)
-    selected = _land(_select(x, k, state, False), k, None)
+    state, epoch = _start()
+    selected = _land(_select(x, k, state, False, epoch), k, None, epoch)
     if selected is None:
         raise ValueError("topk input contains NaN or inf")
     return selected
@@ -260,6 +258,6 @@ def select_topk_feedback(g, e, lam: float, e_out, k: int, reuse=None) -> tuple |
     pairs of top-k(p), and the chosen entries of e_out zeroed (exactly p - D(c)). The
     pairs land in ``reuse`` (the key's previous payload) where it is one of ours.
     None when p is not finite (e_out then holds garbage; it must not be e)."""
-    state = _start(k)
-    compensate_flagged(g, e, lam, e_out, state[NONFINITE:NONFINITE + 1])
-    return _land(_select(e_out, k, state, True), k, reuse)
+    state, epoch = _start()
+    compensate_flagged(g, e, lam, e_out, state[NONFINITE:NONFINITE + 1], epoch)
+    return _land(_select(e_out, k, state, True, epoch), k, reuse, epoch)
