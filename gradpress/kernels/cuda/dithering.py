@@ -1,6 +1,6 @@
 """dithering encoder on the GPU, bare and with error feedback fused in: the same
 per-element quantisation (``kernels.quantize``) and random draws as the CPU kernel.
-Three launches and one copy, as onebit's: the norms of p on the device, then the norm
+Two launches and one copy, as onebit's: the norms of p on the device, then the norm
 (NaN marks a NaN/inf in p), the packed codes and the residual in one kernel; norm and
 codes, in one allocation, come back in one copy."""
 import numpy as np
@@ -67,7 +67,7 @@ def _encode(g, e, lam, feedback, totals, l2, s, natural, width, draws, norm_out,
 
 
 def _run(g, e, lam: np.float32, feedback: bool, config, draws: np.uint64, e_out, host_of) -> list:
-    """Queue the three kernels, copy [norm, codes] into ``host_of(layout)``, synchronise."""
+    """Queue the two kernels, copy [norm, codes] into ``host_of(layout)``, synchronise."""
     width = config.width
     natural = config.partition == "natural"
     layout = scratch.Layout(((np.float32, 1), (np.uint8, packed_nbytes(g.shape[0], width))), 2)

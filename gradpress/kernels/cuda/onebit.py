@@ -1,4 +1,4 @@
-"""onebit encoder on the GPU, bare and with error feedback fused in. Three launches and
+"""onebit encoder on the GPU, bare and with error feedback fused in. Two launches and
 one copy: the norms of p on the device (``norms.launch_totals``), then the scale (NaN
 marks a non-finite input), the packed signs and the residual in one kernel that writes
 nothing else where the scale is NaN; the payload, scale and bits in one allocation,
@@ -51,7 +51,7 @@ def _layout(n: int) -> scratch.Layout:
 
 
 def _run(g, e, lam: np.float32, feedback: bool, scaling: str, e_out, host_of) -> list:
-    """Queue the three kernels, copy the payload into ``host_of(layout)``, synchronise."""
+    """Queue the two kernels, copy the payload into ``host_of(layout)``, synchronise."""
     n = g.shape[0]
     layout = _layout(n)
     whole, (scale, bits) = scratch.staged(layout)
