@@ -11,6 +11,7 @@ STAMP   := $(VENV)/.installed
 # kernel the simulator ran for a real GPU with them, without one (tests/support/ptx_check.py)
 CUDA_COMPILER := numba-cuda==0.30.4 cuda-bindings==13.5.0 cuda-core==1.2.2 cuda-pathfinder==1.9.1 \
                  nvidia-nvvm==13.5.37 nvidia-cuda-nvrtc==13.5.37
+COMPILER_STAMP := $(VENV)/cuda-compiler/.installed
 
 .PHONY: setup demo test bench clean images gpu-check
 
@@ -21,8 +22,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e '.[test]'
-	$(BIN)/python -m pip install -q --upgrade --no-deps --target $(VENV)/cuda-compiler $(CUDA_COMPILER)
 	touch $(STAMP)
+
+# the tests' CUDA compiler, only for them (make demo does not download it)
+$(COMPILER_STAMP): $(STAMP) Makefile
+	$(BIN)/python -m pip install -q --upgrade --no-deps --target $(VENV)/cuda-compiler $(CUDA_COMPILER)
+	touch $(COMPILER_STAMP)
 
 demo: setup
 	$(BIN)/gradpress-launch --local --workers 2 --servers 1 -- $(BIN)/python examples/train_digits.py
@@ -33,7 +38,7 @@ demo: setup
 # apiece) at the same time. 1,804 tests took 9.4 min from a fresh clone with it (one run), 9.6
 # and 9.9 without (2026-11-27; the CUDA simulator's payload script, about 55 s alone and twice that
 # beside the other worker's tests, is the longest single piece).
-test: setup
+test: setup $(COMPILER_STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -c "from gradpress.compressors.warmup import warm_up; warm_up('server'); warm_up('worker')"
 	$(BIN)/python -m pytest -q -n 2
