@@ -47,6 +47,8 @@ class _CrossBarrier:
         self._ready: dict[int, threading.Event] = {}
         self._single: dict[int, torch.optim.Optimizer] = {}
         self._error: BaseException | None = None
+        self._base = type(opt).__bases__[1]  # the wrapped optimizer's class (DistributedOptimizer's second base)
+        self._base_args = constructor_args(self._base, opt.defaults)
         for p in self._pipeline.table.trainable:
             self._track(p)
         self._pipeline.listener = self._started
@@ -59,11 +61,10 @@ class _CrossBarrier:
     def _track(self, p: torch.Tensor) -> None:
         """``p``'s place in the forward order, its landed event (set: nothing in flight) and
         its one-parameter optimizer sharing the wrapped one's state."""
-        base = type(self._opt).__bases__[1]  # the wrapped optimizer's class (DistributedOptimizer's second base)
         self._forward_order[id(p)] = len(self._forward_order)
         self._ready[id(p)] = threading.Event()
         self._ready[id(p)].set()
-        single = base([{**self._hyper(p), "params": [p]}], **constructor_args(base, self._opt.defaults))
+        single = self._base([{**self._hyper(p), "params": [p]}], **self._base_args)
         single.state = self._opt.state
         self._single[id(p)] = single
 
@@ -99,11 +100,8 @@ class _CrossBarrier:
             raise JobError(f"CrossBarrier: updating the parameters failed: {self._error!r}") from self._error
         loss = closure() if closure is not None else None
         pipeline = self._pipeline
-        late = self._opt._late()  # unfrozen, or added with add_param_group: they join now
-        if late:
-            self._opt._adopt_late()
-            for _, p in late:
-                self._track(p)
+        for _, p in self._opt._adopt_late():  # unfrozen, or added with add_param_group: they join now
+            self._track(p)
         pipeline.flush()
         batch = sorted(pipeline.submitted(), key=lambda p: self._forward_order[id(p)])
         # hyper-parameters as of this step: an LR scheduler may change them before the updater runs

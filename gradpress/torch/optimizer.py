@@ -122,12 +122,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 for g, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])
                 if p.requires_grad and id(p) not in known]
 
-    def _adopt_late(self) -> None:
+    def _adopt_late(self) -> list[tuple[str, torch.Tensor]]:
         """Late parameters (``_late``) join at this step boundary: this step's gradient (or
         change, in async mode) travels with the rest, later ones as backward makes them.
         (BytePS and torch's DDP leave them out: each worker steps on its own gradient and the
         models drift apart.) Every worker adopts them at the same step, as each unfreezes
-        them at the same step."""
+        them at the same step. Returns the (name, parameter) adopted."""
         late = self._late()
         for name, p in late:
             self._gradpress.adopt(p, name)
@@ -141,6 +141,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             warnings.warn(f"DistributedOptimizer: {', '.join(n for n, _ in late)} became trainable after the "
                           f"optimizer was built; averaged from this step on (uncompressed where a low-rank or "
                           f"'auto' rule names them)", stacklevel=4)
+        return late
 
     def _land(self, results: dict[int, torch.Tensor]) -> None:
         """Each average becomes its parameter's gradient (when it is not already: a sparse
