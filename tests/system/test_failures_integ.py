@@ -67,7 +67,10 @@ def test_launcher_stops_the_job_and_exits_nonzero_when_a_process_dies(tmp_path):
     started = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "gradpress.launcher", "--local", "--workers", "2",
                           "--servers", "1", "--", sys.executable, str(script)],
-                         capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                         capture_output=True, text=True, timeout=60,
+                         # worker 0 sleeps outside gradpress: it exits when its grace (the heartbeat
+                         # timeout, 10 s by default) is over, having been told of worker 1 at once
+                         env=dict(os.environ, PYTHONUNBUFFERED="1", PS_HEARTBEAT_TIMEOUT="3"))
     assert out.returncode != 0, out
     assert "worker 1 exited with code -9" in out.stderr, out.stderr
     assert time.monotonic() - started < 30
