@@ -1,0 +1,71 @@
+"""A network partition, not a process death: the server's link goes down mid-training (the
+bridge port of its namespace), so its peers see no FIN or RST, only silence. Every process
+of the job must stop within the heartbeat timeout, each naming what it lost: the scheduler
+and the workers the server, the server (cut off from everyone) the scheduler.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cluster import FAST
+
+from gradpress.testing import netns
+
+pytestmark = [pytest.mark.integ, pytest.mark.netns]
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 5  # FAST's PS_HEARTBEAT_TIMEOUT
+TRAIN = """
+import os, time, torch, gradpress.torch as bps
+bps.init()
+x = torch.ones(100000)
+for step in range(100000):
+    bps.push_pull(x.clone(), name="x")
+    if step == 3:
+        open(os.path.join(os.environ["GP_TEST_DIR"], f"ready{bps.rank()}"), "w").close()
+    time.sleep(0.02)
+"""
+
+
+def test_a_server_cut_off_by_the_network_stops_every_process_naming_it(namespaces, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    common = {**os.environ, **FAST, "DMLC_PS_ROOT_URI": namespaces.addr("sched"), "DMLC_PS_ROOT_PORT": "9431",
+              "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "GRADPRESS_SHM": "0", "GP_TEST_DIR": str(tmp_path),
+              "PYTHONPATH": str(REPO)}
+    role = [sys.executable, "-m", "gradpress.launcher"]
+    nodes = [("sched", role, {"DMLC_ROLE": "scheduler"}), ("s0", role, {"DMLC_ROLE": "server"})]
+    nodes += [(f"w{i}", [sys.executable, str(script)], {"DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(i)})
+              for i in range(2)]
+    procs = {name: namespaces.popen(name, argv, {**common, **env, "DMLC_NODE_HOST": namespaces.addr(name)},
+                                    tmp_path / f"{name}.log", cwd=str(REPO)) for name, argv, env in nodes}
+
+    def logs() -> str:
+        return "\n".join(f"--- {n}\n{(tmp_path / f'{n}.log').read_text(errors='replace')[-2500:]}" for n in procs)
+    try:
+        deadline = time.monotonic() + 90
+        while not all((tmp_path / f"ready{r}").exists() for r in range(2)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs.values()), logs()
+            time.sleep(0.1)
+        netns.ip("-n", namespaces.switch, "link", "set", namespaces.nodes["s0"][2], "down")
+        cut = time.monotonic()
+        stopped = {}
+        while len(stopped) < len(procs) and time.monotonic() - cut < 6 * TIMEOUT_S:
+            stopped.update({n: time.monotonic() - cut for n, p in procs.items()
+                            if n not in stopped and p.poll() is not None})
+            time.sleep(0.1)
+        running = set(procs) - set(stopped)
+        assert not running, f"still running after {6 * TIMEOUT_S} s: {running}\n{logs()}"
+        # each one at its own heartbeat deadline, plus the time to pass the word on and exit
+        assert max(stopped.values()) < 3 * TIMEOUT_S, f"{stopped}\n{logs()}"
+        assert all(p.returncode != 0 for p in procs.values()), logs()
+        for name in ("sched", "w0", "w1"):
+            assert "lost server 0" in (tmp_path / f"{name}.log").read_text(), logs()
+        assert "server 0: lost scheduler 0" in (tmp_path / "s0.log").read_text(), logs()
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
