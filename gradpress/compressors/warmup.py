@@ -30,6 +30,7 @@ _CONFIGS = [
 def warm_up(role: str) -> float:
     """Run every kernel ``role`` (worker or server) can call once, on tiny arrays; returns seconds."""
     from . import build_compressor
+    from ..kernels.cpu import fp16
     from ..kernels.cpu import server_sum as server_kernels
 
     start = time.perf_counter()
@@ -42,13 +43,16 @@ def warm_up(role: str) -> float:
             out = np.empty_like(x)
             c.decompress(header, frames, out, key=1, round=rnd)
             c.decompress_add(header, frames, out, key=1, round=rnd)
-    if role == "server":
-        for dtype in (np.float16, np.float32, np.float64):
-            src = np.frombuffer(x.astype(dtype).tobytes(), dtype)
-            acc = np.empty(x.size, np.float64 if dtype == np.float64 else np.float32)
-            server_kernels.accumulate(acc, src, first=True)
-            server_kernels.accumulate(acc, src, first=False)
-        server_kernels.to_half(np.ascontiguousarray(x))
+    # a server's sums, and a worker's where it sums its machine's pushes (worker/relay.py)
+    for dtype in (np.float16, np.float32, np.float64):
+        src = np.frombuffer(x.astype(dtype).tobytes(), dtype)
+        acc = np.empty(x.size, np.float64 if dtype == np.float64 else np.float32)
+        server_kernels.accumulate(acc, src, first=True)
+        server_kernels.accumulate(acc, src, first=False)
+    server_kernels.to_half(np.ascontiguousarray(x))
+    if role == "worker":  # the average of a pulled float16 result (worker/stages.py)
+        half = x.astype(np.float16)
+        fp16.divide_half(half, 3, np.empty_like(half))
     seconds = time.perf_counter() - start
     log.info("kernels ready in %.2f s", seconds)
     return seconds

@@ -1,4 +1,8 @@
 """gradpress/compressors/warmup.py: every kernel a node may call is loaded before it registers."""
+import subprocess
+import sys
+
+import pytest
 
 
 def test_warm_up_runs_every_codec_for_both_roles(monkeypatch):
@@ -15,3 +19,17 @@ def test_warm_up_runs_every_codec_for_both_roles(monkeypatch):
     for role in ("worker", "server"):
         assert warm_up(role) > 0
     assert set(built) == {(c["compressor"], role) for c in _CONFIGS for role in ("worker", "server")}
+
+
+@pytest.mark.integ
+def test_a_workers_warm_up_loads_what_its_communication_thread_calls_without_a_codec():
+    """Its machine's sums (local reduction) and a float16 average: loaded at their first call
+    instead, they hold that thread, and its heartbeats, for numba's set-up (a job of 6 workers
+    on 2 cores lost one at PS_HEARTBEAT_TIMEOUT=2 when every kernel loaded that way)."""
+    script = ("from gradpress.compressors.warmup import warm_up; warm_up('worker')\n"
+              "from gradpress.kernels.cpu import fp16, server_sum\n"
+              "divide = fp16._divide_hardware if fp16.HARDWARE_HALF else fp16._divide_software\n"
+              "print(len(server_sum._add.signatures), len(server_sum._store.signatures), len(divide.signatures))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert all(int(n) > 0 for n in out.stdout.split()), out.stdout
