@@ -13,13 +13,9 @@ assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run under the CUDA simula
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 
-import block_order  # noqa: E402
-import cudasim_races  # noqa: E402
-import kernel_signatures  # noqa: E402
+import simulated  # noqa: E402
 
-cudasim_races.install()  # before any kernel runs: two simulator races closed
-kernel_signatures.record()  # what is launched, to compile for a GPU after (cudasim_run.py)
-block_order.shuffle()  # blocks in any order, as on a GPU
+simulated.prepare()  # before any kernel runs
 
 from numba import cuda  # noqa: E402
 

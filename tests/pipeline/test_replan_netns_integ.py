@@ -8,7 +8,6 @@ replay of each step's plan.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import sys
 import time
@@ -16,13 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from cluster import FAST
+from netns_job import start_job
 from plan_replay import Shape, replay, worker_script
 
 from gradpress.testing import netns
 
 pytestmark = [pytest.mark.integ, pytest.mark.netns]
-REPO = Path(__file__).resolve().parents[2]
 # 6 x 64 KB of gradients: about 1 ms per step on the bare veth. 10 Mbit/s, not 100: even a plan
 # that compresses everything (onebit, 12 KB a step) then drifts clearly off a prediction re-based
 # on the fast link (at 100 Mbit/s it could stay within 20% under the two-process suite)
@@ -34,20 +32,13 @@ RATE, RATE_BYTES_PER_S = "10mbit", 10e6 / 8
 def _start(cluster: netns.NetnsCluster, tmp: Path) -> dict:
     script = tmp / "worker.py"
     script.write_text(worker_script(SHAPE))
-    common = {**os.environ, **FAST, "DMLC_PS_ROOT_URI": cluster.addr("sched"), "DMLC_PS_ROOT_PORT": "9431",
-              "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "GRADPRESS_JOB_SECRET": secrets.token_hex(32),
-              "GRADPRESS_SHM": "0", "GRADPRESS_PLAN_STEPS": str(SHAPE.plan_steps), "BYTEPS_MIN_COMPRESS_BYTES": "0",
-              "BYTEPS_PARTITION_BYTES": str(256 << 10), "GP_TEST_DIR": str(tmp),
-              "GP_AUTO": json.dumps({"compressor": "auto", "allowed": ["none", "onebit"]}),
-              "GP_PAUSE_AFTER_STEP": str(PAUSE_AFTER_STEP), "PYTHONPATH": str(REPO),
-              # the plan settles after 2 planned steps, with no alternatives to measure first
-              "GP_REFINE_STEPS": "1", "GP_TRIALS": "0"}
-    role = [sys.executable, "-m", "gradpress.launcher"]
-    nodes = [("sched", role, {"DMLC_ROLE": "scheduler"}), ("s0", role, {"DMLC_ROLE": "server"})]
-    nodes += [(f"w{i}", [sys.executable, str(script)], {"DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(i)})
-              for i in range(2)]
-    return {name: cluster.popen(name, argv, {**common, **env, "DMLC_NODE_HOST": cluster.addr(name)},
-                                tmp / f"{name}.log", cwd=str(REPO)) for name, argv, env in nodes}
+    return start_job(cluster, [sys.executable, str(script)], tmp, {
+        "GRADPRESS_JOB_SECRET": secrets.token_hex(32), "GRADPRESS_PLAN_STEPS": str(SHAPE.plan_steps),
+        "BYTEPS_MIN_COMPRESS_BYTES": "0", "BYTEPS_PARTITION_BYTES": str(256 << 10),
+        "GP_AUTO": json.dumps({"compressor": "auto", "allowed": ["none", "onebit"]}),
+        "GP_PAUSE_AFTER_STEP": str(PAUSE_AFTER_STEP),
+        # the plan settles after 2 planned steps, with no alternatives to measure first
+        "GP_REFINE_STEPS": "1", "GP_TRIALS": "0"})
 
 
 def _wait(procs: dict, tmp: Path, done, what: str, timeout_s: float) -> None:

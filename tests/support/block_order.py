@@ -11,6 +11,7 @@ seeded so that a failure repeats (``GP_BLOCK_ORDER_SEED``, default 0).
 """
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 from numba.cuda.simulator import kernel
@@ -36,6 +37,6 @@ def shuffle() -> None:
     """Before any kernel runs."""
     # a numba whose simulator stopped walking blocks with np.ndindex would keep index order
     # without a word: say so instead
-    assert kernel.np is np and "np.ndindex(*grid_dim)" in open(kernel.__file__).read(), \
+    assert kernel.np is np and "np.ndindex(*grid_dim)" in Path(kernel.__file__).read_text(), \
         "numba's CUDA simulator changed: tests/support/block_order.py shuffles nothing"
     kernel.np = _ShuffledIndex(int(os.environ.get("GP_BLOCK_ORDER_SEED", "0")))

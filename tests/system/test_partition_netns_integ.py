@@ -9,18 +9,16 @@ bridge port of its namespace), so its peers see no FIN or RST, only silence.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from cluster import FAST
+from netns_job import start_job
 
 from gradpress.testing import netns
 
 pytestmark = [pytest.mark.integ, pytest.mark.netns]
-REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 5  # FAST's PS_HEARTBEAT_TIMEOUT
 TRAIN = """
 import os, sys, time, torch, gradpress.torch as bps
@@ -39,15 +37,7 @@ def _start(namespaces, tmp_path: Path, steps: int) -> dict:
     """The job, once both workers have made 4 steps."""
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    common = {**os.environ, **FAST, "DMLC_PS_ROOT_URI": namespaces.addr("sched"), "DMLC_PS_ROOT_PORT": "9431",
-              "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "GRADPRESS_SHM": "0", "GP_TEST_DIR": str(tmp_path),
-              "PYTHONPATH": str(REPO)}
-    role = [sys.executable, "-m", "gradpress.launcher"]
-    nodes = [("sched", role, {"DMLC_ROLE": "scheduler"}), ("s0", role, {"DMLC_ROLE": "server"})]
-    nodes += [(f"w{i}", [sys.executable, str(script), str(steps)], {"DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(i)})
-              for i in range(2)]
-    procs = {name: namespaces.popen(name, argv, {**common, **env, "DMLC_NODE_HOST": namespaces.addr(name)},
-                                    tmp_path / f"{name}.log", cwd=str(REPO)) for name, argv, env in nodes}
+    procs = start_job(namespaces, [sys.executable, str(script), str(steps)], tmp_path, {})
     deadline = time.monotonic() + 90
     while not all((tmp_path / f"ready{r}").exists() for r in range(2)):
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):

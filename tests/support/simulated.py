@@ -1,0 +1,12 @@
+"""What every script under Numba's CUDA simulator sets up before its first kernel (the
+scripts cudasim_run.py runs)."""
+
+
+def prepare() -> None:
+    import block_order
+    import cudasim_races
+    import kernel_signatures
+
+    cudasim_races.install()      # two simulator races closed
+    kernel_signatures.record()   # what is launched, to compile for a GPU after (cudasim_run.py)
+    block_order.shuffle()        # blocks in any order, as on a GPU
