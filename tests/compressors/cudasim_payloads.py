@@ -283,9 +283,6 @@ def sparse_feedback_cases():
 
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
-    # simulated threads meet at every syncthreads: switching between them every 50 us
-    # instead of Python's 5 ms makes the block-scan kernels several times faster here
-    sys.setswitchinterval(5e-5)  # simulated uint64 arithmetic warns on (intended) wrap
     with np.errstate(over="ignore"):
         for source in (codec_cases, rejection_cases, wrapper_cases, decompress_case,
                        device_decode_cases, fused_cases, topk_kernel_cases,

@@ -1,8 +1,9 @@
 """Two races of numba's CUDA simulator, closed for the scripts that run kernels under it
 (``NUMBA_ENABLE_CUDASIM=1``). A real GPU has neither; this keeps the tests from seeing them.
 
-The simulator runs each CUDA thread as a Python thread, and the scripts switch between
-them every 50 us (Python's default is 5 ms) to run faster, which makes both frequent:
+The simulator runs each CUDA thread as a Python thread, and Python may switch between
+them between any two bytecodes, which leaves both open (a script that switches faster than
+Python's 5 ms makes them frequent):
 
 - **Shared arrays.** A block's shared array is made when the first of its threads reaches
   the ``cuda.shared.array`` line: the simulator looks the line up in a dict and stores a

@@ -4,9 +4,11 @@ scripts cudasim_run.py runs)."""
 
 def prepare() -> None:
     import block_order
+    import block_threads
     import cudasim_races
     import kernel_signatures
 
     cudasim_races.install()      # two simulator races closed
     kernel_signatures.record()   # what is launched, to compile for a GPU after (cudasim_run.py)
     block_order.shuffle()        # blocks in any order, as on a GPU
+    block_threads.install()      # a block's threads meet at a barrier, not a polling loop
