@@ -20,7 +20,7 @@ import time
 
 import zmq
 
-from .. import logs
+from .. import exit_gc, logs
 from ..net import transport
 from ..net.guard import PeerGuard
 from ..net.limits import Limits
@@ -210,5 +210,6 @@ class Scheduler(Liveness):
 
 
 def run_scheduler(settings: Settings) -> int:
+    exit_gc.configure(settings)
     return Scheduler(settings).run()
 

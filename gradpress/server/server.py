@@ -18,7 +18,7 @@ import os
 import numpy as np
 import zmq
 
-from .. import allocator, logs
+from .. import allocator, exit_gc, logs
 from ..net import transport
 from ..net.guard import PeerGuard
 from ..net.limits import Limits
@@ -67,6 +67,7 @@ class Server:
     def run(self) -> int:
         """Register, serve until the scheduler says the job is over. Returns the exit code."""
         allocator.configure(self.s)
+        exit_gc.configure(self.s)
         warm_up("server")  # before registering: compiling later would silence the heartbeats
         try:
             book = self.link.register()

@@ -9,14 +9,13 @@ as its real view.
 """
 from __future__ import annotations
 
-import atexit
 import itertools
 import threading
 from typing import Callable
 
 import torch
 
-from .. import allocator, gil, logs
+from .. import allocator, exit_gc, gil, logs
 from ..compressors.spec import CodecSpec
 from ..config import Settings
 from ..errors import JobError, RegistrationRefused
@@ -76,7 +75,7 @@ def init(lazy: bool = True) -> None:
         _noname = itertools.count()
         failures.install(lambda: _client)
         if not _atexit_registered:
-            atexit.register(shutdown)
+            exit_gc.configure(settings, shutdown)
             _atexit_registered = True
 
 
