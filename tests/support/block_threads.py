@@ -6,6 +6,7 @@ in ``syncthreads``, then releases them. On 2 cores that spin takes the GIL from 
 it waits for: most of a simulator script's time went to it (ten million ``is_alive``
 calls in the payload script). Here the last thread to arrive releases the others, and a
 thread that ends counts as arrived, as in the simulator: the same barrier, without the spin.
+The OS threads are kept from block to block instead of one started per CUDA thread.
 
 The threads start in ``kernel.np.ndindex``'s order (block_order.py shuffles it), and an
 exception in any thread aborts the block's others and is raised from the launch, with its
@@ -16,6 +17,7 @@ import threading
 from numba.cuda.simulator import kernel
 
 _ABORTED = "abort flag set on syncthreads call"
+BLOCK_DEADLINE_S = 600  # one block's threads, all of them: a kernel stuck in a loop fails here
 
 
 class _Barrier:
@@ -98,7 +100,9 @@ def _run(self, grid_point, *args) -> None:
     threads = _pool[:len(points)]
     for t, point in zip(threads, points):
         t.give(lambda: self._f(*args), self, grid_point, point, barrier)
-    barrier.ended.wait()
+    if not barrier.ended.wait(BLOCK_DEADLINE_S):
+        raise TimeoutError(f"{self._f.__qualname__}: block {grid_point} still running after {BLOCK_DEADLINE_S} s "
+                           f"({barrier.live} of {len(points)} threads, {barrier.waiting} at a barrier)")
     failed = [t for t in threads if t.exception]
     # the first to fail, not one that an abort made fail after it
     first = next((t for t in failed if _ABORTED not in str(t.exception[0])), failed[0]) if failed else None
