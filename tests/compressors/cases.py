@@ -39,3 +39,16 @@ def decompressed(c, header: dict, buffers: list, n: int, key: int = 0, round: in
 
 def gaussian(n: int, seed: int = 0, dtype=np.float32) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(n).astype(dtype)
+
+
+def same_payload(a, b) -> str:
+    """Empty when both payloads are byte-identical, else what differs."""
+    (ha, ba), (hb, bb) = a, b
+    if ha != hb:
+        return f"headers differ: {ha} vs {hb}"
+    if len(ba) != len(bb):
+        return f"{len(ba)} vs {len(bb)} buffers"
+    for position, (x, y) in enumerate(zip(ba, bb)):
+        if bytes(memoryview(x).cast("B")) != bytes(memoryview(y).cast("B")):
+            return f"buffer {position} differs"
+    return ""

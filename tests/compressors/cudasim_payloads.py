@@ -21,7 +21,7 @@ from numba import cuda  # noqa: E402
 
 from gradpress.compressors import ErrorFeedback, build_compressor  # noqa: E402
 from gradpress.compressors.arrays import is_device_array  # noqa: E402
-from tests.compressors.cases import CODEC_PARAMS, gaussian  # noqa: E402
+from tests.compressors.cases import CODEC_PARAMS, gaussian, same_payload  # noqa: E402
 
 LENGTHS = [1, 9, 300]  # raw fallback, a partial byte, several bytes and segments
 KEY, ROUND = 77, 5
@@ -33,19 +33,6 @@ FUSED_LENGTHS = (1, 150)
 # the lengths each kind runs at: vanilla is corrected with lam = 1 (the same kernels, the
 # same arithmetic: g + 1 * e is exact), so its blocks repeat what corrected's cover
 KIND_LENGTHS = {"vanilla": FUSED_LENGTHS[:1], "corrected": FUSED_LENGTHS}
-
-
-def same_payload(a, b) -> str:
-    """Empty when both payloads are byte-identical, else what differs."""
-    (ha, ba), (hb, bb) = a, b
-    if ha != hb:
-        return f"headers differ: {ha} vs {hb}"
-    if len(ba) != len(bb):
-        return f"{len(ba)} vs {len(bb)} buffers"
-    for position, (x, y) in enumerate(zip(ba, bb)):
-        if bytes(memoryview(x).cast("B")) != bytes(memoryview(y).cast("B")):
-            return f"buffer {position} differs"
-    return ""
 
 
 def inputs(n: int):
