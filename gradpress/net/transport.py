@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from typing import Any, Sequence
 
 import zmq
@@ -51,6 +52,21 @@ def context(settings: Settings | None = None) -> zmq.Context:
     """The process's ZeroMQ context; its I/O threads are set by whoever makes it first (the
     role, from its settings)."""
     return zmq.Context.instance(io_threads=io_threads(settings) if settings is not None else IO_THREADS)
+
+
+def deliver_queued(ctx: zmq.Context, wait_s: float = LINGER_MS / 1000 + 1.0) -> bool:
+    """At the end of a scheduler's or server's process, once its sockets are closed: end the
+    context, so that ZeroMQ's I/O threads deliver what the sockets still queue (each within
+    its LINGER_MS) instead of the process dropping it as it exits. Without it a scheduler
+    that had just told every member which node was lost could exit before some of them
+    heard it, and they reported the scheduler lost instead. Waits at most ``wait_s`` (a
+    socket some thread left open would hold the context forever); returns whether it ended."""
+    ending = threading.Thread(target=ctx.term, name="gradpress-zmq-term", daemon=True)
+    ending.start()
+    ending.join(wait_s)
+    if ending.is_alive():
+        log.warning("ZeroMQ still held a socket open %.1f s after the end: what it queued may be lost", wait_s)
+    return not ending.is_alive()
 
 
 def job_socket(ctx: zmq.Context, kind: int, settings: Settings, binds: bool) -> zmq.Socket:

@@ -211,5 +211,9 @@ class Scheduler(Liveness):
 
 def run_scheduler(settings: Settings) -> int:
     exit_gc.configure(settings)
-    return Scheduler(settings).run()
+    scheduler = Scheduler(settings)
+    try:
+        return scheduler.run()
+    finally:
+        transport.deliver_queued(scheduler.ctx)
 

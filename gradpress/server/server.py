@@ -204,4 +204,8 @@ class Server:
 
 
 def run_server(settings: Settings) -> int:
-    return Server(settings).run()
+    server = Server(settings)
+    try:
+        return server.run()
+    finally:
+        transport.deliver_queued(server.ctx)
