@@ -35,8 +35,9 @@ demo: setup
 # Two test processes (pytest-xdist): most tests wait on real jobs of several processes, so
 # two of them share the 2 cores well. The kernels every node loads at start are compiled once
 # first: in a fresh clone the first jobs' nodes would each compile them (12 s of a core
-# apiece) at the same time. From a fresh clone, set-up included: 8.5 min for 1,849 tests
-# (2026-11-27; the CUDA simulator's payload script, about 25 s alone, is the longest piece).
+# apiece) at the same time. From a fresh clone, set-up included: 8:29 to 9:31 in four runs
+# (2026-11-27, 1,849 to 1,853 tests; the CUDA simulator's payload script, about 25 s alone,
+# is the longest piece).
 test: setup $(COMPILER_STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -c "from gradpress.compressors.warmup import warm_up; warm_up('server'); warm_up('worker')"
