@@ -67,7 +67,6 @@ class Server:
     def run(self) -> int:
         """Register, serve until the scheduler says the job is over. Returns the exit code."""
         allocator.configure(self.s)
-        exit_gc.configure(self.s)
         warm_up("server")  # before registering: compiling later would silence the heartbeats
         try:
             book = self.link.register()
@@ -204,6 +203,7 @@ class Server:
 
 
 def run_server(settings: Settings) -> int:
+    exit_gc.configure(settings)
     server = Server(settings)
     try:
         return server.run()
