@@ -51,15 +51,29 @@ def main(argv: list[str] | None = None) -> int:
     except auth.JobSecretError as e:
         print(f"gradpress-launch: DMLC_ROLE={settings.role}: {e}", file=sys.stderr)
         return 2
-    if settings.role == "scheduler":
-        from .scheduler import run_scheduler
-        return run_scheduler(settings)
-    if settings.role == "server":
-        from .server import run_server
-        return run_server(settings)
+    if settings.role in ("scheduler", "server"):
+        return serve(settings)
     if not command:
         p.error("DMLC_ROLE=worker needs the training command to run")
     return run_workers(command, settings)
+
+
+def serve(settings: Settings) -> int:
+    """This process is the scheduler or a server until the job ends. At its end ZeroMQ
+    delivers what its sockets still queue (``transport.deliver_queued``), and the exit skips
+    Python's final collections (``exit_gc``)."""
+    from . import exit_gc
+    from .net import transport
+    exit_gc.configure(settings)
+    if settings.role == "scheduler":
+        from .scheduler import Scheduler as Node
+    else:
+        from .server import Server as Node
+    node = Node(settings)
+    try:
+        return node.run()
+    finally:
+        transport.deliver_queued(node.ctx)
 
 
 def run_workers(command: list[str], settings: Settings) -> int:

@@ -20,7 +20,7 @@ import time
 
 import zmq
 
-from .. import exit_gc, logs
+from .. import logs
 from ..net import transport
 from ..net.guard import PeerGuard
 from ..net.limits import Limits
@@ -210,10 +210,5 @@ class Scheduler(Liveness):
 
 
 def run_scheduler(settings: Settings) -> int:
-    exit_gc.configure(settings)
-    scheduler = Scheduler(settings)
-    try:
-        return scheduler.run()
-    finally:
-        transport.deliver_queued(scheduler.ctx)
+    return Scheduler(settings).run()
 

@@ -18,7 +18,7 @@ import os
 import numpy as np
 import zmq
 
-from .. import allocator, exit_gc, logs
+from .. import allocator, logs
 from ..net import transport
 from ..net.guard import PeerGuard
 from ..net.limits import Limits
@@ -203,9 +203,4 @@ class Server:
 
 
 def run_server(settings: Settings) -> int:
-    exit_gc.configure(settings)
-    server = Server(settings)
-    try:
-        return server.run()
-    finally:
-        transport.deliver_queued(server.ctx)
+    return Server(settings).run()
