@@ -9,7 +9,9 @@ BYTEPS_PARTITION_BYTES). What it times is what the host does per partition besid
 kernels: gradpress's own Python, and the simulator's array plumbing where a GPU has
 numba's (views, copies of the payload into host memory). It is a proxy: numba's real
 launches and driver calls (about 25 us a launch on an H200) come on top, one per counted
-launch.
+launch. ``onebit-together`` is onebit with each tensor's partitions compressed together
+(``GRADPRESS_GROUP_PARTITIONS``, a worker's default where no local owner sums them first):
+one set of launches per tensor.
 
     python benchmarks/compress_host.py [--reps N]
 
@@ -32,12 +34,11 @@ from numba import cuda  # noqa: E402
 from numba.cuda.simulator import kernel as simulated  # noqa: E402
 
 from bandwidth_models import MODELS  # noqa: E402
-from gpu import ENCODERS  # noqa: E402  the codecs and settings benchmarks/gpu.py times on a GPU
+from gpu import ENCODERS, compress_stage  # noqa: E402  what benchmarks/gpu.py times on a GPU
 from results import emit  # noqa: E402
 
 from gradpress.compressors import build_compressor  # noqa: E402
 from gradpress.config import Settings  # noqa: E402
-from gradpress.kernels.cuda.device import working_on  # noqa: E402
 from gradpress.placement import partition_counts  # noqa: E402
 
 launched = [0]
@@ -55,12 +56,11 @@ def _zeroed(shape, dtype=np.float64, stream=0, **_):
     return cuda.to_device(np.zeros(shape, dtype), stream=stream)
 
 
-def job_partitions() -> list[int]:
-    """Element counts of the transformer job's compressed partitions."""
+def job_tensors() -> list[list[int]]:
+    """Element counts of the partitions of each tensor the transformer's job compresses."""
     settings = Settings()
     sizes = [p.numel() for p in MODELS["tfm"].build().parameters()]
-    return [count for n in sizes if n * 4 >= settings.min_compress_bytes
-            for count in partition_counts(n, 4, settings.partition_bytes)]
+    return [partition_counts(n, 4, settings.partition_bytes) for n in sizes if n * 4 >= settings.min_compress_bytes]
 
 
 def main() -> None:
@@ -71,27 +71,28 @@ def main() -> None:
     # what the stubbed kernels would have written is read back as flags (NaN found, fallback
     # taken): device memory starts zeroed, so every flag reads "none"
     cuda.device_array = _zeroed
-    counts = job_partitions()
     rng = np.random.default_rng(0)
-    parts = [cuda.to_device(rng.standard_normal(n, dtype=np.float32)) for n in counts]
-    out: dict = {"partitions": len(parts), "elements": int(sum(counts))}
-    for name, params in ENCODERS.items():
+    tensors = [(cuda.to_device(rng.standard_normal(sum(counts), dtype=np.float32)), counts)
+               for counts in job_tensors()]
+    parts = sum(len(counts) for _, counts in tensors)
+    out: dict = {"partitions": parts, "tensors": len(tensors), "elements": sum(sum(c) for _, c in tensors)}
+    ways = [(name, params, False) for name, params in ENCODERS.items()] + \
+        [("onebit-together", ENCODERS["onebit"], True)]
+    for name, params, together in ways:
         codec = build_compressor(params, "worker")
         times = []
         for step in range(args.reps + 2):
             launched[0] = 0
             start = time.perf_counter()
-            for key, g in enumerate(parts):
-                with working_on(g):
-                    codec.compress(g, key=key, round=step)
+            compress_stage(codec, tensors, step, together)
             if step >= 2:
                 times.append(time.perf_counter() - start)
         median = statistics.median(times)
         out[f"{name}_stage_ms"] = round(1e3 * median, 3)
-        out[f"{name}_us_per_partition"] = round(1e6 * median / len(parts), 1)
-        out[f"{name}_launches_per_partition"] = launched[0] / len(parts)
-        print(f"{name:8s} {1e3 * median:8.2f} ms a step  {1e6 * median / len(parts):7.1f} us a partition  "
-              f"{launched[0] / len(parts):5.1f} launches a partition", flush=True)
+        out[f"{name}_us_per_partition"] = round(1e6 * median / parts, 1)
+        out[f"{name}_launches_per_partition"] = launched[0] / parts
+        print(f"{name:8s} {1e3 * median:8.2f} ms a step  {1e6 * median / parts:7.1f} us a partition  "
+              f"{launched[0] / parts:5.1f} launches a partition", flush=True)
     emit("compress_host", out)
 
 

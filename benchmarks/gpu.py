@@ -25,7 +25,8 @@ worker uses (pageable, pinned, its own registered shared memory, a peer's regist
 launches: the compress stage of one step of that transformer's 102 gradients, each codec
 with error feedback, in ms (the launches, the per-call Python and the copies); and of what
 the job compresses in a step: the partitions of its gradients of at least
-BYTEPS_MIN_COMPRESS_BYTES (the rest travel raw, fused).
+BYTEPS_MIN_COMPRESS_BYTES (the rest travel raw, fused); onebit also with each gradient's
+partitions compressed together (GRADPRESS_GROUP_PARTITIONS, the worker's default).
 
 The last line is ``RESULT {json}`` (``results.emit``: a record too, where asked).
 """
@@ -165,32 +166,44 @@ def launches(reps: int) -> dict:
     least = settings.min_compress_bytes
     out = {"tfm_tensors": len(grads), "tfm_job_partitions": len(job), "tfm_job_min_compress_bytes": least,
            "tfm_job_tensors": sum(1 for g in grads if g.numel() * 4 >= least)}
-    for name, params in ENCODERS.items():
-        for label, parts in (("", grads), ("job_", job)):
-            codec = build_compressor(params, "worker")
-            rounds = iter(range(10 ** 6))
+    ways = [(name, params, label, tensors, False) for name, params in ENCODERS.items()
+            for label, tensors in (("", [(g, [g.numel()]) for g in grads]), ("job_", job))]
+    ways.append(("onebit", ENCODERS["onebit"], "job_together_", job, True))
+    for name, params, label, tensors, together in ways:
+        codec = build_compressor(params, "worker")
+        rounds = iter(range(10 ** 6))
 
-            def step(parts=parts, codec=codec, rounds=rounds):
-                r = next(rounds)
-                for key, g in enumerate(parts):
-                    codec.compress(g, key=key, round=r)
-            out[f"{name}_{label}compress_stage_ms"] = 1e3 * timed(step, reps)
+        def step(tensors=tensors, codec=codec, rounds=rounds, together=together):
+            compress_stage(codec, tensors, next(rounds), together)
+        out[f"{name}_{label}compress_stage_ms"] = 1e3 * timed(step, reps)
     return out
 
 
 def _job_partitions(grads: list, settings: Settings) -> list:
     """What a worker compresses in a step of the job: the gradients of at least
-    BYTEPS_MIN_COMPRESS_BYTES (the smaller ones travel raw, fused), cut into the job's
-    partitions (BYTEPS_PARTITION_BYTES), each a view of its gradient."""
-    parts = []
-    for g in grads:
-        if g.numel() * 4 < settings.min_compress_bytes:
-            continue
-        start = 0
-        for count in partition_counts(g.numel(), 4, settings.partition_bytes):
-            parts.append(g[start:start + count])
-            start += count
-    return parts
+    BYTEPS_MIN_COMPRESS_BYTES (the smaller ones travel raw, fused), each with the element
+    counts of its partitions (BYTEPS_PARTITION_BYTES)."""
+    return [(g, partition_counts(g.numel(), 4, settings.partition_bytes)) for g in grads
+            if g.numel() * 4 >= settings.min_compress_bytes]
+
+
+def compress_stage(codec, tensors: list, step: int, together: bool) -> None:
+    """One step's compress stage over ``tensors`` (a 1-D device array each, with its
+    partitions' element counts), on gradpress's stream as the worker's: key by key (each
+    partition a view), or, where ``together``, each tensor's partitions at once where the
+    codec can (``compress_partitions``, as the worker's flight does; GRADPRESS_GROUP_PARTITIONS)."""
+    from gradpress.kernels.cuda.device import working_on
+    key = 0
+    for whole, counts in tensors:
+        keys = list(range(key, key + len(counts)))
+        key += len(counts)
+        with working_on(whole):
+            if together and len(counts) > 1 and codec.compress_partitions(whole, keys, counts[0]) is not None:
+                continue
+            start = 0
+            for k, count in zip(keys, counts):
+                codec.compress(whole[start:start + count], key=k, round=step)
+                start += count
 
 
 def _packbits(bits):

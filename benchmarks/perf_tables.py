@@ -344,9 +344,11 @@ def render_gpu(r: dict) -> list[str]:
         if "tfm_job_partitions" in r:  # records from 2026-11-27 on: what the job itself compresses
             header.append(f"as the job: its {r['tfm_job_partitions']} partitions of the {r['tfm_job_tensors']} "
                           f"gradients of {r['tfm_job_min_compress_bytes']} bytes or more, ms")
-        out += ([""] if out else []) + table(
-            header, [[c, f(r[f"{c}_compress_stage_ms"], 1)] + ([f(r.get(f"{c}_job_compress_stage_ms"), 1)]
-                                                              if len(header) > 2 else []) for c in stages])
+        rows = [[c, f(r[f"{c}_compress_stage_ms"], 1)] + ([f(r.get(f"{c}_job_compress_stage_ms"), 1)]
+                                                          if len(header) > 2 else []) for c in stages]
+        if "onebit_job_together_compress_stage_ms" in r:  # each gradient's partitions at once
+            rows.append(["onebit, partitions together", "", f(r["onebit_job_together_compress_stage_ms"], 1)])
+        out += ([""] if out else []) + table(header, rows)
     notes = [f"{r.get('card', 'GPU not recorded')}, {r.get('gpus', 1)} GPU(s)"]
     if "card_read_GBps" in r:
         notes.append(f"read {f(r['card_read_GBps'], 0)} GB/s and a pinned device-to-host copy "

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from gradpress.compressors.array_ops import check_same_layout, ops_for, to_host
+from gradpress.compressors.arrays import is_device_array
 from gradpress.compressors.wrapper import Wrapper
-from gradpress.compressors.base import Compressor, FeedbackRefused, Header, Buffers
+from gradpress.compressors.base import MAX_ELEMENTS, Compressor, FeedbackRefused, Header, Buffers
 
 
 class ErrorFeedback(Wrapper):
@@ -38,6 +39,10 @@ class ErrorFeedback(Wrapper):
         self._spares: dict = {}  # key -> (p scratch or None, spare residual or None)
         self._lrs: dict = {}  # key -> learning rate of the key's previous step
         self._payloads: dict = {}  # key -> buffers of its last fused payload (reused by the next)
+        # a tensor's keys compressed together (``compress_partitions``), by its first key:
+        # (the residuals' one device array, each key's view of it) and the payloads' host array
+        self._wholes: dict = {}
+        self._hosts: dict = {}
 
     def feedback_scale(self, key: int, lr: float | None) -> float:
         """lambda for ``key``'s next step: 1, or the previous step's lr over ``lr``."""
@@ -63,6 +68,73 @@ class ErrorFeedback(Wrapper):
         if lr is not None:
             self._lrs[key] = lr
         return compressed
+
+    def compress_partitions(self, x: Any, keys: list, part: int, lr: float | None = None) -> list | None:
+        """All of a tensor's partitions at once: ``x`` a device array whose ``keys[i]`` is
+        elements [i * part, (i + 1) * part) (the last one shorter), compressed with one set of
+        launches where the codec has them (``encode_device_partitions``). Returns per key its
+        (header, buffers), or the ValueError of its refused step (NaN/inf: that key's state
+        unchanged): what ``compress`` key by key would give and leave, bit for bit. The keys'
+        residuals then live in one device array, so the next call reads them in place. None
+        where it cannot (host input, no such kernels, residuals of keys at different steps):
+        the caller compresses key by key. The payloads stay valid until the next call."""
+        encode = getattr(self.inner, "encode_device_partitions", None)
+        if not self.fused or encode is None or not is_device_array(x):
+            return None
+        ops = ops_for(x)
+        g = ops.working(x)
+        counts = [min(part, g.shape[0] - i * part) for i in range(len(keys))]
+        if len(keys) < 2 or counts[-1] <= 0 or sum(counts) != g.shape[0] or \
+                any(self.inner.encoded_nbytes(c, 4) >= 4 * c or c > MAX_ELEMENTS for c in counts):
+            return None
+        try:
+            scales = {self.feedback_scale(k, lr) for k in keys}
+        except ValueError:
+            return None  # the key-by-key path says so, key by key
+        residuals = [self._residuals.get(k) for k in keys]
+        if all(r is None for r in residuals):  # the first step: p = g exactly
+            whole = ops.empty_like(g)
+            views = [whole[i * part:i * part + c] for i, c in enumerate(counts)]
+            e, lam = g, 0.0
+        elif len(scales) == 1 and all(r is not None for r in residuals):
+            whole, views = self._residual_array(ops, g, keys, counts, part, residuals)
+            if whole is None:
+                return None
+            e, lam = whole, scales.pop()
+        else:
+            return None
+        encoded, self._hosts[keys[0]] = encode(g, e, lam, whole, part, self._hosts.get(keys[0]))
+        self._wholes[keys[0]] = (whole, views)
+        results: list = []
+        for key, view, count, item in zip(keys, views, counts, encoded):
+            if item is None:
+                results.append(self.refused(key))
+                continue
+            fields, buffers = item
+            results.append(({"codec": self.name, "n": count, **fields}, buffers))
+            self._residuals[key] = view
+            self._payloads.pop(key, None)  # its payload lives in the tensor's host array now
+            if lr is not None:
+                self._lrs[key] = lr
+        return results
+
+    def _residual_array(self, ops: Any, g: Any, keys: list, counts: list, part: int,
+                        residuals: list) -> tuple[Any, list]:
+        """The residuals of ``keys`` as views of one device array: the one of the last call
+        where they still are, else a new one they are copied into (once: a tensor compressed
+        key by key before, or restored from a checkpoint). (None, []) for a residual whose
+        length is not its key's (the key-by-key path reports it)."""
+        whole, views = self._wholes.get(keys[0], (None, []))
+        if whole is not None and len(views) == len(keys) and all(r is v for r, v in zip(residuals, views)):
+            return whole, views
+        if any(r.shape != (c,) for r, c in zip(residuals, counts)):
+            return None, []
+        from gradpress.kernels.cuda import device
+        whole = ops.empty_like(g)
+        views = [whole[i * part:i * part + c] for i, c in enumerate(counts)]
+        for view, residual, count in zip(views, residuals, counts):
+            view.copy_to_device(ops.adopt(residual, view), stream=device.stream())
+        return whole, views
 
     def refused(self, key: int) -> ValueError:
         """The error a refused step raises (also where a step is done outside ``compress``)."""

@@ -66,6 +66,14 @@ class OneBit(Compressor):
             raise FeedbackRefused(self.name)
         return encoded
 
+    def encode_device_partitions(self, g: Any, e: Any, lam: float, e_out: Any, part: int,
+                                 reuse: Any) -> tuple[list, Any]:
+        """``_encode_device_feedback`` of each ``part`` elements of g at once (a tensor's
+        partitions, by ``ErrorFeedback.compress_partitions``): per partition (fields,
+        buffers) or None where refused, and the host array they live in."""
+        from gradpress.kernels.cuda import onebit as gpu_onebit
+        return gpu_onebit.encode_feedback_segments(g, e, lam, self.scaling, e_out, part, reuse)
+
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
         from gradpress.kernels.cuda import onebit as gpu_onebit
         return gpu_onebit.encode(x, self.scaling)

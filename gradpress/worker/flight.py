@@ -62,8 +62,10 @@ class PartitionFlight:
 
     def dispatch(self) -> None:
         while (op := self._queue.take()) is not None:
-            if op.wkey.in_flight is not None:  # its previous round is still out: wait for it
-                op.wkey.held.append(op)
+            wk = op.wkey
+            # its previous round is still out, or another job holds its next payload: wait
+            if wk.in_flight is not None or wk.compressed_by not in (None, op.job):
+                wk.held.append(op)
                 self._queue.release()
                 continue
             self._send(op)
@@ -81,12 +83,27 @@ class PartitionFlight:
             self._queue.release()
             self.relay.contribute(op)
             return
+        if self._together(op):
+            self.stages.compress_tensor(op.job)
         payload = self._payload(op)
         wk.next_round += 1
         self.stages.push(op, payload)
         self.stages.pull(op)
         wk.in_flight = op
         op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
+
+    def _together(self, op: PartitionOp) -> bool:
+        """Whether to compress all of ``op``'s tensor's partitions now, with one set of launches
+        (``GRADPRESS_GROUP_PARTITIONS``): asked once per job, at its first partition sent, and
+        only where no partition of the tensor is busy (in flight, holding ops or an early
+        payload) or goes through a local owner, so that each key's next round is this job's."""
+        job, t = op.job, op.job.tensor
+        if job.compressed is not None:
+            return False
+        job.compressed = {}
+        return (self.s.group_partitions and len(t.keys) > 1 and t.compressor is not None and t.layout is None
+                and all(k.in_flight is None and not k.held and k.compressed_by is None and k.via is None
+                        and not k.pushers for k in t.keys))
 
     def push_summed(self, op: PartitionOp) -> None:
         """The machine's sum of an owned key's round is in ``op.summed``: compress, push, pull."""

@@ -22,6 +22,24 @@ class PushPull:
     # waited for (its ``synchronize()``) on the communication thread before src is read: a
     # CUDA event after the asynchronous copy that fills src (the caller never blocks on it)
     ready: Any = None
+    # payloads of its partitions compressed together with the first one sent (stages.py,
+    # ``compress_tensor``), by key: (round, payload or the ValueError of a refused step);
+    # {} once the first partition is sent without
+    compressed: dict | None = None
+
+    def early_payload(self, wk: WorkerKey, round: int) -> Any:
+        """The payload made early for ``wk``'s ``round`` (None: none), taken; raises the
+        ValueError of its refused step."""
+        early = self.compressed.pop(wk.key, None) if self.compressed else None
+        if early is None:
+            return None
+        wk.compressed_by = None
+        made_for, payload = early
+        if made_for != round:  # the flight's held ops rule this out
+            raise RuntimeError(f"key {wk.key}: payload made for round {made_for}, sent in round {round}")
+        if isinstance(payload, ValueError):
+            raise payload
+        return payload
 
 
 @dataclass

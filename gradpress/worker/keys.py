@@ -87,6 +87,7 @@ class WorkerKey:
     via: int | None = None                    # local reduction: the endpoint of the key's owner, a local peer
     pushers: int = 0                          # ... or, where we own it, the pushes per round (one per machine)
     held: deque = field(default_factory=deque)  # ops of later rounds, waiting for in_flight
+    compressed_by: Any = None                 # the PushPull holding this key's next payload, made early
 
     def describe(self) -> str:
         return f"tensor {self.tensor.name!r}: partition {self.index} (key {self.key})"

@@ -122,6 +122,9 @@ class PartitionStages:
             return sparse.push_payload(op)
         if t.compressor is None or op.wkey.via is not None:  # to a local owner: raw values
             return None
+        early = job.early_payload(op.wkey, op.round)  # made with the tensor's other partitions
+        if early is not None:
+            return early
         start = now_us()
         chunk = op.chunk
         if is_device_array(chunk):  # on the tensor's own GPU (not device 0), on gradpress's stream there
@@ -132,6 +135,28 @@ class PartitionStages:
             meta, buffers = t.compressor.compress(chunk, key=op.wkey.key, round=op.round, lr=op.job.lr)
         self.tracer.add("compress", start, now_us(), key=op.wkey.key, round=op.round)
         return {"codec": t.compressor.name, "meta": meta}, buffers
+
+    def compress_tensor(self, job) -> None:
+        """Compress every partition of ``job``'s CUDA tensor at once where its compressor can
+        (``compress_partitions``: one set of launches and one copy back for all of them, not
+        one per partition), keeping each payload in ``job.compressed`` for its partition's
+        turn (``compress``); nothing where it cannot. Each key's round is its next one."""
+        t = job.tensor
+        together = getattr(t.compressor, "compress_partitions", None)
+        if together is None or not is_device_array(job.src):
+            return
+        self.await_source(job)
+        start = now_us()
+        from ..kernels.cuda.device import working_on
+        with working_on(job.src):
+            payloads = together(job.src, [wk.key for wk in t.keys], t.parts[0], lr=job.lr)
+        if payloads is None:
+            return
+        self.tracer.add("compress", start, now_us(), key=t.keys[0].key, round=t.keys[0].next_round)
+        for wk, payload in zip(t.keys, payloads):
+            wk.compressed_by = job
+            job.compressed[wk.key] = (wk.next_round, payload if isinstance(payload, ValueError)
+                                      else ({"codec": t.compressor.name, "meta": payload[0]}, payload[1]))
 
     @staticmethod
     def refusal(reason: str) -> Payload:

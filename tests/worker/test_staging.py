@@ -28,7 +28,7 @@ def test_the_source_is_read_only_after_its_ready_event():
             log.append(("compress", chunk.copy()))
             return {}, []
     job = SimpleNamespace(ready=RecordingEvent(log), src=src, tensor=SimpleNamespace(layout=None, compressor=Codec()),
-                          lr=None)
+                          lr=None, early_payload=lambda wk, round: None)
     stages = SimpleNamespace(tracer=SimpleNamespace(add=lambda *a, **k: None),
                              await_source=PartitionStages.await_source)
     for index in (0, 1):  # two partitions of one job: one wait

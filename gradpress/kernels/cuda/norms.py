@@ -44,23 +44,35 @@ def load(g, e, lam, feedback, i):
 
 
 @cuda.jit
-def _norms(g, e, lam, feedback, work, totals, ticket):
+def _norms(g, e, lam, feedback, seg_len, seg_chunks, work, totals, ticket):
     """Block c: work[0, ABS, c] = sum |p| and work[0, SQUARE, c] = sum p^2 over chunk c in
     the order of ``kernels.reduction``, work[0, LARGEST, c] = largest |p| (inf for NaN/inf:
-    float32 maxima order as their bits do). The last block to finish (the ``ticket`` it
-    draws, after a fence that makes its chunk's values visible to every block) then pairs
-    all the chunk values into ``totals`` (``_pair_totals``) and sets the ticket back to 0
-    for the next launch: one launch where a second, one-block kernel cost another."""
+    float32 maxima order as their bits do). The elements are segments of ``seg_len`` (the
+    last one shorter: a tensor's partitions), each cut into chunks from its own start, the
+    ``seg_chunks`` chunks of segment s being blocks s * seg_chunks onwards. The last block
+    of a segment to finish (the ticket ``ticket[s]`` it draws, after a fence that makes its
+    chunk's values visible to every block) then pairs the segment's chunk values into
+    totals[3s:3s + 3] (``_pair_totals``) and sets its ticket back to 0 for the next launch:
+    one launch where a second, one-block kernel cost another, and one for all the segments."""
     c = cuda.blockIdx.x
     j = cuda.threadIdx.x
+    s = c // seg_chunks
+    first = s * seg_chunks  # the segment's first chunk
+    chunks = cuda.gridDim.x - first  # (no min(): it mixes integer types)
+    if chunks > seg_chunks:
+        chunks = seg_chunks
+    base = s * seg_len
+    end = base + seg_len
+    if end > g.shape[0]:
+        end = g.shape[0]
     lanes = cuda.shared.array((2, 3, LANES), float64)  # read from one half, write the other
     total = 0.0
     squares = 0.0
     largest = float32(0.0)
-    start = c * CHUNK + j
+    start = base + (c - first) * CHUNK + j
     for m in range(CHUNK // LANES):
         i = start + m * LANES
-        if i < g.shape[0]:
+        if i < end:
             p = load(g, e, lam, feedback, i)
             v = float64(p)
             total += abs(v)
@@ -87,15 +99,15 @@ def _norms(g, e, lam, feedback, work, totals, ticket):
         for row in range(3):
             work[0, row, c] = lanes[src, row, 0]
         cuda.threadfence()
-        last[0] = 1 if cuda.atomic.add(ticket, 0, 1) == cuda.gridDim.x - 1 else 0
+        last[0] = 1 if cuda.atomic.add(ticket, s, 1) == chunks - 1 else 0
     cuda.syncthreads()
     if last[0] == 0:
         return  # the whole block
     values = cuda.shared.array((2, 2, _LAST_BLOCK_VALUES), float64)
     top = cuda.shared.array(LANES, float64)
-    _pair_totals(work, totals, j, LANES, values, top)
+    _pair_totals(work[:, :, first:first + chunks], totals[3 * s:3 * s + 3], j, LANES, values, top)
     if j == 0:
-        ticket[0] = 0
+        ticket[s] = 0
 
 
 @cuda.jit(device=True)
@@ -162,15 +174,20 @@ def _totals(work, totals):
     _pair_totals(work, totals, cuda.threadIdx.x, TOTAL_THREADS, values, top)
 
 
-def launch_totals(g: Any, e: Any, lam: np.float32, feedback: bool) -> Any:
-    """Queue, on gradpress's stream, the norms of p (of g alone without ``feedback``): a
-    device float64 array of 3 (sum |p|, sum p^2, largest |p| with inf for a NaN/inf) that
-    the encoder's next kernel reads; nothing comes back to the host. One launch."""
-    chunks = chunk_count(g.shape[0])
+def launch_totals(g: Any, e: Any, lam: np.float32, feedback: bool, seg_len: int = 0) -> Any:
+    """Queue, on gradpress's stream, the norms of p (of g alone without ``feedback``) in
+    each segment of ``seg_len`` elements (0: one segment, all of g): a device float64 array
+    of 3 per segment (sum |p|, sum p^2, largest |p| with inf for a NaN/inf) that the
+    encoder's next kernel reads; nothing comes back to the host. One launch."""
+    n = g.shape[0]
+    seg_len = seg_len or max(n, 1)
+    segments = max(1, -(-n // seg_len))
+    seg_chunks = chunk_count(seg_len)
+    chunks = max(1, (segments - 1) * seg_chunks + chunk_count(n - (segments - 1) * seg_len))
     work = scratch.device_array((2, 3, chunks), np.float64)
-    totals = scratch.device_array((3,), np.float64)
-    ticket = scratch.zeroed((1,), np.uint32, "norms-ticket")
-    _norms[chunks, LANES, device.stream()](g, e, lam, feedback, work, totals, ticket)
+    totals = scratch.device_array((3 * segments,), np.float64)
+    ticket = scratch.zeroed((segments,), np.uint32, "norms-ticket")
+    _norms[chunks, LANES, device.stream()](g, e, lam, feedback, seg_len, seg_chunks, work, totals, ticket)
     return totals
 
 

@@ -16,48 +16,65 @@ _scale_of = cuda.jit(device=True)(scale_py)
 
 
 @cuda.jit
-def _pack(g, e, lam, feedback, totals, scaling, scale_out, bits, e_out):
-    """The scale from the totals (``norms.launch_totals``) into scale_out[0], NaN where
-    sum |p| is not finite, and then nothing else; else the sign bits of p (1 = negative)
-    and, with ``feedback``, e_out = p - D(c). A thread reads e and writes e_out only at its
-    own elements, so e_out may be e."""
+def _pack(g, e, lam, feedback, seg_len, seg_blocks, totals, scaling, scales, bits, e_out):
+    """Per segment s of ``seg_len`` elements (the last one shorter), packed by the
+    ``seg_blocks`` blocks from s * seg_blocks: its scale from its totals
+    (``norms.launch_totals``) into scales[s], NaN where its sum |p| is not finite, and then
+    nothing else; else its sign bits (1 = negative), from byte s * ceil(seg_len / 8) of
+    ``bits``, and, with ``feedback``, e_out = p - D(c). A thread reads e and writes e_out
+    only at its own elements, so e_out may be e."""
     t = cuda.threadIdx.x
-    block = cuda.blockIdx.x
-    l1 = totals[norms.ABS]
+    s = cuda.blockIdx.x // seg_blocks
+    block = cuda.blockIdx.x - s * seg_blocks
+    base = s * seg_len
+    n = g.shape[0] - base
+    if n > seg_len:
+        n = seg_len
+    l1 = totals[3 * s + norms.ABS]
     if not abs(l1) < np.inf:
         if t == 0 and block == 0:
-            scale_out[0] = np.float32(np.nan)
+            scales[s] = np.float32(np.nan)
         return
-    s = _scale_of(scaling, g.shape[0], l1, totals[norms.SQUARE])
+    scale = _scale_of(scaling, n, l1, totals[3 * s + norms.SQUARE])
     if t == 0 and block == 0:
-        scale_out[0] = s
+        scales[s] = scale
     stage = cuda.shared.array(STAGE, uint8)
     for k in range(8):
         local, i = element(k, 8, t, block)
         sign = 0
-        if i < g.shape[0]:
-            p = norms.load(g, e, lam, feedback, i)
+        if i < n:
+            p = norms.load(g, e, lam, feedback, base + i)
             if p < 0:
                 sign = 1
             if feedback:
-                e_out[i] = p - (-s if p < 0 else s)
+                e_out[base + i] = p - (-scale if p < 0 else scale)
         stage[local] = sign
     cuda.syncthreads()
-    pack_byte(stage, 1, bits, t, block)
+    start = s * ((seg_len + 7) // 8)
+    pack_byte(stage, 1, bits[start:start + (n + 7) // 8], t, block)
 
 
-def _layout(n: int) -> scratch.Layout:
-    return scratch.Layout(((np.float32, 1), (np.uint8, packed_nbytes(n, 1))), 2)
+def _layout(n: int, seg_len: int) -> scratch.Layout:
+    """A scale per segment, then every segment's bits end to end."""
+    segments = max(1, -(-n // seg_len))
+    tail = n - (segments - 1) * seg_len
+    return scratch.Layout(((np.float32, segments),
+                           (np.uint8, (segments - 1) * packed_nbytes(seg_len, 1) + packed_nbytes(tail, 1))), 2)
 
 
-def _run(g, e, lam: np.float32, feedback: bool, scaling: str, e_out, host_of) -> list:
-    """Queue the two kernels, copy the payload into ``host_of(layout)``, synchronise."""
+def _run(g, e, lam: np.float32, feedback: bool, scaling: str, e_out, host_of, seg_len: int = 0) -> list:
+    """Queue the two kernels over every segment of ``seg_len`` elements (0: g is one),
+    copy the payload into ``host_of(layout)``, synchronise: [scales, bits]."""
     n = g.shape[0]
-    layout = _layout(n)
-    whole, (scale, bits) = scratch.staged(layout)
-    totals = norms.launch_totals(g, e, lam, feedback)
-    _pack[pack_blocks(bits.shape[0]), PACK_THREADS, device.stream()](
-        g, e, lam, feedback, totals, SCALINGS.index(scaling), scale, bits, e_out)
+    seg_len = seg_len or max(n, 1)
+    layout = _layout(n, seg_len)
+    whole, (scales, bits) = scratch.staged(layout)
+    totals = norms.launch_totals(g, e, lam, feedback, seg_len)
+    seg_blocks = pack_blocks(packed_nbytes(seg_len, 1))
+    segments = scales.shape[0]
+    grid = (segments - 1) * seg_blocks + pack_blocks(packed_nbytes(n - (segments - 1) * seg_len, 1))
+    _pack[grid, PACK_THREADS, device.stream()](
+        g, e, lam, feedback, seg_len, seg_blocks, totals, SCALINGS.index(scaling), scales, bits, e_out)
     return scratch.copy_back(whole, layout, host_of(layout))
 
 
@@ -77,6 +94,32 @@ def encode_feedback(g, e, lam: float, scaling: str, e_out, reuse=None) -> tuple[
     if not np.isfinite(buffers[0][0]):
         return None
     return {}, buffers
+
+
+def encode_feedback_segments(g, e, lam: float, scaling: str, e_out, seg_len: int,
+                             reuse: np.ndarray | None) -> tuple[list, np.ndarray]:
+    """``encode_feedback`` of every segment of ``seg_len`` elements of g (a tensor's
+    partitions) at once: the same two launches and one copy for all of them. Returns the
+    (fields, buffers) of each segment, None for one whose p is not finite (its part of
+    e_out untouched), and the pinned host array behind them: ``reuse`` where it fits,
+    which the caller passes only once nobody reads the payloads it holds."""
+    host: list = []
+
+    def host_of(layout: scratch.Layout) -> np.ndarray:
+        fits = isinstance(reuse, np.ndarray) and reuse.nbytes == layout.nbytes
+        host.append(reuse if fits else device.pinned_host(layout.nbytes, np.uint8))
+        return host[0]
+
+    scales, bits = _run(g, e, np.float32(lam), True, scaling, e_out, host_of, seg_len)
+    per = packed_nbytes(seg_len, 1)
+    encoded: list = []
+    for s in range(scales.shape[0]):
+        if not np.isfinite(scales[s]):
+            encoded.append(None)
+            continue
+        count = min(seg_len, g.shape[0] - s * seg_len)
+        encoded.append(({}, [scales[s:s + 1], bits[s * per:s * per + packed_nbytes(count, 1)]]))
+    return encoded, host[0]
 
 
 @cuda.jit

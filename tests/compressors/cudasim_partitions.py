@@ -1,0 +1,155 @@
+"""Run by test_partitions_cuda.py with NUMBA_ENABLE_CUDASIM=1: a tensor's partitions
+compressed together (``ErrorFeedback.compress_partitions``) against the same compressor key
+by key, on the device: headers, payload bytes and residual bytes, round after round; a
+NaN in one partition refused for that key alone; residuals restored from a checkpoint; the
+inputs it must leave to the key-by-key path; and one set of launches for all the
+partitions. Prints one JSON line per case ("problem" empty when right)."""
+import json
+import os
+import sys
+import warnings
+
+import numpy as np
+
+assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run under the CUDA simulator"
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
+
+import simulated  # noqa: E402
+
+simulated.prepare()  # before any kernel runs
+
+from numba import cuda  # noqa: E402
+
+from gradpress.compressors import build_compressor  # noqa: E402
+from gradpress.kernels.cuda import norms, scratch  # noqa: E402
+from tests.compressors.cases import CODEC_PARAMS, gaussian, same_payload  # noqa: E402
+
+# (elements, partition): partitions of a partial byte, a partial last one; and partitions of
+# two chunks of kernels/reduction.py each, the second partial, the last one of part of one
+SHAPES = [(701, 300), (2 * 4196 + 100, 4196)]
+KEYS = [40, 41, 42]
+
+
+def pair(name: str, kind: str) -> list:
+    params = {**dict(CODEC_PARAMS)[name], "ef": kind}
+    return [build_compressor(params, "worker") for _ in range(2)]
+
+
+def compare(together, apart, x: np.ndarray, part: int, round: int, lr: float) -> str:
+    """Both ways over ``x``: '' when alike (a key refused by both counts as alike)."""
+    results = together.compress_partitions(cuda.to_device(x), KEYS, part, lr)
+    if results is None:
+        return f"round {round}: declined"
+    for i, (key, result) in enumerate(zip(KEYS, results)):
+        chunk = cuda.to_device(x[i * part:(i + 1) * part])
+        try:
+            expected = apart.compress(chunk, key=key, round=round, lr=lr)
+        except ValueError:
+            if not isinstance(result, ValueError):
+                return f"round {round} key {key}: refused key by key only"
+            continue
+        if isinstance(result, ValueError):
+            return f"round {round} key {key}: refused together only ({result})"
+        problem = same_payload(result, expected)
+        if problem:
+            return f"round {round} key {key}: {problem}"
+        if together.residual(key).copy_to_host().tobytes() != apart.residual(key).copy_to_host().tobytes():
+            return f"round {round} key {key}: residuals differ"
+    return ""
+
+
+def together_cases():
+    for name in ("onebit-l1", "onebit-l2"):
+        for kind in ("vanilla", "corrected"):
+            for n, part in SHAPES if (name, kind) == ("onebit-l2", "vanilla") else SHAPES[:1]:
+                together, apart = pair(name, kind)
+                problem = ""
+                for round in range(3):
+                    x = gaussian(n, seed=round) if round != 1 else np.round(gaussian(n, seed=9) * 2).astype(np.float32)
+                    problem = problem or compare(together, apart, x, part, round, 0.1 / (1 + round))
+                yield f"together/{name}/{kind}/n={n}", problem
+
+
+def nan_cases():
+    """A NaN in the middle partition: that key refused, its residual unchanged, the others
+    go on; vanilla keeps the keys together afterwards, corrected (the refused key's step
+    is behind) leaves them to the key-by-key path."""
+    n, part = SHAPES[0]
+    for kind in ("vanilla", "corrected"):
+        together, apart = pair("onebit-l1", kind)
+        problem = compare(together, apart, gaussian(n, seed=1), part, 0, 0.1)
+        before = together.residual(KEYS[1]).copy_to_host()
+        bad = gaussian(n, seed=2)
+        bad[part + 7] = np.nan
+        problem = problem or compare(together, apart, bad, part, 1, 0.05)
+        if not problem and together.residual(KEYS[1]).copy_to_host().tobytes() != before.tobytes():
+            problem = "the refused key's residual changed"
+        after = together.compress_partitions(cuda.to_device(gaussian(n, seed=3)), KEYS, part, 0.02)
+        if kind == "vanilla":
+            problem = problem or ("declined after the refusal" if after is None else "")
+        else:
+            problem = problem or ("" if after is None else "kept together with the refused key a step behind")
+        yield f"nan/{kind}", problem
+
+
+def restored_case():
+    """Residuals from a checkpoint (host arrays, key by key) are gathered into one device
+    array and give the bits the key-by-key path gives from the same checkpoint."""
+    n, part = SHAPES[0]
+    source = pair("onebit-l1", "corrected")[0]
+    for i, key in enumerate(KEYS):
+        source.compress(cuda.to_device(gaussian(n, seed=4)[i * part:(i + 1) * part]), key=key, round=0, lr=0.1)
+    together, apart = pair("onebit-l1", "corrected")
+    for c in (together, apart):
+        c.load_state_dict(source.state_dict())
+    yield "restored", compare(together, apart, gaussian(n, seed=5), part, 1, 0.05)
+
+
+def declined_cases():
+    """Where the key-by-key path must do it: None, and no state touched."""
+    n, part = SHAPES[0]
+    x = gaussian(n, seed=6)
+    bare = build_compressor({"compressor": "onebit", "ef": "vanilla"}, "worker")
+    cases = {"host-input": (bare, x, part), "raw-tail": (bare, x[:2 * part + 1], part),
+             "momentum": (build_compressor({"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov"},
+                                           "worker"), x, part)}
+    mixed = build_compressor({"compressor": "onebit", "ef": "vanilla"}, "worker")
+    mixed.compress(cuda.to_device(x[:part]), key=KEYS[0], round=0)
+    cases["keys-at-different-steps"] = (mixed, x, part)
+    for label, (c, data, size) in cases.items():
+        method = getattr(c, "compress_partitions", None)
+        if method is None:
+            yield f"declined/{label}", "" if label == "momentum" else "no compress_partitions"
+            continue
+        before = {k: c.residual(k) for k in KEYS}
+        got = method(data if label == "host-input" else cuda.to_device(data), KEYS, size, 0.1)
+        touched = any(c.residual(k) is not before[k] for k in KEYS)
+        yield f"declined/{label}", "" if got is None and not touched else "not declined, or state touched"
+
+
+def launches_case():
+    """One norms launch and one copy back for all three partitions."""
+    n, part = SHAPES[0]
+    counts = {"norms": 0, "copies": 0}
+    launch_totals, copy_back = norms.launch_totals, scratch.copy_back
+
+    def counted(name, f):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return f(*args, **kwargs)
+        return call
+
+    norms.launch_totals, scratch.copy_back = counted("norms", launch_totals), counted("copies", copy_back)
+    try:
+        pair("onebit-l1", "vanilla")[0].compress_partitions(cuda.to_device(gaussian(n, seed=7)), KEYS, part, None)
+    finally:
+        norms.launch_totals, scratch.copy_back = launch_totals, copy_back
+    yield "one-launch-set", "" if counts == {"norms": 1, "copies": 1} else f"{counts} for 3 partitions"
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("ignore")
+    for source in (together_cases, nan_cases, restored_case, declined_cases, launches_case):
+        for case, problem in source():
+            print(json.dumps({"case": case, "problem": problem}), flush=True)

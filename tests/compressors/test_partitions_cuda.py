@@ -1,0 +1,20 @@
+"""A tensor's partitions compressed together on the device, under Numba's CUDA simulator
+(in a subprocess: cudasim_partitions.py): the bits and state of the key-by-key path, the
+refusals it makes, the inputs it leaves to that path, one set of launches for all."""
+from pathlib import Path
+
+import pytest
+from cudasim_run import simulated_cases
+
+SCRIPT = Path(__file__).with_name("cudasim_partitions.py")
+
+
+@pytest.mark.integ  # starts processes
+@pytest.mark.timeout(300)
+def test_partitions_compressed_together_match_the_key_by_key_path():
+    results = {c["case"]: c["problem"] for c in simulated_cases(SCRIPT, 280)}
+    groups = {"together/": 5, "nan/": 2, "restored": 1, "declined/": 4, "one-launch-set": 1}
+    for group, count in groups.items():
+        assert len([c for c in results if c.startswith(group)]) == count, f"{group}: {sorted(results)}"
+    failures = {case: problem for case, problem in results.items() if problem}
+    assert not failures, f"together and key by key disagree: {failures}"
