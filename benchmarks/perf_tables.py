@@ -216,7 +216,7 @@ def render_compress_host(r: dict) -> list[str]:
     return table([f"codec, error feedback on ({r['partitions']} partitions)", "host ms a step", "us a partition",
                   "launches a partition"],
                  [[c, f(r[f"{c}_stage_ms"], 2), f(r[f"{c}_us_per_partition"], 1),
-                   f"{r[f'{c}_launches_per_partition']:g}"] for c in codecs])
+                   f"{r[f'{c}_launches_per_partition']:.3g}"] for c in codecs])
 
 
 def render_fused_copies(r: dict) -> list[str]:
@@ -346,8 +346,9 @@ def render_gpu(r: dict) -> list[str]:
                           f"gradients of {r['tfm_job_min_compress_bytes']} bytes or more, ms")
         rows = [[c, f(r[f"{c}_compress_stage_ms"], 1)] + ([f(r.get(f"{c}_job_compress_stage_ms"), 1)]
                                                           if len(header) > 2 else []) for c in stages]
-        if "onebit_job_together_compress_stage_ms" in r:  # each gradient's partitions at once
-            rows.append(["onebit, partitions together", "", f(r["onebit_job_together_compress_stage_ms"], 1)])
+        for c in ("onebit", "fp16"):  # each gradient's partitions at once
+            if f"{c}_job_together_compress_stage_ms" in r:
+                rows.append([f"{c}, partitions together", "", f(r[f"{c}_job_together_compress_stage_ms"], 1)])
         out += ([""] if out else []) + table(header, rows)
     notes = [f"{r.get('card', 'GPU not recorded')}, {r.get('gpus', 1)} GPU(s)"]
     if "card_read_GBps" in r:

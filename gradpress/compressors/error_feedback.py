@@ -39,8 +39,9 @@ class ErrorFeedback(Wrapper):
         self._spares: dict = {}  # key -> (p scratch or None, spare residual or None)
         self._lrs: dict = {}  # key -> learning rate of the key's previous step
         self._payloads: dict = {}  # key -> buffers of its last fused payload (reused by the next)
-        # a tensor's keys compressed together (``compress_partitions``), by its first key:
-        # (the residuals' one device array, each key's view of it) and the payloads' host array
+        # a tensor's keys compressed together (``compress_partitions``), by its first key: (the
+        # residuals' one device array, each key's view of it, a spare array or None) and the
+        # payloads' host array
         self._wholes: dict = {}
         self._hosts: dict = {}
 
@@ -92,19 +93,21 @@ class ErrorFeedback(Wrapper):
         except ValueError:
             return None  # the key-by-key path says so, key by key
         residuals = [self._residuals.get(k) for k in keys]
+        first = keys[0]
         if all(r is None for r in residuals):  # the first step: p = g exactly
-            whole = ops.empty_like(g)
-            views = [whole[i * part:i * part + c] for i, c in enumerate(counts)]
-            e, lam = g, 0.0
+            e, e_views, spare, lam = g, [], None, 0.0
         elif len(scales) == 1 and all(r is not None for r in residuals):
-            whole, views = self._residual_array(ops, g, keys, counts, part, residuals)
-            if whole is None:
+            e, e_views, spare = self._residual_array(ops, g, keys, counts, part, residuals)
+            if e is None:
                 return None
-            e, lam = whole, scales.pop()
+            lam = scales.pop()
         else:
             return None
-        encoded, self._hosts[keys[0]] = encode(g, e, lam, whole, part, self._hosts.get(keys[0]))
-        self._wholes[keys[0]] = (whole, views)
+        # the new residuals: over the old ones where the codec checks p before it writes,
+        # else into the tensor's other array (a refused partition keeps its old residual)
+        out = e if e is not g and self.inner.FEEDBACK_IN_PLACE else (spare if spare is not None else ops.empty_like(g))
+        views = e_views if out is e else self._views(out, counts, part)
+        encoded, self._hosts[first] = encode(g, e, lam, out, part, self._hosts.get(first))
         results: list = []
         for key, view, count, item in zip(keys, views, counts, encoded):
             if item is None:
@@ -116,25 +119,36 @@ class ErrorFeedback(Wrapper):
             self._payloads.pop(key, None)  # its payload lives in the tensor's host array now
             if lr is not None:
                 self._lrs[key] = lr
+        refused = any(item is None for item in encoded)
+        # where every key moved to ``out``, the old array is free for the next call's residuals
+        self._wholes[first] = (out, views, None if refused or e is g or e is out else e)
         return results
 
+    @staticmethod
+    def _views(whole: Any, counts: list, part: int) -> list:
+        return [whole[i * part:i * part + c] for i, c in enumerate(counts)]
+
     def _residual_array(self, ops: Any, g: Any, keys: list, counts: list, part: int,
-                        residuals: list) -> tuple[Any, list]:
-        """The residuals of ``keys`` as views of one device array: the one of the last call
-        where they still are, else a new one they are copied into (once: a tensor compressed
-        key by key before, or restored from a checkpoint). (None, []) for a residual whose
-        length is not its key's (the key-by-key path reports it)."""
-        whole, views = self._wholes.get(keys[0], (None, []))
+                        residuals: list) -> tuple[Any, list, Any]:
+        """(the residuals of ``keys`` as one device array, their views of it, a spare array of
+        its size or None):
+        the array of the last call where they are still its views, else a new one they are
+        copied into (once: a tensor compressed key by key before, one whose refused key kept
+        its residual apart, or one restored from a checkpoint), the keys then reading their
+        residuals there. (None, [], None) for a residual whose length is not its key's (the
+        key-by-key path reports it)."""
+        whole, views, spare = self._wholes.get(keys[0], (None, [], None))
         if whole is not None and len(views) == len(keys) and all(r is v for r, v in zip(residuals, views)):
-            return whole, views
+            return whole, views, spare
         if any(r.shape != (c,) for r, c in zip(residuals, counts)):
-            return None, []
+            return None, [], None
         from gradpress.kernels.cuda import device
         whole = ops.empty_like(g)
-        views = [whole[i * part:i * part + c] for i, c in enumerate(counts)]
-        for view, residual, count in zip(views, residuals, counts):
+        views = self._views(whole, counts, part)
+        for key, view, residual in zip(keys, views, residuals):
             view.copy_to_device(ops.adopt(residual, view), stream=device.stream())
-        return whole, views
+            self._residuals[key] = view
+        return whole, views, None
 
     def refused(self, key: int) -> ValueError:
         """The error a refused step raises (also where a step is done outside ``compress``)."""

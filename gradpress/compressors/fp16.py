@@ -45,6 +45,15 @@ class Fp16(Compressor):
             raise FeedbackRefused(self.name)
         return {}, [bits]
 
+    def encode_device_partitions(self, g: Any, e: Any, lam: float, e_out: Any, part: int,
+                                 reuse: Any) -> tuple[list, Any]:
+        """``_encode_device_feedback`` of each ``part`` elements of g at once (a tensor's
+        partitions, by ``ErrorFeedback.compress_partitions``): per partition (fields,
+        buffers) or None where refused, and the host array they live in."""
+        from gradpress.kernels.cuda import fp16 as gpu_fp16
+        encoded, host = gpu_fp16.encode_feedback_segments(g, e, lam, e_out, part, reuse)
+        return [None if bits is None else ({}, [bits]) for bits in encoded], host
+
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
         from gradpress.kernels.cuda import fp16 as gpu_fp16
         return {}, [gpu_fp16.to_half_bits(x)]

@@ -64,7 +64,7 @@ class PartitionFlight:
         while (op := self._queue.take()) is not None:
             wk = op.wkey
             # its previous round is still out, or another job holds its next payload: wait
-            if wk.in_flight is not None or wk.compressed_by not in (None, op.job):
+            if wk.in_flight is not None or (wk.compressed_by is not None and wk.compressed_by is not op.job):
                 wk.held.append(op)
                 self._queue.release()
                 continue

@@ -1,10 +1,11 @@
 """A CUDA tensor's partitions compressed together (``GRADPRESS_GROUP_PARTITIONS``), through a
 real job under Numba's CUDA simulator: 2 workers, 2 servers, a 3,000-element tensor in
-partitions of 1,024, onebit with error feedback on the workers and the servers. Every
+partitions of 1,024, onebit with error feedback on the workers and the servers, then fp16
+with corrected error feedback (the learning rate changing every step). Every
 round's average must be the replay's bits, key by key with the CPU compressors (each
-worker's partitions, the servers' sums and re-encoding, the decode), with the setting on
-and off; on, the worker's residuals must live in one device array (the launches were
-shared), off in one per key."""
+worker's partitions, the servers' sums and re-encoding, the decode), and the worker's
+residuals must live in one device array per tensor (the launches were shared). The setting
+off is test_together.py's."""
 import pytest
 
 pytestmark = pytest.mark.integ
@@ -19,37 +20,39 @@ from gradpress.worker import WorkerClient
 c = WorkerClient(Settings.load(os.environ))
 c.start()
 r, n = c.rank, c.size
-params = {"compressor": "onebit", "scaling": True, "ef": "vanilla"}
-spec = CodecSpec.from_params(params, "test")
 N, PART = 3000, 1024
 bounds = [(s, min(s + PART, N)) for s in range(0, N, PART)]
-workers = [[build_compressor(params, "worker") for _ in bounds] for _ in range(n)]
-servers = [build_compressor(params, "server") for _ in bounds]
 out = cuda.device_array(N, np.float32)
-for step in range(3):
-    host = [np.random.default_rng(10 * w + step).standard_normal(N).astype(np.float32) for w in range(n)]
-    c.push_pull_async("signs", cuda.to_device(host[r]), out, n, 0, spec, lr=0.1).result(60)
-    want = np.empty(N, np.float32)
-    for p, (a, b) in enumerate(bounds):
-        acc = np.zeros(b - a, np.float32)
-        for w in range(n):
-            header, payload = workers[w][p].compress(host[w][a:b], key=p, round=step)
-            servers[p].decompress_add(header, payload, acc, key=p, round=step)
-        header, payload = servers[p].compress(acc, key=p, round=step)
-        workers[0][p].decompress(header, payload, want[a:b], key=p, round=step, divisor=n)
-    got = out.copy_to_host()
-    assert got.tobytes() == want.tobytes(), (step, np.flatnonzero(got != want)[:5])
-compressor = c.comm.table.tensors["signs"].compressor
-print(f"OK {r} wholes={len(compressor._wholes)} {got[:2].tobytes().hex()}", flush=True)
+wholes = []
+for name, params in (("signs", {"compressor": "onebit", "scaling": True, "ef": "vanilla"}),
+                     ("halves", {"compressor": "fp16", "ef": "corrected"})):
+    spec = CodecSpec.from_params(params, "test")
+    workers = [[build_compressor(params, "worker") for _ in bounds] for _ in range(n)]
+    servers = [build_compressor(params, "server") for _ in bounds]
+    for step in range(3):
+        host = [np.random.default_rng(10 * w + step).standard_normal(N).astype(np.float32) for w in range(n)]
+        lr = 0.1 / (step + 1)
+        c.push_pull_async(name, cuda.to_device(host[r]), out, n, 0, spec, lr=lr).result(60)
+        want = np.empty(N, np.float32)
+        for p, (a, b) in enumerate(bounds):
+            acc = np.zeros(b - a, np.float32)
+            for w in range(n):
+                header, payload = workers[w][p].compress(host[w][a:b], key=p, round=step, lr=lr)
+                servers[p].decompress_add(header, payload, acc, key=p, round=step)
+            header, payload = servers[p].compress(acc, key=p, round=step, lr=lr)
+            workers[0][p].decompress(header, payload, want[a:b], key=p, round=step, divisor=n)
+        got = out.copy_to_host()
+        assert got.tobytes() == want.tobytes(), (name, step, np.flatnonzero(got != want)[:5])
+    wholes.append(len(c.comm.table.tensors[name].compressor._wholes))
+print(f"OK {r} wholes={wholes}", flush=True)
 c.finish()
 """
 
 
-@pytest.mark.parametrize("together", ["1", "0"])
-def test_a_tensors_partitions_compressed_together_give_the_replays_bits(cluster, together):
+def test_a_tensors_partitions_compressed_together_give_the_replays_bits(cluster):
     c = cluster(workers=2, servers=2, env={"NUMBA_ENABLE_CUDASIM": "1", "BYTEPS_PARTITION_BYTES": "4096",
-                                           "BYTEPS_MIN_COMPRESS_BYTES": "0", "GRADPRESS_GROUP_PARTITIONS": together})
+                                           "BYTEPS_MIN_COMPRESS_BYTES": "0"})
     c.start(SCRIPT).assert_success(180)
     for w in range(2):
         line = next(x for x in c.log(f"worker {w}").splitlines() if "OK" in x)
-        assert f"wholes={together}" in line, line
+        assert "wholes=[1, 1]" in line, line

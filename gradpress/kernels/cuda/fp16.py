@@ -25,9 +25,9 @@ def to_half_bits(x) -> np.ndarray:
 
 
 @cuda.jit
-def _encode_feedback(g, e, lam, half, e_out, flag, epoch):
-    """half(p) and e_out = p - float(half(p)); flag[0] = epoch where a residual is not
-    finite (an earlier call's flag holds another epoch, so nothing clears it)."""
+def _encode_feedback(g, e, lam, seg_len, half, e_out, flags, epoch):
+    """half(p) and e_out = p - float(half(p)); flags[i // seg_len] = epoch where a residual
+    is not finite (an earlier call's flag holds another epoch, so nothing clears it)."""
     i = cuda.grid(1)
     if i < g.shape[0]:
         p = g[i] + lam * e[i]
@@ -36,22 +36,40 @@ def _encode_feedback(g, e, lam, half, e_out, flag, epoch):
         residual = p - np.float32(h)
         e_out[i] = residual
         if not abs(residual) < np.inf:
-            flag[0] = epoch
+            flags[i // seg_len] = epoch
+
+
+def _run_feedback(g, e, lam: float, e_out, seg_len: int, host_of) -> tuple[np.ndarray, np.ndarray, int]:
+    """Queue the kernel over g in segments of ``seg_len``, copy back: (half bits, flags, epoch)."""
+    segments = max(1, -(-g.shape[0] // seg_len))
+    layout = scratch.Layout(((np.float16, g.shape[0]), (np.int32, segments)), 1)
+    whole, (half, flags) = scratch.staged(layout)
+    epoch = scratch.epoch()
+    _encode_feedback[blocks(g.shape[0]), THREADS, device.stream()](
+        g, e, np.float32(lam), seg_len, half, e_out, flags, epoch)
+    bits, flags_host = scratch.copy_back(whole, layout, host_of(layout))
+    return bits.view(np.uint16), flags_host, epoch
 
 
 def encode_feedback(g, e, lam: float, e_out, reuse=None) -> np.ndarray | None:
     """Error feedback fused into fp16, one pass: half(p) bits and e_out = p - float(half(p));
     None when a residual is not finite (e_out then holds garbage; it must not be e). The
     bits land in ``reuse``'s host buffer where it is this layout's."""
-    layout = scratch.Layout(((np.float16, g.shape[0]), (np.int32, 1)), 1)
-    whole, (half, flag) = scratch.staged(layout)
-    epoch = scratch.epoch()
-    _encode_feedback[blocks(g.shape[0]), THREADS, device.stream()](
-        g, e, np.float32(lam), half, e_out, flag, epoch)
-    bits, flag_host = scratch.copy_back(whole, layout, scratch.feedback_host(layout, reuse))
-    if flag_host[0] == epoch:
-        return None
-    return bits.view(np.uint16)
+    bits, flags, epoch = _run_feedback(g, e, lam, e_out, max(g.shape[0], 1),
+                                       lambda layout: scratch.feedback_host(layout, reuse))
+    return None if flags[0] == epoch else bits
+
+
+def encode_feedback_segments(g, e, lam: float, e_out, seg_len: int,
+                             reuse: np.ndarray | None) -> tuple[list, np.ndarray]:
+    """``encode_feedback`` of every segment of ``seg_len`` elements of g (a tensor's
+    partitions) in the same one launch and one copy: per segment its bits, None where a
+    residual is not finite (its part of e_out then holds garbage), and the pinned host
+    array behind them (``reuse`` where it fits: passed only once nobody reads it)."""
+    host = scratch.Reusing(reuse)
+    bits, flags, epoch = _run_feedback(g, e, lam, e_out, seg_len, host)
+    return [None if flags[s] == epoch else bits[s * seg_len:(s + 1) * seg_len]
+            for s in range(flags.shape[0])], host.array
 
 
 @cuda.jit

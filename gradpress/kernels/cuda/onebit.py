@@ -103,14 +103,8 @@ def encode_feedback_segments(g, e, lam: float, scaling: str, e_out, seg_len: int
     (fields, buffers) of each segment, None for one whose p is not finite (its part of
     e_out untouched), and the pinned host array behind them: ``reuse`` where it fits,
     which the caller passes only once nobody reads the payloads it holds."""
-    host: list = []
-
-    def host_of(layout: scratch.Layout) -> np.ndarray:
-        fits = isinstance(reuse, np.ndarray) and reuse.nbytes == layout.nbytes
-        host.append(reuse if fits else device.pinned_host(layout.nbytes, np.uint8))
-        return host[0]
-
-    scales, bits = _run(g, e, np.float32(lam), True, scaling, e_out, host_of, seg_len)
+    host = scratch.Reusing(reuse)
+    scales, bits = _run(g, e, np.float32(lam), True, scaling, e_out, host, seg_len)
     per = packed_nbytes(seg_len, 1)
     encoded: list = []
     for s in range(scales.shape[0]):
@@ -119,7 +113,7 @@ def encode_feedback_segments(g, e, lam: float, scaling: str, e_out, seg_len: int
             continue
         count = min(seg_len, g.shape[0] - s * seg_len)
         encoded.append(({}, [scales[s:s + 1], bits[s * per:s * per + packed_nbytes(count, 1)]]))
-    return encoded, host[0]
+    return encoded, host.array
 
 
 @cuda.jit

@@ -136,6 +136,20 @@ def feedback_host(layout: Layout, reuse: Any) -> np.ndarray:
     return device.pinned_host(layout.nbytes, np.uint8)
 
 
+class Reusing:
+    """The host buffer of a tensor's payloads (its partitions encoded together): called with
+    the layout, it hands out ``reuse`` (the tensor's previous one, which nobody reads any
+    more) where it has the layout's size, else a new pinned one; ``array`` is what it gave."""
+
+    def __init__(self, reuse: Any) -> None:
+        self.reuse, self.array = reuse, None
+
+    def __call__(self, layout: Layout) -> np.ndarray:
+        fits = isinstance(self.reuse, np.ndarray) and self.reuse.nbytes == layout.nbytes
+        self.array = self.reuse if fits else device.pinned_host(layout.nbytes, np.uint8)
+        return self.array
+
+
 _POOL_PER_SIZE = 4
 _pool: dict = {}  # nbytes -> pinned uint8 arrays
 _pool_lock = threading.Lock()
