@@ -60,9 +60,11 @@ def compare(together, apart, x: np.ndarray, part: int, round: int, lr: float) ->
 
 
 def together_cases():
-    for name in ("onebit-l1", "onebit-l2", "fp16"):
-        for kind in ("vanilla", "corrected"):
-            for n, part in SHAPES if (name, kind) == ("onebit-l2", "vanilla") else SHAPES[:1]:
+    # onebit-l2 differs from l1 in its scale alone: vanilla, at both shapes, is its case
+    for name, kinds in (("onebit-l1", ("vanilla", "corrected")), ("onebit-l2", ("vanilla",)),
+                        ("fp16", ("vanilla", "corrected"))):
+        for kind in kinds:
+            for n, part in SHAPES if name == "onebit-l2" else SHAPES[:1]:
                 together, apart = pair(name, kind)
                 problem = ""
                 for round in range(3):
@@ -130,6 +132,28 @@ def declined_cases():
         yield f"declined/{label}", "" if got is None and not touched else "not declined, or state touched"
 
 
+def alternating_case():
+    """Tensors of two sizes in turn, the larger first: each call's scratch is the front of
+    one buffer per role that the larger made, holding the other tensor's old bytes (no
+    stale flag may refuse a partition, no stale byte reach a payload), bits as key by key,
+    and no buffer made anew after the first round."""
+    for name in ("onebit-l1", "fp16"):
+        tensors = [(1301, KEYS + [43, 44]), (701, [50, 51, 52])]
+        together, apart = pair(name, "vanilla")
+        problem, made = "", []
+        for round in range(2):
+            for n, keys in tensors:
+                x = np.round(gaussian(n, seed=round + n) * 3).astype(np.float32)  # halves 0.0 and small ones
+                results = together.compress_partitions(cuda.to_device(x), keys, 300, None) or [None]
+                for i, (key, result) in enumerate(zip(keys, results)):
+                    expected = apart.compress(cuda.to_device(x[i * 300:(i + 1) * 300]), key=key, round=round)
+                    if result is None or isinstance(result, ValueError):
+                        problem = problem or f"round {round} key {key}: {result or 'declined'}"
+                    problem = problem or same_payload(result, expected)
+            made.append({role: id(buffer) for role, buffer in scratch._local.grown.items()})
+        yield f"alternating/{name}", problem or ("" if made[0] == made[1] else "a buffer was made anew")
+
+
 def launches_case():
     """One norms launch and one copy back for all three partitions."""
     n, part = SHAPES[0]
@@ -152,6 +176,6 @@ def launches_case():
 
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
-    for source in (together_cases, nan_cases, restored_case, declined_cases, launches_case):
+    for source in (together_cases, nan_cases, restored_case, declined_cases, alternating_case, launches_case):
         for case, problem in source():
             print(json.dumps({"case": case, "problem": problem}), flush=True)

@@ -39,37 +39,43 @@ def _encode_feedback(g, e, lam, seg_len, half, e_out, flags, epoch):
             flags[i // seg_len] = epoch
 
 
-def _run_feedback(g, e, lam: float, e_out, seg_len: int, host_of) -> tuple[np.ndarray, np.ndarray, int]:
-    """Queue the kernel over g in segments of ``seg_len``, copy back: (half bits, flags, epoch)."""
-    segments = max(1, -(-g.shape[0] // seg_len))
-    layout = scratch.Layout(((np.float16, g.shape[0]), (np.int32, segments)), 1)
-    whole, (half, flags) = scratch.staged(layout)
-    epoch = scratch.epoch()
-    _encode_feedback[blocks(g.shape[0]), THREADS, device.stream()](
-        g, e, np.float32(lam), seg_len, half, e_out, flags, epoch)
-    bits, flags_host = scratch.copy_back(whole, layout, host_of(layout))
-    return bits.view(np.uint16), flags_host, epoch
-
-
 def encode_feedback(g, e, lam: float, e_out, reuse=None) -> np.ndarray | None:
     """Error feedback fused into fp16, one pass: half(p) bits and e_out = p - float(half(p));
     None when a residual is not finite (e_out then holds garbage; it must not be e). The
     bits land in ``reuse``'s host buffer where it is this layout's."""
-    bits, flags, epoch = _run_feedback(g, e, lam, e_out, max(g.shape[0], 1),
-                                       lambda layout: scratch.feedback_host(layout, reuse))
-    return None if flags[0] == epoch else bits
+    layout = scratch.Layout(((np.float16, g.shape[0]), (np.int32, 1)), 1)
+    whole, (half, flag) = scratch.staged(layout)
+    epoch = scratch.epoch()
+    _encode_feedback[blocks(g.shape[0]), THREADS, device.stream()](
+        g, e, np.float32(lam), max(g.shape[0], 1), half, e_out, flag, epoch)
+    bits, flag_host = scratch.copy_back(whole, layout, scratch.feedback_host(layout, reuse))
+    return None if flag_host[0] == epoch else bits.view(np.uint16)
 
 
 def encode_feedback_segments(g, e, lam: float, e_out, seg_len: int,
                              reuse: np.ndarray | None) -> tuple[list, np.ndarray]:
     """``encode_feedback`` of every segment of ``seg_len`` elements of g (a tensor's
-    partitions) in the same one launch and one copy: per segment its bits, None where a
-    residual is not finite (its part of e_out then holds garbage), and the pinned host
-    array behind them (``reuse`` where it fits: passed only once nobody reads it)."""
+    partitions) in one launch: per segment its bits, None where a residual is not finite
+    (its part of e_out then holds garbage), and the pinned host array behind them (``reuse``
+    where it fits: passed only once nobody reads it). The halves come back in one copy, the
+    flags in a second (they live apart: the halves' buffer serves tensors of every size, and
+    a flag must never read as this call's from another call's halves)."""
+    n = g.shape[0]
+    segments = -(-n // seg_len)
+    layout = scratch.Layout(((np.float16, n),), 1)
+    whole = scratch.grown("fp16-halves", (layout.nbytes,), np.uint8)
+    (half,) = layout.views(whole)
+    flags = scratch.zeroed((segments,), np.int32, "fp16-flags")
+    epoch = scratch.epoch()
+    stream = device.stream()
+    _encode_feedback[blocks(n), THREADS, stream](g, e, np.float32(lam), seg_len, half, e_out, flags, epoch)
+    flags_host = np.empty(segments, np.int32)
+    flags.copy_to_host(flags_host, stream=stream)
     host = scratch.Reusing(reuse)
-    bits, flags, epoch = _run_feedback(g, e, lam, e_out, seg_len, host)
-    return [None if flags[s] == epoch else bits[s * seg_len:(s + 1) * seg_len]
-            for s in range(flags.shape[0])], host.array
+    (bits,) = scratch.copy_back(whole, layout, host(layout))  # waits for both copies
+    bits = bits.view(np.uint16)
+    return [None if flags_host[s] == epoch else bits[s * seg_len:(s + 1) * seg_len]
+            for s in range(segments)], host.array
 
 
 @cuda.jit

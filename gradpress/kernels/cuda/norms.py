@@ -184,9 +184,13 @@ def launch_totals(g: Any, e: Any, lam: np.float32, feedback: bool, seg_len: int 
     segments = max(1, -(-n // seg_len))
     seg_chunks = chunk_count(seg_len)
     chunks = max(1, (segments - 1) * seg_chunks + chunk_count(n - (segments - 1) * seg_len))
-    work = scratch.device_array((2, 3, chunks), np.float64)
-    totals = scratch.device_array((3 * segments,), np.float64)
-    ticket = scratch.zeroed((segments,), np.uint32, "norms-ticket")
+    if segments == 1:
+        work = scratch.device_array((2, 3, chunks), np.float64)
+        totals = scratch.device_array((3,), np.float64)
+    else:  # a tensor's partitions: one buffer for every tensor, not one per size
+        work = scratch.grown("norms-work", (2, 3, chunks), np.float64)
+        totals = scratch.grown("norms-totals", (3 * segments,), np.float64)
+    ticket = scratch.zeroed((segments,), np.uint32, "norms-ticket")  # (each left at 0)
     _norms[chunks, LANES, device.stream()](g, e, lam, feedback, seg_len, seg_chunks, work, totals, ticket)
     return totals
 

@@ -105,6 +105,24 @@ def staged(layout: Layout) -> tuple[Any, list]:
     return _cached(("staged", layout.key), make)
 
 
+def grown(role: str, shape: tuple, dtype: Any, zero: bool = False) -> Any:
+    """A device array of ``shape``: the front of this thread's buffer for ``role`` (on the
+    current device and lane), made anew, larger, only when too small (zeroed when made, with
+    ``zero``). For what comes in a size per tensor (a tensor's partitions encoded together),
+    where an array kept per size (``device_array``, ``staged``) would keep one per tensor:
+    this keeps one, of the largest tensor's size, after the first step."""
+    dtype = np.dtype(dtype)
+    nbytes = max(int(np.prod(shape)) * dtype.itemsize, _ALIGN)
+    buffers = _local.__dict__.setdefault("grown", {})
+    key = (_device_id(), streams.current_lane(), role)
+    buffer = buffers.get(key)
+    if buffer is None or buffer.shape[0] < nbytes:
+        buffer = cuda.to_device(np.zeros(nbytes, np.uint8), stream=device.stream()) if zero \
+            else cuda.device_array(nbytes, np.uint8, stream=device.stream())
+        buffers[key] = buffer
+    return buffer[:int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+
+
 _epochs = itertools.count(1)
 
 
