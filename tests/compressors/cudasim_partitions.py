@@ -150,7 +150,7 @@ def alternating_case():
                     if result is None or isinstance(result, ValueError):
                         problem = problem or f"round {round} key {key}: {result or 'declined'}"
                     problem = problem or same_payload(result, expected)
-            made.append({role: id(buffer) for role, buffer in scratch._local.grown.items()})
+            made.append({role: id(state[0]) for role, state in scratch._local.grown.items()})
         yield f"alternating/{name}", problem or ("" if made[0] == made[1] else "a buffer was made anew")
 
 

@@ -63,8 +63,7 @@ def encode_feedback_segments(g, e, lam: float, e_out, seg_len: int,
     n = g.shape[0]
     segments = -(-n // seg_len)
     layout = scratch.Layout(((np.float16, n),), 1)
-    whole = scratch.grown("fp16-halves", (layout.nbytes,), np.uint8)
-    (half,) = layout.views(whole)
+    whole, (half,) = scratch.grown_staged("fp16-halves", layout)
     flags = scratch.zeroed((segments,), np.int32, "fp16-flags")
     epoch = scratch.epoch()
     stream = device.stream()

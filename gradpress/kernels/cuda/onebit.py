@@ -71,8 +71,7 @@ def _run(g, e, lam: np.float32, feedback: bool, scaling: str, e_out, host_of, se
     if n <= seg_len:
         whole, (scales, bits) = scratch.staged(layout)
     else:  # a tensor's partitions: one buffer for every tensor, not one per size
-        whole = scratch.grown("onebit-payloads", (layout.nbytes,), np.uint8)
-        scales, bits = layout.views(whole)
+        whole, (scales, bits) = scratch.grown_staged("onebit-payloads", layout)
     totals = norms.launch_totals(g, e, lam, feedback, seg_len)
     seg_blocks = pack_blocks(packed_nbytes(seg_len, 1))
     segments = scales.shape[0]
