@@ -9,7 +9,7 @@ BYTEPS_PARTITION_BYTES). What it times is what the host does per partition besid
 kernels: gradpress's own Python, and the simulator's array plumbing where a GPU has
 numba's (views, copies of the payload into host memory). It is a proxy: numba's real
 launches and driver calls (about 25 us a launch on an H200) come on top, one per counted
-launch. ``onebit-together`` and ``fp16-together`` compress each tensor's partitions together
+launch. ``onebit-together``, ``fp16-together`` and ``randomk-together`` compress each tensor's partitions together
 (``GRADPRESS_GROUP_PARTITIONS``, a worker's default where no local owner sums them first):
 one set of launches per tensor.
 
@@ -77,7 +77,7 @@ def main() -> None:
     parts = sum(len(counts) for _, counts in tensors)
     out: dict = {"partitions": parts, "tensors": len(tensors), "elements": sum(sum(c) for _, c in tensors)}
     ways = [(name, params, False) for name, params in ENCODERS.items()] + \
-        [(f"{name}-together", ENCODERS[name], True) for name in ("onebit", "fp16")]
+        [(f"{name}-together", ENCODERS[name], True) for name in ("onebit", "randomk", "fp16")]
     for name, params, together in ways:
         codec = build_compressor(params, "worker")
         times = []

@@ -25,8 +25,9 @@ worker uses (pageable, pinned, its own registered shared memory, a peer's regist
 launches: the compress stage of one step of that transformer's 102 gradients, each codec
 with error feedback, in ms (the launches, the per-call Python and the copies); and of what
 the job compresses in a step: the partitions of its gradients of at least
-BYTEPS_MIN_COMPRESS_BYTES (the rest travel raw, fused); onebit and fp16 also with each
-gradient's partitions compressed together (GRADPRESS_GROUP_PARTITIONS, the worker's default).
+BYTEPS_MIN_COMPRESS_BYTES (the rest travel raw, fused); onebit, randomk and fp16 also with
+each gradient's partitions compressed together (GRADPRESS_GROUP_PARTITIONS, the worker's
+default).
 
 The last line is ``RESULT {json}`` (``results.emit``: a record too, where asked).
 """
@@ -168,7 +169,7 @@ def launches(reps: int) -> dict:
            "tfm_job_tensors": sum(1 for g in grads if g.numel() * 4 >= least)}
     ways = [(name, params, label, tensors, False) for name, params in ENCODERS.items()
             for label, tensors in (("", [(g, [g.numel()]) for g in grads]), ("job_", job))]
-    ways += [(name, ENCODERS[name], "job_together_", job, True) for name in ("onebit", "fp16")]
+    ways += [(name, ENCODERS[name], "job_together_", job, True) for name in ("onebit", "randomk", "fp16")]
     for name, params, label, tensors, together in ways:
         codec = build_compressor(params, "worker")
         rounds = iter(range(10 ** 6))
@@ -198,7 +199,8 @@ def compress_stage(codec, tensors: list, step: int, together: bool) -> None:
         keys = list(range(key, key + len(counts)))
         key += len(counts)
         with working_on(whole):
-            if together and len(counts) > 1 and codec.compress_partitions(whole, keys, counts[0]) is not None:
+            if together and len(counts) > 1 and \
+                    codec.compress_partitions(whole, keys, counts[0], rounds=[step] * len(keys)) is not None:
                 continue
             start = 0
             for k, count in zip(keys, counts):

@@ -70,9 +70,11 @@ class ErrorFeedback(Wrapper):
             self._lrs[key] = lr
         return compressed
 
-    def compress_partitions(self, x: Any, keys: list, part: int, lr: float | None = None) -> list | None:
+    def compress_partitions(self, x: Any, keys: list, part: int, lr: float | None = None,
+                            rounds: list | None = None) -> list | None:
         """All of a tensor's partitions at once: ``x`` a device array whose ``keys[i]`` is
-        elements [i * part, (i + 1) * part) (the last one shorter), compressed with one set of
+        elements [i * part, (i + 1) * part) (the last one shorter), in ``rounds[i]`` (random-k
+        draws by key and round; None: every key in round 0), compressed with one set of
         launches where the codec has them (``encode_device_partitions``). Returns per key its
         (header, buffers), or the ValueError of its refused step (NaN/inf: that key's state
         unchanged): what ``compress`` key by key would give and leave, bit for bit. The keys'
@@ -85,9 +87,9 @@ class ErrorFeedback(Wrapper):
         ops = ops_for(x)
         g = ops.working(x)
         counts = [min(part, g.shape[0] - i * part) for i in range(len(keys))]
-        if len(keys) < 2 or counts[-1] <= 0 or sum(counts) != g.shape[0] or \
-                any(self.inner.encoded_nbytes(c, 4) >= 4 * c or c > MAX_ELEMENTS for c in counts):
-            return None
+        if len(keys) < 2 or counts[-1] <= 0 or sum(counts) != g.shape[0] or g.shape[0] > MAX_ELEMENTS or \
+                any(self.inner.encoded_nbytes(c, 4) >= 4 * c for c in counts):
+            return None  # (random-k indexes the whole tensor with uint32)
         try:
             scales = {self.feedback_scale(k, lr) for k in keys}
         except ValueError:
@@ -107,7 +109,8 @@ class ErrorFeedback(Wrapper):
         # else into the tensor's other array (a refused partition keeps its old residual)
         out = e if e is not g and self.inner.FEEDBACK_IN_PLACE else (spare if spare is not None else ops.empty_like(g))
         views = e_views if out is e else self._views(out, counts, part)
-        encoded, self._hosts[first] = encode(g, e, lam, out, part, self._hosts.get(first))
+        encoded, self._hosts[first] = encode(g, e, lam, out, part, self._hosts.get(first), keys,
+                                             rounds if rounds is not None else [0] * len(keys))
         results: list = []
         for key, view, count, item in zip(keys, views, counts, encoded):
             if item is None:

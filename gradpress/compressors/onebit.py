@@ -66,8 +66,8 @@ class OneBit(Compressor):
             raise FeedbackRefused(self.name)
         return encoded
 
-    def encode_device_partitions(self, g: Any, e: Any, lam: float, e_out: Any, part: int,
-                                 reuse: Any) -> tuple[list, Any]:
+    def encode_device_partitions(self, g: Any, e: Any, lam: float, e_out: Any, part: int, reuse: Any,
+                                 keys: list, rounds: list) -> tuple[list, Any]:
         """``_encode_device_feedback`` of each ``part`` elements of g at once (a tensor's
         partitions, by ``ErrorFeedback.compress_partitions``): per partition (fields,
         buffers) or None where refused, and the host array they live in."""

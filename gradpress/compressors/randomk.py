@@ -71,6 +71,21 @@ class RandomK(Compressor):
             raise FeedbackRefused(self.name)
         return self._fields(k), [values]
 
+    def encode_device_partitions(self, g: Any, e: Any, lam: float, e_out: Any, part: int, reuse: Any,
+                                 keys: list, rounds: list) -> tuple[list, Any]:
+        """``_encode_device_feedback`` of each ``part`` elements of g at once (a tensor's
+        partitions, by ``ErrorFeedback.compress_partitions``), partition i being ``keys[i]``
+        in ``rounds[i]``: per partition (fields, buffers) or None where refused, and the
+        host array they live in."""
+        from gradpress.kernels.cuda import randomk as gpu_randomk
+        n = g.shape[0]
+        counts = [min(part, n - i * part) for i in range(len(keys))]
+        ks = [keep_count(self.k, c) for c in counts]
+        streams = [self._stream(key, r, c, k) for key, r, c, k in zip(keys, rounds, counts, ks)]
+        scales = tuple(c / k if self.scaling else 1.0 for c, k in ((counts[0], ks[0]), (counts[-1], ks[-1])))
+        encoded, host = gpu_randomk.gather_feedback_segments(g, e, lam, e_out, part, ks, streams, scales, reuse)
+        return [None if values is None else (self._fields(k), [values]) for values, k in zip(encoded, ks)], host
+
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
         from gradpress.kernels.cuda import randomk as gpu_randomk
         n, k = x.shape[0], keep_count(self.k, x.shape[0])

@@ -149,7 +149,8 @@ class PartitionStages:
         start = now_us()
         from ..kernels.cuda.device import working_on
         with working_on(job.src):
-            payloads = together(job.src, [wk.key for wk in t.keys], t.parts[0], lr=job.lr)
+            payloads = together(job.src, [wk.key for wk in t.keys], t.parts[0], lr=job.lr,
+                                rounds=[wk.next_round for wk in t.keys])
         if payloads is None:
             return
         self.tracer.add("compress", start, now_us(), key=t.keys[0].key, round=t.keys[0].next_round)

@@ -38,7 +38,7 @@ def pair(name: str, kind: str) -> list:
 
 def compare(together, apart, x: np.ndarray, part: int, round: int, lr: float) -> str:
     """Both ways over ``x``: '' when alike (a key refused by both counts as alike)."""
-    results = together.compress_partitions(cuda.to_device(x), KEYS, part, lr)
+    results = together.compress_partitions(cuda.to_device(x), KEYS, part, lr, [round] * len(KEYS))
     if results is None:
         return f"round {round}: declined"
     for i, (key, result) in enumerate(zip(KEYS, results)):
@@ -62,7 +62,8 @@ def compare(together, apart, x: np.ndarray, part: int, round: int, lr: float) ->
 def together_cases():
     # onebit-l2 differs from l1 in its scale alone: vanilla, at both shapes, is its case
     for name, kinds in (("onebit-l1", ("vanilla", "corrected")), ("onebit-l2", ("vanilla",)),
-                        ("fp16", ("vanilla", "corrected"))):
+                        ("fp16", ("vanilla", "corrected")), ("randomk-scaled", ("vanilla",)),
+                        ("randomk", ("corrected",))):
         for kind in kinds:
             for n, part in SHAPES if name == "onebit-l2" else SHAPES[:1]:
                 together, apart = pair(name, kind)
@@ -79,7 +80,7 @@ def nan_cases():
     array, gathers them again first), corrected (the refused key's step is behind) leaves
     them to the key-by-key path."""
     n, part = SHAPES[0]
-    for name in ("onebit-l1", "fp16"):
+    for name in ("onebit-l1", "fp16", "randomk"):
         for kind in ("vanilla", "corrected"):
             together, apart = pair(name, kind)
             problem = compare(together, apart, gaussian(n, seed=1), part, 0, 0.1)
@@ -92,7 +93,7 @@ def nan_cases():
             if kind == "vanilla":
                 for round in (2, 3):
                     problem = problem or compare(together, apart, gaussian(n, seed=round), part, round, 0.02)
-            elif together.compress_partitions(cuda.to_device(gaussian(n, seed=3)), KEYS, part, 0.02) is not None:
+            elif together.compress_partitions(cuda.to_device(gaussian(n, seed=3)), KEYS, part, 0.02, [2] * 3):
                 problem = problem or "kept together with the refused key a step behind"
             yield f"nan/{name}/{kind}", problem
 
@@ -137,14 +138,15 @@ def alternating_case():
     one buffer per role that the larger made, holding the other tensor's old bytes (no
     stale flag may refuse a partition, no stale byte reach a payload), bits as key by key,
     and no buffer made anew after the first round."""
-    for name in ("onebit-l1", "fp16"):
+    for name in ("onebit-l1", "fp16", "randomk"):
         tensors = [(1301, KEYS + [43, 44]), (701, [50, 51, 52])]
         together, apart = pair(name, "vanilla")
         problem, made = "", []
         for round in range(2):
             for n, keys in tensors:
                 x = np.round(gaussian(n, seed=round + n) * 3).astype(np.float32)  # halves 0.0 and small ones
-                results = together.compress_partitions(cuda.to_device(x), keys, 300, None) or [None]
+                results = together.compress_partitions(cuda.to_device(x), keys, 300, None, [round] * len(keys)) \
+                    or [None]
                 for i, (key, result) in enumerate(zip(keys, results)):
                     expected = apart.compress(cuda.to_device(x[i * 300:(i + 1) * 300]), key=key, round=round)
                     if result is None or isinstance(result, ValueError):

@@ -51,12 +51,13 @@ def test_a_tensors_partitions_compressed_together_match_the_cpu_key_by_key():
     from gradpress.compressors import build_compressor
     part, keys = 1_024_000, [10, 11, 12, 13, 14]   # BytePS's 4,096,000-byte partitions, the last of 77
     for params in ({"compressor": "onebit", "scaling": True, "ef": "corrected"},
-                   {"compressor": "fp16", "ef": "vanilla"}):
+                   {"compressor": "fp16", "ef": "vanilla"},
+                   {"compressor": "randomk", "k": 0.01, "seed": 3, "ef": "vanilla"}):
         host, device = build_compressor(params, "worker"), build_compressor(params, "worker")
         for round_ in range(3):
             g = gaussian(4 * part + 77, seed=round_)
             lr = 0.1 / (1 + round_)
-            together = device.compress_partitions(torch.from_numpy(g).cuda(), keys, part, lr)
+            together = device.compress_partitions(torch.from_numpy(g).cuda(), keys, part, lr, [round_] * len(keys))
             assert together is not None, f"{params}: declined"
             for i, (key, got) in enumerate(zip(keys, together)):
                 want = payload_bytes(host.compress(g[i * part:(i + 1) * part], key=key, round=round_, lr=lr))
@@ -187,13 +188,13 @@ def test_cuda_training_with_every_codec_in_every_float_dtype(tmp_path):
 
 @pytest.mark.integ
 def test_training_with_partitions_compressed_together_is_the_key_by_key_training(tmp_path):
-    runs = {"onebit": CODECS["onebit"], "fp16": {"compressor": "fp16", "ef": "vanilla"}}
+    runs = {"onebit": CODECS["onebit"], "fp16": {"compressor": "fp16", "ef": "vanilla"}, "randomk": CODECS["randomk"]}
     small = {"BYTEPS_PARTITION_BYTES": "65536"}   # 2 partitions a weight
     for way in ("on", "off"):
         (tmp_path / way).mkdir()
     together = _train(tmp_path / "on", runs, ["float32"], {**small, "GRADPRESS_GROUP_PARTITIONS": "1"})
     apart = _train(tmp_path / "off", runs, ["float32"], {**small, "GRADPRESS_GROUP_PARTITIONS": "0"})
-    for run in ("onebit/float32", "fp16/float32"):
+    for run in ("onebit/float32", "fp16/float32", "randomk/float32"):
         for name, value in together[run].items():
             assert torch.equal(value, apart[run][name]), f"{run}: {name}: together and apart differ"
 

@@ -125,3 +125,71 @@ def gather_feedback(g, e, lam: float, e_out, n: int, k: int, stream: np.uint64, 
     _take_feedback[blocks(k), THREADS, device.stream()](e_out, indices, scale, payload, payload.view(np.float32),
                                                         epoch)
     return _land(payload, k, reuse, epoch)
+
+
+@cuda.jit
+def _compensate_segments(g, e, lam, seg_len, e_out, flags, epoch):
+    """e_out = p = g + lam * e; flags[i // seg_len] = epoch on a NaN/inf."""
+    i = cuda.grid(1)
+    if i < e_out.shape[0]:
+        p = g[i] + lam * e[i]
+        e_out[i] = p
+        if not abs(p) < np.inf:
+            flags[i // seg_len] = epoch
+
+
+@cuda.jit
+def _take_segments(e_out, indices, seg_len, scale, last_scale, last, values, flags, epoch):
+    """``_take_feedback`` over every segment's indices at once (each an index into the whole
+    of e_out): segment s = i // seg_len scales by ``scale``, the last one (its n / k may
+    differ) by ``last_scale``, and flags[s] = epoch on a NaN/inf."""
+    j = cuda.grid(1)
+    if j < indices.shape[0]:
+        i = indices[j]
+        s = i // seg_len
+        value = np.float32(np.float64(e_out[i]) * (last_scale if s == last else scale))
+        values[j] = value
+        left = e_out[i] - value
+        e_out[i] = left
+        if not (abs(value) < np.inf and abs(left) < np.inf):
+            flags[s] = epoch
+
+
+def _grown_host(count: int) -> np.ndarray:
+    """This thread's pinned uint32 staging for a tensor's indices, grown to the largest."""
+    host = getattr(_host_staging, "grown", None)
+    if host is None or host.shape[0] < count:
+        host = _host_staging.grown = device.pinned_host(max(count, 1), np.uint32)
+    return host[:count]
+
+
+def gather_feedback_segments(g, e, lam: float, e_out, seg_len: int, ks: list, streams: list,
+                             scales: tuple, reuse) -> tuple[list, np.ndarray]:
+    """``gather_feedback`` of every segment of ``seg_len`` elements of g at once (a tensor's
+    partitions; segment s keeps ``ks[s]`` values of stream ``streams[s]``; ``scales`` is
+    (every segment's but the last, the last one's)): one upload of all the indices, two
+    launches, and the values back in one copy, the flags in a second. Returns per segment
+    its values (None on a NaN/inf: its part of e_out then holds garbage; e_out must not be
+    e) and the pinned host array behind them (``reuse`` where it fits)."""
+    n, total, segments = g.shape[0], sum(ks), len(ks)
+    host_indices = _grown_host(total)
+    offsets = np.cumsum([0] + ks)
+    for s, (k, stream) in enumerate(zip(ks, streams)):
+        count = min(seg_len, n - s * seg_len)
+        np.add(_host_indices(count, k, stream), np.uint32(s * seg_len), out=host_indices[offsets[s]:offsets[s + 1]])
+    indices = scratch.grown("randomk-indices", (total,), np.uint32)
+    stream = device.stream()
+    indices.copy_to_device(host_indices, stream=stream)
+    layout = scratch.Layout(((np.float32, total),), 1)
+    whole, (values,) = scratch.grown_staged("randomk-values", layout)
+    flags = scratch.zeroed((segments,), np.int32, "randomk-flags")
+    epoch = scratch.epoch()
+    _compensate_segments[blocks(n), THREADS, stream](g, e, np.float32(lam), seg_len, e_out, flags, epoch)
+    _take_segments[blocks(total), THREADS, stream](e_out, indices, seg_len, np.float64(scales[0]),
+                                                   np.float64(scales[1]), segments - 1, values, flags, epoch)
+    flags_host = np.empty(segments, np.int32)
+    flags.copy_to_host(flags_host, stream=stream)
+    host = scratch.Reusing(reuse)
+    (values_host,) = scratch.copy_back(whole, layout, host(layout))  # waits for both copies
+    return [None if flags_host[s] == epoch else values_host[offsets[s]:offsets[s + 1]]
+            for s in range(segments)], host.array
