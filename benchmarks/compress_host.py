@@ -78,21 +78,26 @@ def main() -> None:
     out: dict = {"partitions": parts, "tensors": len(tensors), "elements": sum(sum(c) for _, c in tensors)}
     ways = [(name, params, False) for name, params in ENCODERS.items()] + \
         [(f"{name}-together", ENCODERS[name], True) for name in ("onebit", "randomk", "fp16")]
-    for name, params, together in ways:
-        codec = build_compressor(params, "worker")
-        times = []
-        for step in range(args.reps + 2):
+    # the ways take turns, step by step: this host's speed drifts by tens of percent within a
+    # minute, and each way's median then comes from the same minutes
+    codecs = [build_compressor(params, "worker") for _, params, _ in ways]
+    times: list[list[float]] = [[] for _ in ways]
+    launches = [0] * len(ways)
+    for step in range(args.reps + 2):
+        for w in (range(len(ways)) if step % 2 else reversed(range(len(ways)))):
             launched[0] = 0
             start = time.perf_counter()
-            compress_stage(codec, tensors, step, together)
+            compress_stage(codecs[w], tensors, step, ways[w][2])
             if step >= 2:
-                times.append(time.perf_counter() - start)
-        median = statistics.median(times)
+                times[w].append(time.perf_counter() - start)
+            launches[w] = launched[0]
+    for (name, _, _), took, launch_count in zip(ways, times, launches):
+        median = statistics.median(took)
         out[f"{name}_stage_ms"] = round(1e3 * median, 3)
         out[f"{name}_us_per_partition"] = round(1e6 * median / parts, 1)
-        out[f"{name}_launches_per_partition"] = launched[0] / parts
+        out[f"{name}_launches_per_partition"] = launch_count / parts
         print(f"{name:8s} {1e3 * median:8.2f} ms a step  {1e6 * median / parts:7.1f} us a partition  "
-              f"{launched[0] / parts:5.1f} launches a partition", flush=True)
+              f"{launch_count / parts:5.1f} launches a partition", flush=True)
     emit("compress_host", out)
 
 
