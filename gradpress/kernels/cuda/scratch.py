@@ -108,31 +108,29 @@ def staged(layout: Layout) -> tuple[Any, list]:
 _MOST_VIEWS = 1024  # views of a grown buffer kept (a Python object each, no device memory)
 
 
-def _grown(role: str, nbytes: int, zero: bool) -> tuple[Any, dict]:
+def _grown(role: str, nbytes: int) -> tuple[Any, dict]:
     """(this thread's buffer for ``role`` on the current device and lane, of at least
     ``nbytes``, made anew, larger, only when too small; the views made of it so far)."""
     buffers = _local.__dict__.setdefault("grown", {})
     key = (_device_id(), streams.current_lane(), role)
     state = buffers.get(key)
     if state is None or state[0].shape[0] < nbytes:
-        buffer = cuda.to_device(np.zeros(nbytes, np.uint8), stream=device.stream()) if zero \
-            else cuda.device_array(nbytes, np.uint8, stream=device.stream())
-        state = buffers[key] = (buffer, {})
+        state = buffers[key] = (cuda.device_array(nbytes, np.uint8, stream=device.stream()), {})
     if len(state[1]) >= _MOST_VIEWS:
         state[1].clear()
     return state
 
 
-def grown(role: str, shape: tuple, dtype: Any, zero: bool = False) -> Any:
-    """A device array of ``shape``: the front of this thread's buffer for ``role`` (on the
-    current device and lane; zeroed when made, with ``zero``). For what comes in a size per
+def grown(role: str, shape: tuple, dtype: Any) -> Any:
+    """A device array of ``shape`` (contents undefined): the front of this thread's buffer for
+    ``role`` on the current device and lane. For what comes in a size per
     tensor (a tensor's partitions encoded together), where an array kept per size
     (``device_array``, ``staged``) would keep one per tensor: this keeps one, of the largest
     tensor's size, after the first step. Views are kept too: making a device array's view
     costs the host more than the kernel launch it is for."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
-    buffer, views = _grown(role, max(nbytes, _ALIGN), zero)
+    buffer, views = _grown(role, max(nbytes, _ALIGN))
     view = views.get((shape, dtype))
     if view is None:
         view = views[(shape, dtype)] = buffer[:nbytes].view(dtype).reshape(shape)
@@ -142,7 +140,7 @@ def grown(role: str, shape: tuple, dtype: Any, zero: bool = False) -> Any:
 def grown_staged(role: str, layout: Layout) -> tuple[Any, list]:
     """``staged`` for ``layout`` at the front of this thread's buffer for ``role`` (see
     ``grown``); nothing zeroed: every part must be written by each call's kernels."""
-    buffer, views = _grown(role, layout.nbytes, False)
+    buffer, views = _grown(role, layout.nbytes)
     staged_views = views.get(layout.key)
     if staged_views is None:
         whole = buffer[:layout.nbytes]
