@@ -36,7 +36,7 @@ demo: setup
 # two of them share the 2 cores well. The kernels every node loads at start are compiled once
 # first: in a fresh clone the first jobs' nodes would each compile them (12 s of a core
 # apiece) at the same time. From a fresh clone, set-up included: 8:29 to 9:31 in four runs
-# (2026-11-27, 1,849 to 1,853 tests); 10:38 and 11:19 in a later session (1,859 and 1,860
+# (2026-11-27, 1,849 to 1,853 tests); 10:38 to 11:32 in a later session (1,859 and 1,860
 # tests) on a host that ran the same benchmark 1.4-2x slower than before (the CUDA
 # simulator's payload script, about 25 s alone, is the longest piece).
 test: setup $(COMPILER_STAMP)
