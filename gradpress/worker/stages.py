@@ -6,8 +6,8 @@ uncompressed one skips compress and, with a server on the same host, pushes thro
 shared memory and lands from the server's result slot. An uncompressed CUDA tensor's
 partitions move by DMA: the device copies straight into the shared push segment (a chunk
 registered with the driver) or into a pinned buffer of the key's own, and the result goes
-back to the device at its size and is divided there. Which stages a partition
-takes is decided by its key (codec, co-location), not by branches in the caller.
+back to the device at its size and is divided there. Which stages a partition takes is
+decided by its key (codec, co-location), not by branches in the caller.
 All of it runs on the communication thread, which owns the sockets.
 """
 from __future__ import annotations
@@ -134,13 +134,11 @@ class PartitionStages:
         else:
             meta, buffers = t.compressor.compress(chunk, key=op.wkey.key, round=op.round, lr=op.job.lr)
         self.tracer.add("compress", start, now_us(), key=op.wkey.key, round=op.round)
-        return {"codec": t.compressor.name, "meta": meta}, buffers
+        return _wire(t, meta, buffers)
 
     def compress_tensor(self, job) -> None:
-        """Compress every partition of ``job``'s CUDA tensor at once where its compressor can
-        (``compress_partitions``: one set of launches and one copy back for all of them, not
-        one per partition), keeping each payload in ``job.compressed`` for its partition's
-        turn (``compress``); nothing where it cannot. Each key's round is its next one."""
+        """Compress all of ``job``'s CUDA tensor's partitions at once where its compressor can
+        (``compress_partitions``), each payload kept in ``job.compressed`` for its turn."""
         t = job.tensor
         together = getattr(t.compressor, "compress_partitions", None)
         if together is None or not is_device_array(job.src):
@@ -156,8 +154,7 @@ class PartitionStages:
         self.tracer.add("compress", start, now_us(), key=t.keys[0].key, round=t.keys[0].next_round)
         for wk, payload in zip(t.keys, payloads):
             wk.compressed_by = job
-            job.compressed[wk.key] = (wk.next_round, payload if isinstance(payload, ValueError)
-                                      else ({"codec": t.compressor.name, "meta": payload[0]}, payload[1]))
+            job.compressed[wk.key] = (wk.next_round, payload if isinstance(payload, ValueError) else _wire(t, *payload))
 
     @staticmethod
     def refusal(reason: str) -> Payload:
@@ -291,6 +288,10 @@ class PartitionStages:
         self.push_arena.close()  # the memory itself goes with the last mapping
         for arena in self.device_arenas.values():
             arena.close()
+
+
+def _wire(t, meta: dict, buffers: list) -> Payload:  # a compressed push's fields and buffers
+    return {"codec": t.compressor.name, "meta": meta}, buffers
 
 
 def _frame_result(frames: list, n: int, dtype: str) -> np.ndarray:

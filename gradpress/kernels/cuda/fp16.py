@@ -58,23 +58,18 @@ def encode_feedback_segments(g, e, lam: float, e_out, seg_len: int,
     partitions) in one launch: per segment its bits, None where a residual is not finite
     (its part of e_out then holds garbage), and the pinned host array behind them (``reuse``
     where it fits: passed only once nobody reads it). The halves come back in one copy, the
-    flags in a second (they live apart: the halves' buffer serves tensors of every size, and
-    a flag must never read as this call's from another call's halves)."""
+    flags in a second (``scratch.copy_back_flagged``)."""
     n = g.shape[0]
     segments = -(-n // seg_len)
     layout = scratch.Layout(((np.float16, n),), 1)
     whole, (half,) = scratch.grown_staged("fp16-halves", layout)
     flags = scratch.zeroed((segments,), np.int32, "fp16-flags")
     epoch = scratch.epoch()
-    stream = device.stream()
-    _encode_feedback[blocks(n), THREADS, stream](g, e, np.float32(lam), seg_len, half, e_out, flags, epoch)
-    flags_host = np.empty(segments, np.int32)
-    flags.copy_to_host(flags_host, stream=stream)
-    host = scratch.Reusing(reuse)
-    (bits,) = scratch.copy_back(whole, layout, host(layout))  # waits for both copies
+    _encode_feedback[blocks(n), THREADS, device.stream()](g, e, np.float32(lam), seg_len, half, e_out, flags, epoch)
+    (bits,), flags_host, host = scratch.copy_back_flagged(whole, layout, flags, reuse)
     bits = bits.view(np.uint16)
     return [None if flags_host[s] == epoch else bits[s * seg_len:(s + 1) * seg_len]
-            for s in range(segments)], host.array
+            for s in range(segments)], host
 
 
 @cuda.jit

@@ -168,7 +168,8 @@ def gather_feedback_segments(g, e, lam: float, e_out, seg_len: int, ks: list, st
     """``gather_feedback`` of every segment of ``seg_len`` elements of g at once (a tensor's
     partitions; segment s keeps ``ks[s]`` values of stream ``streams[s]``; ``scales`` is
     (every segment's but the last, the last one's)): one upload of all the indices, two
-    launches, and the values back in one copy, the flags in a second. Returns per segment
+    launches, and the values back in one copy, the flags in a second
+    (``scratch.copy_back_flagged``). Returns per segment
     its values (None on a NaN/inf: its part of e_out then holds garbage; e_out must not be
     e) and the pinned host array behind them (``reuse`` where it fits)."""
     n, total, segments = g.shape[0], sum(ks), len(ks)
@@ -187,9 +188,6 @@ def gather_feedback_segments(g, e, lam: float, e_out, seg_len: int, ks: list, st
     _compensate_segments[blocks(n), THREADS, stream](g, e, np.float32(lam), seg_len, e_out, flags, epoch)
     _take_segments[blocks(total), THREADS, stream](e_out, indices, seg_len, np.float64(scales[0]),
                                                    np.float64(scales[1]), segments - 1, values, flags, epoch)
-    flags_host = np.empty(segments, np.int32)
-    flags.copy_to_host(flags_host, stream=stream)
-    host = scratch.Reusing(reuse)
-    (values_host,) = scratch.copy_back(whole, layout, host(layout))  # waits for both copies
+    (values_host,), flags_host, host = scratch.copy_back_flagged(whole, layout, flags, reuse)
     return [None if flags_host[s] == epoch else values_host[offsets[s]:offsets[s + 1]]
-            for s in range(segments)], host.array
+            for s in range(segments)], host

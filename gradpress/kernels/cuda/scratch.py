@@ -167,6 +167,19 @@ def copy_back(whole: Any, layout: Layout, host: np.ndarray) -> list:
     return layout.views(host)
 
 
+def copy_back_flagged(whole: Any, layout: Layout, flags: Any, reuse: Any) -> tuple[list, np.ndarray, np.ndarray]:
+    """``copy_back`` of a tensor's payloads (its partitions encoded together) into ``reuse``
+    where it fits (``Reusing``), with the per-partition status words ``flags`` (a device
+    int32 array apart from ``whole``: a grown buffer serves tensors of every size, and a
+    flag must never read as this call's from another call's bytes) in a second copy.
+    Returns (the typed host views, the host flags, the host array the views live in)."""
+    flags_host = np.empty(flags.shape[0], np.int32)
+    flags.copy_to_host(flags_host, stream=device.stream())
+    host = Reusing(reuse)
+    views = copy_back(whole, layout, host(layout))  # waits for both copies
+    return views, flags_host, host.array
+
+
 def feedback_host(layout: Layout, reuse: Any) -> np.ndarray:
     """The host buffer for a fused error-feedback payload: the one behind ``reuse`` (the
     key's previous payload, which nobody reads any more) when it has this layout, else a
