@@ -9,7 +9,8 @@ BYTEPS_PARTITION_BYTES). What it times is what the host does per partition besid
 kernels: gradpress's own Python, and the simulator's array plumbing where a GPU has
 numba's (views, copies of the payload into host memory). It is a proxy: numba's real
 launches and driver calls (about 25 us a launch on an H200) come on top, one per counted
-launch. ``onebit-together``, ``fp16-together`` and ``randomk-together`` compress each tensor's partitions together
+launch. ``onebit-together``, ``fp16-together``, ``randomk-together`` and ``dithering-together`` compress each
+tensor's partitions together
 (``GRADPRESS_GROUP_PARTITIONS``, a worker's default where no local owner sums them first):
 one set of launches per tensor.
 
@@ -34,7 +35,7 @@ from numba import cuda  # noqa: E402
 from numba.cuda.simulator import kernel as simulated  # noqa: E402
 
 from bandwidth_models import MODELS  # noqa: E402
-from gpu import ENCODERS, compress_stage  # noqa: E402  what benchmarks/gpu.py times on a GPU
+from gpu import ENCODERS, GROUPED, compress_stage  # noqa: E402  what benchmarks/gpu.py times on a GPU
 from results import emit  # noqa: E402
 
 from gradpress.compressors import build_compressor  # noqa: E402
@@ -76,8 +77,8 @@ def main() -> None:
                for counts in job_tensors()]
     parts = sum(len(counts) for _, counts in tensors)
     out: dict = {"partitions": parts, "tensors": len(tensors), "elements": sum(sum(c) for _, c in tensors)}
-    ways = [(name, params, False) for name, params in ENCODERS.items()] + \
-        [(f"{name}-together", ENCODERS[name], True) for name in ("onebit", "randomk", "fp16")]
+    ways = [(name, params, False) for name, params in {**ENCODERS, **GROUPED}.items()] + \
+        [(f"{name}-together", params, True) for name, params in GROUPED.items()]
     # the ways take turns, step by step: this host's speed drifts by tens of percent within a
     # minute, and each way's median then comes from the same minutes
     codecs = [build_compressor(params, "worker") for _, params, _ in ways]

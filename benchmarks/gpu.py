@@ -25,9 +25,9 @@ worker uses (pageable, pinned, its own registered shared memory, a peer's regist
 launches: the compress stage of one step of that transformer's 102 gradients, each codec
 with error feedback, in ms (the launches, the per-call Python and the copies); and of what
 the job compresses in a step: the partitions of its gradients of at least
-BYTEPS_MIN_COMPRESS_BYTES (the rest travel raw, fused); onebit, randomk and fp16 also with
-each gradient's partitions compressed together (GRADPRESS_GROUP_PARTITIONS, the worker's
-default).
+BYTEPS_MIN_COMPRESS_BYTES (the rest travel raw, fused), also for dithering; onebit, randomk,
+fp16 and dithering also with each gradient's partitions compressed together
+(GRADPRESS_GROUP_PARTITIONS, the worker's default).
 
 The last line is ``RESULT {json}`` (``results.emit``: a record too, where asked).
 """
@@ -71,6 +71,9 @@ ENCODERS = {"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"}
             "topk": {"compressor": "topk", "k": 0.01, "ef": "vanilla"},
             "randomk": {"compressor": "randomk", "k": 0.0015, "seed": 1, "ef": "vanilla"},
             "fp16": {"compressor": "fp16", "ef": "vanilla"}}
+# the codecs whose kernels compress a tensor's partitions at once (``encode_device_partitions``)
+GROUPED = {**{name: ENCODERS[name] for name in ("onebit", "randomk", "fp16")},
+           "dithering": {"compressor": "dithering", "s": 7, "seed": 1, "ef": "vanilla"}}
 
 
 def timed(fn, reps: int) -> float:
@@ -169,7 +172,8 @@ def launches(reps: int) -> dict:
            "tfm_job_tensors": sum(1 for g in grads if g.numel() * 4 >= least)}
     ways = [(name, params, label, tensors, False) for name, params in ENCODERS.items()
             for label, tensors in (("", [(g, [g.numel()]) for g in grads]), ("job_", job))]
-    ways += [(name, ENCODERS[name], "job_together_", job, True) for name in ("onebit", "randomk", "fp16")]
+    ways += [("dithering", GROUPED["dithering"], "job_", job, False)]
+    ways += [(name, params, "job_together_", job, True) for name, params in GROUPED.items()]
     for name, params, label, tensors, together in ways:
         codec = build_compressor(params, "worker")
         rounds = iter(range(10 ** 6))

@@ -346,7 +346,9 @@ def render_gpu(r: dict) -> list[str]:
                           f"gradients of {r['tfm_job_min_compress_bytes']} bytes or more, ms")
         rows = [[c, f(r[f"{c}_compress_stage_ms"], 1)] + ([f(r.get(f"{c}_job_compress_stage_ms"), 1)]
                                                           if len(header) > 2 else []) for c in stages]
-        for c in ("onebit", "randomk", "fp16"):  # each gradient's partitions at once
+        if "dithering_job_compress_stage_ms" in r:
+            rows.append(["dithering", "", f(r["dithering_job_compress_stage_ms"], 1)])
+        for c in ("onebit", "randomk", "fp16", "dithering"):  # each gradient's partitions at once
             if f"{c}_job_together_compress_stage_ms" in r:
                 rows.append([f"{c}, partitions together", "", f(r[f"{c}_job_together_compress_stage_ms"], 1)])
         out += ([""] if out else []) + table(header, rows)

@@ -89,6 +89,17 @@ class Dithering(Compressor):
             raise FeedbackRefused(self.name)
         return self._fields(), buffers
 
+    def encode_device_partitions(self, g: Any, e: Any, lam: float, e_out: Any, part: int, reuse: Any,
+                                 keys: list, rounds: list) -> tuple[list, Any]:
+        """``_encode_device_feedback`` of each ``part`` elements of g at once (a tensor's
+        partitions, by ``ErrorFeedback.compress_partitions``), partition i drawing from the
+        stream of ``keys[i]`` in ``rounds[i]``: per partition (fields, buffers) or None
+        where refused, and the host array they live in."""
+        from gradpress.kernels.cuda import dithering as gpu_dithering
+        draws = [stream_id(self.seed, key, r) for key, r in zip(keys, rounds)]
+        encoded, host = gpu_dithering.encode_feedback_segments(g, e, lam, self, draws, e_out, part, reuse)
+        return [None if buffers is None else (self._fields(), buffers) for buffers in encoded], host
+
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
         from gradpress.kernels.cuda import dithering as gpu_dithering
         return self._fields(), gpu_dithering.encode(x, self, stream_id(self.seed, key, round))

@@ -63,9 +63,11 @@ def together_cases():
     # onebit-l2 differs from l1 in its scale alone: vanilla, at both shapes, is its case
     for name, kinds in (("onebit-l1", ("vanilla", "corrected")), ("onebit-l2", ("vanilla",)),
                         ("fp16", ("vanilla", "corrected")), ("randomk-scaled", ("vanilla",)),
-                        ("randomk", ("corrected",))):
+                        ("randomk", ("corrected",)), ("dither-linear-l2", ("vanilla",)),
+                        ("dither-linear-max", ("corrected",)), ("dither-natural-l2", ("vanilla",))):
         for kind in kinds:
-            for n, part in SHAPES if name == "onebit-l2" else SHAPES[:1]:
+            # dithering's 2- and 4-bit codes: partitions whose last byte is partial too
+            for n, part in SHAPES if name == "onebit-l2" else [(701, 301)] if name.startswith("dither") else SHAPES[:1]:
                 together, apart = pair(name, kind)
                 problem = ""
                 for round in range(3):
@@ -80,7 +82,7 @@ def nan_cases():
     array, gathers them again first), corrected (the refused key's step is behind) leaves
     them to the key-by-key path."""
     n, part = SHAPES[0]
-    for name in ("onebit-l1", "fp16", "randomk"):
+    for name in ("onebit-l1", "fp16", "randomk", "dither-natural-max"):
         for kind in ("vanilla", "corrected"):
             together, apart = pair(name, kind)
             problem = compare(together, apart, gaussian(n, seed=1), part, 0, 0.1)
@@ -138,7 +140,7 @@ def alternating_case():
     one buffer per role that the larger made, holding the other tensor's old bytes (no
     stale flag may refuse a partition, no stale byte reach a payload), bits as key by key,
     and no buffer made anew after the first round."""
-    for name in ("onebit-l1", "fp16", "randomk"):
+    for name in ("onebit-l1", "fp16", "randomk", "dither-linear-max"):
         tensors = [(1301, KEYS + [43, 44]), (701, [50, 51, 52])]
         together, apart = pair(name, "vanilla")
         problem, made = "", []
@@ -170,10 +172,12 @@ def launches_case():
 
     norms.launch_totals, scratch.copy_back = counted("norms", launch_totals), counted("copies", copy_back)
     try:
-        pair("onebit-l1", "vanilla")[0].compress_partitions(cuda.to_device(gaussian(n, seed=7)), KEYS, part, None)
+        for name in ("onebit-l1", "dither-linear-max"):
+            counts.update(norms=0, copies=0)
+            pair(name, "vanilla")[0].compress_partitions(cuda.to_device(gaussian(n, seed=7)), KEYS, part, None)
+            yield f"one-launch-set/{name}", "" if counts == {"norms": 1, "copies": 1} else f"{counts} for 3 partitions"
     finally:
         norms.launch_totals, scratch.copy_back = launch_totals, copy_back
-    yield "one-launch-set", "" if counts == {"norms": 1, "copies": 1} else f"{counts} for 3 partitions"
 
 
 if __name__ == "__main__":

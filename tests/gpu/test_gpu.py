@@ -56,7 +56,9 @@ def test_a_tensors_partitions_compressed_together_match_key_by_key():
     for params in ({"compressor": "onebit", "scaling": True, "ef": "corrected"},
                    {"compressor": "onebit", "scaling": True, "ef": "vanilla"},
                    {"compressor": "fp16", "ef": "vanilla"},
-                   {"compressor": "randomk", "k": 0.01, "seed": 3, "ef": "vanilla"}):
+                   {"compressor": "randomk", "k": 0.01, "seed": 3, "ef": "vanilla"},
+                   {"compressor": "dithering", "s": 7, "seed": 3, "ef": "vanilla"},
+                   {"compressor": "dithering", "s": 1, "normalize": "l2", "ef": "corrected"}):
         together, apart, host = (build_compressor(params, "worker") for _ in range(3))
         for round_ in range(3):
             g = gaussian(4 * part + 77, seed=round_)

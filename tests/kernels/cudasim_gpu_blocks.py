@@ -71,24 +71,25 @@ def fused_cases():
         yield f"fused/{name}", problem
 
 
-def partitions_case():
-    """A tensor's partitions compressed together (``compress_partitions``), each of two
-    256-thread packing blocks and the last of part of one, against the same compressor key
-    by key: payloads and residuals, two rounds."""
-    part = packing.STAGE + 300
+def partitions_cases():
+    """A tensor's partitions compressed together (``compress_partitions``), each of two or
+    more 256-thread packing blocks and the last of part of one, against the same compressor
+    key by key: payloads and residuals, two rounds."""
+    part = packing.STAGE + 301  # (dithering's 2-bit codes: a partial last byte too)
     keys = [5, 6, 7]
-    params = {**dict(CODEC_PARAMS)["onebit-l1"], "ef": "corrected"}
-    together, apart = (build_compressor(params, "worker") for _ in range(2))
-    problem = ""
-    for round in range(2):
-        x = gaussian(2 * part + 77, seed=20 + round)
-        results = together.compress_partitions(cuda.to_device(x), keys, part, 0.1) or [None] * 3
-        for i, (key, result) in enumerate(zip(keys, results)):
-            expected = apart.compress(cuda.to_device(x[i * part:(i + 1) * part]), key=key, round=round, lr=0.1)
-            problem = problem or ("declined" if result is None else same_payload(result, expected))
-            same = together.residual(key).copy_to_host().tobytes() == apart.residual(key).copy_to_host().tobytes()
-            problem = problem or ("" if same else f"residuals differ at round {round}, key {key}")
-    yield "partitions/onebit-l1", problem
+    for name in ("onebit-l1", "dither-linear-l2"):
+        params = {**dict(CODEC_PARAMS)[name], "ef": "corrected"}
+        together, apart = (build_compressor(params, "worker") for _ in range(2))
+        problem = ""
+        for round in range(2):
+            x = gaussian(2 * part + 77, seed=20 + round)
+            results = together.compress_partitions(cuda.to_device(x), keys, part, 0.1, [round] * 3) or [None] * 3
+            for i, (key, result) in enumerate(zip(keys, results)):
+                expected = apart.compress(cuda.to_device(x[i * part:(i + 1) * part]), key=key, round=round, lr=0.1)
+                problem = problem or ("declined" if result is None else same_payload(result, expected))
+                same = together.residual(key).copy_to_host().tobytes() == apart.residual(key).copy_to_host().tobytes()
+                problem = problem or ("" if same else f"residuals differ at round {round}, key {key}")
+        yield f"partitions/{name}", problem
 
 
 def totals_cases():
@@ -111,6 +112,6 @@ def totals_cases():
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
     with np.errstate(over="ignore"):  # simulated uint64 arithmetic wraps, as intended
-        for source in (sizes_case, codec_cases, fused_cases, partitions_case, totals_cases):
+        for source in (sizes_case, codec_cases, fused_cases, partitions_cases, totals_cases):
             for case, problem in source():
                 print(json.dumps({"case": case, "problem": problem}), flush=True)

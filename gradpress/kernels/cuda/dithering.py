@@ -2,12 +2,13 @@
 per-element quantisation (``kernels.quantize``) and random draws as the CPU kernel.
 Two launches and one copy, as onebit's: the norms of p on the device, then the norm
 (NaN marks a NaN/inf in p), the packed codes and the residual in one kernel; norm and
-codes, in one allocation, come back in one copy."""
+codes, in one allocation, come back in one copy. A tensor's partitions go through the
+same two launches and copy together, each with its own norm and random stream."""
 import numpy as np
 from numba import cuda, float32, uint8
 
 from gradpress.kernels.bitlayout import packed_nbytes
-from gradpress.kernels.cuda import device, norms, scratch
+from gradpress.kernels.cuda import device, norms, scratch, uploads
 from gradpress.kernels.cuda.packing import PACK_THREADS, STAGE, element, pack_blocks, pack_byte
 from gradpress.kernels.quantize import level_py, level_value_py
 from gradpress.kernels.rng import draw_bits_py, uniform24_py
@@ -21,22 +22,33 @@ _l2_norm = cuda.jit(device=True)(l2_norm_py)
 
 
 @cuda.jit
-def _encode(g, e, lam, feedback, totals, l2, s, natural, width, draws, norm_out, codes, e_out):
-    """The norm from the totals (``norms.launch_totals``, as ``scaling.norm_from``) into
-    norm_out[0], NaN where the largest |p| is not finite, and then nothing else; else the
-    codes of p and, with ``feedback``, e_out = p - D(code) at the thread's own elements (so
-    e_out may be e), D from a block's copy of ``quantize.code_table`` in shared memory."""
+def _encode(g, e, lam, feedback, seg_len, seg_blocks, totals, l2, s, natural, width, draw, draws, norms_out,
+            codes, e_out):
+    """Per segment q of ``seg_len`` elements (the last one shorter), coded by the
+    ``seg_blocks`` blocks from q * seg_blocks with the random stream ``draws[q]`` (``draw``
+    where ``draws`` is empty: one segment): its norm from its totals
+    (``norms.launch_totals``, as ``scaling.norm_from``) into norms_out[q], NaN where its
+    largest |p| is not finite, and then nothing else; else the codes of p from byte
+    q * ceil(seg_len * width / 8) of ``codes`` and, with ``feedback``, e_out = p - D(code)
+    at the thread's own elements (so e_out may be e), D from a block's copy of
+    ``quantize.code_table`` in shared memory."""
     t = cuda.threadIdx.x
-    block = cuda.blockIdx.x
-    largest = totals[norms.LARGEST]
+    q = cuda.blockIdx.x // seg_blocks
+    block = cuda.blockIdx.x - q * seg_blocks
+    base = q * seg_len
+    n = g.shape[0] - base
+    if n > seg_len:
+        n = seg_len
+    largest = totals[3 * q + norms.LARGEST]
     if not largest < np.inf:
         if t == 0 and block == 0:
-            norm_out[0] = np.float32(np.nan)
+            norms_out[q] = np.float32(np.nan)
         return
-    norm32 = _l2_norm(totals[norms.SQUARE]) if l2 else np.float32(largest)
+    norm32 = _l2_norm(totals[3 * q + norms.SQUARE]) if l2 else np.float32(largest)
     if t == 0 and block == 0:
-        norm_out[0] = norm32
+        norms_out[q] = norm32
     norm = np.float64(norm32)
+    stream = draws[q] if draws.shape[0] > 0 else draw
     sign_bit = 1 << (width - 1)
     table = cuda.shared.array(256, float32)
     for code in range(t, (1 << width) if feedback else 0, PACK_THREADS):
@@ -53,35 +65,54 @@ def _encode(g, e, lam, feedback, totals, l2, s, natural, width, draws, norm_out,
     for k in range(per_byte):
         local, i = element(k, per_byte, t, block)
         code = 0
-        if i < g.shape[0]:
-            p = norms.load(g, e, lam, feedback, i)
+        if i < n:
+            p = norms.load(g, e, lam, feedback, base + i)
             if norm > 0.0:
-                u = _uniform24(_draw_bits(draws, np.uint64(i)))
+                u = _uniform24(_draw_bits(stream, np.uint64(i)))
                 lv = _level(abs(np.float64(p)), norm, s, natural, u)
                 code = lv | sign_bit if (p < 0 and lv > 0) else lv
             if feedback:
-                e_out[i] = p - table[code]
+                e_out[base + i] = p - table[code]
         stage[local] = code
     cuda.syncthreads()
-    pack_byte(stage, width, codes, t, block)
+    start = q * ((seg_len + per_byte - 1) // per_byte)
+    pack_byte(stage, width, codes[start:start + (n + per_byte - 1) // per_byte], t, block)
 
 
-def _run(g, e, lam: np.float32, feedback: bool, config, draws: np.uint64, e_out, host_of) -> list:
-    """Queue the two kernels, copy [norm, codes] into ``host_of(layout)``, synchronise."""
-    width = config.width
-    natural = config.partition == "natural"
-    layout = scratch.Layout(((np.float32, 1), (np.uint8, packed_nbytes(g.shape[0], width))), 2)
-    whole, (norm, codes) = scratch.staged(layout)
-    totals = norms.launch_totals(g, e, lam, feedback)
-    _encode[pack_blocks(codes.shape[0]), PACK_THREADS, device.stream()](
-        g, e, lam, feedback, totals, config.normalize == "l2", config.s, natural, width, draws,
-        norm, codes, e_out)
+def _layout(n: int, seg_len: int, width: int) -> scratch.Layout:
+    """A norm per segment, then every segment's codes end to end."""
+    segments = max(1, -(-n // seg_len))
+    tail = n - (segments - 1) * seg_len
+    return scratch.Layout(((np.float32, segments),
+                           (np.uint8, (segments - 1) * packed_nbytes(seg_len, width) + packed_nbytes(tail, width))), 2)
+
+
+def _run(g, e, lam: np.float32, feedback: bool, config, draws: list, e_out, host_of, seg_len: int = 0) -> list:
+    """Queue the two kernels over every segment of ``seg_len`` elements (0: g is one),
+    segment q drawing from stream ``draws[q]``, copy [norms, codes] into
+    ``host_of(layout)``, synchronise."""
+    n, width = g.shape[0], config.width
+    seg_len = seg_len or max(n, 1)
+    layout = _layout(n, seg_len, width)
+    if n <= seg_len:
+        whole, (norms_out, codes) = scratch.staged(layout)
+        streams = scratch.device_array((0,), np.uint64, "dithering-draws")
+    else:  # a tensor's partitions: one buffer for every tensor, not one per size
+        whole, (norms_out, codes) = scratch.grown_staged("dithering-payloads", layout)
+        streams = uploads.upload(np.array(draws, np.uint64), "dithering-draws")
+    totals = norms.launch_totals(g, e, lam, feedback, seg_len)
+    seg_blocks = pack_blocks(packed_nbytes(seg_len, width))
+    segments = norms_out.shape[0]
+    grid = (segments - 1) * seg_blocks + pack_blocks(packed_nbytes(n - (segments - 1) * seg_len, width))
+    _encode[grid, PACK_THREADS, device.stream()](
+        g, e, lam, feedback, seg_len, seg_blocks, totals, config.normalize == "l2", config.s,
+        config.partition == "natural", width, np.uint64(draws[0]), streams, norms_out, codes, e_out)
     return scratch.copy_back(whole, layout, host_of(layout))
 
 
 def encode(x, config, draws: np.uint64) -> list:
     """[norm, packed codes] for a ``Dithering`` configuration; ValueError for a NaN or inf."""
-    buffers = _run(x, x, np.float32(0), False, config, draws, x,
+    buffers = _run(x, x, np.float32(0), False, config, [draws], x,
                    lambda layout: scratch.pooled_host(layout.nbytes))
     if np.isnan(buffers[0][0]):
         raise ValueError("dithering input contains NaN or inf")
@@ -92,6 +123,25 @@ def encode_feedback(g, e, lam: float, config, draws: np.uint64, e_out, reuse=Non
     """Error feedback fused into dithering: pass 1 the norms of p, pass 2 codes and
     residual. [norm, codes], or None (e_out untouched) for a NaN/inf in p; the payload
     lands in ``reuse``'s host buffer where it is this layout's."""
-    buffers = _run(g, e, np.float32(lam), True, config, draws, e_out,
+    buffers = _run(g, e, np.float32(lam), True, config, [draws], e_out,
                    lambda layout: scratch.feedback_host(layout, reuse))
     return None if np.isnan(buffers[0][0]) else buffers
+
+
+def encode_feedback_segments(g, e, lam: float, config, draws: list, e_out, seg_len: int,
+                             reuse: np.ndarray | None) -> tuple[list, np.ndarray]:
+    """``encode_feedback`` of every segment of ``seg_len`` elements of g (a tensor's
+    partitions; segment q draws from stream ``draws[q]``) at once: the same two launches
+    and one copy for all of them, after one upload of the streams. Returns per segment
+    [norm, codes], None where its p is not finite (its part of e_out untouched), and the
+    pinned host array behind them: ``reuse`` where it fits, which the caller passes only
+    once nobody reads the payloads it holds."""
+    host = scratch.Reusing(reuse)
+    norms_host, codes = _run(g, e, np.float32(lam), True, config, draws, e_out, host, seg_len)
+    per = packed_nbytes(seg_len, config.width)
+    encoded: list = []
+    for q in range(norms_host.shape[0]):
+        count = min(seg_len, g.shape[0] - q * seg_len)
+        encoded.append(None if np.isnan(norms_host[q]) else
+                       [norms_host[q:q + 1], codes[q * per:q * per + packed_nbytes(count, config.width)]])
+    return encoded, host.array
