@@ -199,8 +199,10 @@ class ZapHandler(threading.Thread):
                     log.exception("ZAP request not understood")
                     reply = [b"1.0", request[1] if len(request) > 1 else b"", b"500", b"internal error", b"", b""]
                 sock.send_multipart(reply)
-        except zmq.ContextTerminated:
-            pass
+        except zmq.ContextTerminated:  # (a worker's context ends with its job: forget it)
+            with _handlers_lock:
+                if _handlers.get(id(self.ctx)) is self:
+                    del _handlers[id(self.ctx)]
         finally:
             sock.close()
 

@@ -54,13 +54,23 @@ def context(settings: Settings | None = None) -> zmq.Context:
     return zmq.Context.instance(io_threads=io_threads(settings) if settings is not None else IO_THREADS)
 
 
+def own_context(settings: Settings) -> zmq.Context:
+    """A context of a worker's own, which it ends (``deliver_queued``) once its communication
+    thread closed every socket: what that thread sent last (the SHUTDOWN acknowledgement) is
+    then delivered before ``finish()`` returns. With the process's shared context, a script
+    that exited at once after ``finish()`` lost it in 2 of 6 jobs, and the scheduler waited
+    PS_HEARTBEAT_TIMEOUT for it."""
+    return zmq.Context(io_threads=io_threads(settings))
+
+
 def deliver_queued(ctx: zmq.Context, wait_s: float = LINGER_MS / 1000 + 1.0) -> bool:
-    """At the end of a scheduler's or server's process, once its sockets are closed: end the
-    context, so that ZeroMQ's I/O threads deliver what the sockets still queue (each within
-    its LINGER_MS) instead of the process dropping it as it exits. Without it a scheduler
-    that had just told every member which node was lost could exit before some of them
-    heard it, and they reported the scheduler lost instead. Waits at most ``wait_s`` (a
-    socket some thread left open would hold the context forever); returns whether it ended."""
+    """At the end of a scheduler's or server's process (a worker's communication thread),
+    once its sockets are closed: end the context, so that ZeroMQ's I/O threads deliver what
+    the sockets still queue (each within its LINGER_MS) instead of the process dropping it
+    as it exits. Without it a scheduler that had just told every member which node was lost
+    could exit before some of them heard it, and they reported the scheduler lost instead.
+    Waits at most ``wait_s`` (a socket some thread left open would hold the context
+    forever); returns whether it ended."""
     ending = threading.Thread(target=ctx.term, name="gradpress-zmq-term", daemon=True)
     ending.start()
     ending.join(wait_s)

@@ -43,7 +43,7 @@ class WorkerClient:
         auth.job_keys(settings)  # no usable job secret: bps.init() raises JobSecretError, saying what to set
         self.s = settings
         self.tracer = Tracer(settings.trace)
-        self.comm = CommunicationThread(settings, transport.context(settings), self.tracer)
+        self.comm = CommunicationThread(settings, transport.own_context(settings), self.tracer)
         self.aborted = False  # abort() was called: finish() must not wait for the others
 
     @property

@@ -130,6 +130,7 @@ class CommunicationThread(threading.Thread):
                 self.tracer.write(self.link.name)
                 self.link.close()
             os.close(self._wake_r)
+            transport.deliver_queued(self.ctx)  # the context is this thread's (``transport.own_context``)
 
     def _loop(self, servers: list[zmq.Socket]) -> None:
         poller = zmq.Poller()

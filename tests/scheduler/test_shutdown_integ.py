@@ -82,6 +82,37 @@ def test_a_member_that_never_acknowledges_is_named_and_still_exits_cleanly(clust
     _assert_nobody_lost_the_scheduler(c)  # the server, resumed after the scheduler left, exits 0
 
 
+# Exits the moment finish() returns: no interpreter shutdown gives ZeroMQ time to send.
+HASTY_WORKER = """
+import os, numpy as np
+from gradpress.config import Settings
+from gradpress.worker import WorkerClient
+c = WorkerClient(Settings.load(os.environ))
+c.start()
+out = np.empty(1000, np.float32)
+c.push_pull_async("t", np.ones(1000, np.float32), out, 1, 0).result(30)
+c.finish()
+print("context ended:", c.comm.ctx.closed, flush=True)
+os._exit(0)
+"""
+
+
+def test_a_worker_that_exits_at_once_after_finish_has_acknowledged_shutdown(cluster):
+    """finish() returns once the worker's own ZeroMQ context has delivered what it queued,
+    the SHUTDOWN acknowledgement included. Before, with the process's shared context, 2 of 6
+    such jobs lost one and the scheduler waited PS_HEARTBEAT_TIMEOUT for it."""
+    for _ in range(2):  # 8 workers' acknowledgements
+        env = {"PS_HEARTBEAT_TIMEOUT": "30", "BYTEPS_LOG_LEVEL": "INFO"}
+        c = cluster(workers=4, servers=1, env=env).start(HASTY_WORKER)
+        start = time.monotonic()
+        c.assert_success(60)
+        log = c.log("scheduler")
+        assert "every member acknowledged SHUTDOWN" in log and "without the SHUTDOWN acknowledgement" not in log, log
+        assert time.monotonic() - start < 20, f"the scheduler waited for an acknowledgement\n{log}"
+        for w in range(4):
+            assert "context ended: True" in c.log(f"worker {w}"), c.log(f"worker {w}")
+
+
 # Links busy to the end: every worker pushes and pulls 1 MB per round at 10 Mbit/s.
 SLOW_WORKER = """
 import os, numpy as np
