@@ -9,8 +9,7 @@ BYTEPS_PARTITION_BYTES). What it times is what the host does per partition besid
 kernels: gradpress's own Python, and the simulator's array plumbing where a GPU has
 numba's (views, copies of the payload into host memory). It is a proxy: numba's real
 launches and driver calls (about 25 us a launch on an H200) come on top, one per counted
-launch. ``onebit-together``, ``fp16-together``, ``randomk-together`` and ``dithering-together`` compress each
-tensor's partitions together
+launch. The ``-together`` ways (every codec) compress each tensor's partitions together
 (``GRADPRESS_GROUP_PARTITIONS``, a worker's default where no local owner sums them first):
 one set of launches per tensor.
 

@@ -25,9 +25,9 @@ worker uses (pageable, pinned, its own registered shared memory, a peer's regist
 launches: the compress stage of one step of that transformer's 102 gradients, each codec
 with error feedback, in ms (the launches, the per-call Python and the copies); and of what
 the job compresses in a step: the partitions of its gradients of at least
-BYTEPS_MIN_COMPRESS_BYTES (the rest travel raw, fused), also for dithering; onebit, randomk,
-fp16 and dithering also with each gradient's partitions compressed together
-(GRADPRESS_GROUP_PARTITIONS, the worker's default).
+BYTEPS_MIN_COMPRESS_BYTES (the rest travel raw, fused), also for dithering; every codec
+also with each gradient's partitions compressed together (GRADPRESS_GROUP_PARTITIONS, the
+worker's default).
 
 The last line is ``RESULT {json}`` (``results.emit``: a record too, where asked).
 """
@@ -72,7 +72,7 @@ ENCODERS = {"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"}
             "randomk": {"compressor": "randomk", "k": 0.0015, "seed": 1, "ef": "vanilla"},
             "fp16": {"compressor": "fp16", "ef": "vanilla"}}
 # the codecs whose kernels compress a tensor's partitions at once (``encode_device_partitions``)
-GROUPED = {**{name: ENCODERS[name] for name in ("onebit", "randomk", "fp16")},
+GROUPED = {**{name: ENCODERS[name] for name in ("onebit", "topk", "randomk", "fp16")},
            "dithering": {"compressor": "dithering", "s": 7, "seed": 1, "ef": "vanilla"}}
 
 

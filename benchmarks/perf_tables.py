@@ -348,7 +348,7 @@ def render_gpu(r: dict) -> list[str]:
                                                           if len(header) > 2 else []) for c in stages]
         if "dithering_job_compress_stage_ms" in r:
             rows.append(["dithering", "", f(r["dithering_job_compress_stage_ms"], 1)])
-        for c in ("onebit", "randomk", "fp16", "dithering"):  # each gradient's partitions at once
+        for c in ("onebit", "topk", "randomk", "fp16", "dithering"):  # each gradient's partitions at once
             if f"{c}_job_together_compress_stage_ms" in r:
                 rows.append([f"{c}, partitions together", "", f(r[f"{c}_job_together_compress_stage_ms"], 1)])
         out += ([""] if out else []) + table(header, rows)

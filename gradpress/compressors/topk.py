@@ -55,6 +55,17 @@ class TopK(Compressor):
             raise FeedbackRefused(self.name)
         return {"k": k}, list(selected)
 
+    def encode_device_partitions(self, g: Any, e: Any, lam: float, e_out: Any, part: int, reuse: Any,
+                                 keys: list, rounds: list) -> tuple[list, Any]:
+        """``_encode_device_feedback`` of each ``part`` elements of g at once (a tensor's
+        partitions, by ``ErrorFeedback.compress_partitions``): per partition (fields,
+        buffers) or None where refused, and the host array they live in."""
+        from gradpress.kernels.cuda import topk_segments
+        n = g.shape[0]
+        ks = [keep_count(self.k, min(part, n - i * part)) for i in range(len(keys))]
+        selected, host = topk_segments.select_feedback_segments(g, e, lam, e_out, part, ks[0], ks[-1], reuse)
+        return [None if pair is None else ({"k": k}, list(pair)) for pair, k in zip(selected, ks)], host
+
     def _encode_device(self, x: Any, key: int, round: int) -> tuple[dict, list]:
         from gradpress.kernels.cuda import topk as gpu_topk
         k = keep_count(self.k, x.shape[0])

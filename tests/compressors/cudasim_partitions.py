@@ -38,10 +38,11 @@ def pair(name: str, kind: str) -> list:
 
 def compare(together, apart, x: np.ndarray, part: int, round: int, lr: float) -> str:
     """Both ways over ``x``: '' when alike (a key refused by both counts as alike)."""
-    results = together.compress_partitions(cuda.to_device(x), KEYS, part, lr, [round] * len(KEYS))
+    keys = KEYS[:-(-x.shape[0] // part)]
+    results = together.compress_partitions(cuda.to_device(x), keys, part, lr, [round] * len(keys))
     if results is None:
         return f"round {round}: declined"
-    for i, (key, result) in enumerate(zip(KEYS, results)):
+    for i, (key, result) in enumerate(zip(keys, results)):
         chunk = cuda.to_device(x[i * part:(i + 1) * part])
         try:
             expected = apart.compress(chunk, key=key, round=round, lr=lr)
@@ -59,18 +60,28 @@ def compare(together, apart, x: np.ndarray, part: int, round: int, lr: float) ->
     return ""
 
 
+def shapes(name: str, kind: str) -> list:
+    """(elements, partition, rounds) for a codec's together case."""
+    if name == "onebit-l2":  # it differs from l1 in its scale alone: vanilla, at both shapes, is its case
+        return [(n, part, 3) for n, part in SHAPES]
+    if name.startswith("dither"):  # 2- and 4-bit codes: partitions whose last byte is partial too
+        return [(701, 301, 3)]
+    if (name, kind) == ("topk-frac", "vanilla"):  # past selection.SAMPLE: the estimate from a strided sample
+        return [(701, 300, 3), (4160, 4100, 1)]
+    return [(*SHAPES[0], 3)]
+
+
 def together_cases():
-    # onebit-l2 differs from l1 in its scale alone: vanilla, at both shapes, is its case
     for name, kinds in (("onebit-l1", ("vanilla", "corrected")), ("onebit-l2", ("vanilla",)),
                         ("fp16", ("vanilla", "corrected")), ("randomk-scaled", ("vanilla",)),
                         ("randomk", ("corrected",)), ("dither-linear-l2", ("vanilla",)),
-                        ("dither-linear-max", ("corrected",)), ("dither-natural-l2", ("vanilla",))):
+                        ("dither-linear-max", ("corrected",)), ("dither-natural-l2", ("vanilla",)),
+                        ("topk-frac", ("vanilla", "corrected"))):
         for kind in kinds:
-            # dithering's 2- and 4-bit codes: partitions whose last byte is partial too
-            for n, part in SHAPES if name == "onebit-l2" else [(701, 301)] if name.startswith("dither") else SHAPES[:1]:
+            for n, part, rounds in shapes(name, kind):
                 together, apart = pair(name, kind)
                 problem = ""
-                for round in range(3):
+                for round in range(rounds):
                     x = gaussian(n, seed=round) if round != 1 else np.round(gaussian(n, seed=9) * 2).astype(np.float32)
                     problem = problem or compare(together, apart, x, part, round, 0.1 / (1 + round))
                 yield f"together/{name}/{kind}/n={n}", problem
@@ -82,7 +93,7 @@ def nan_cases():
     array, gathers them again first), corrected (the refused key's step is behind) leaves
     them to the key-by-key path."""
     n, part = SHAPES[0]
-    for name in ("onebit-l1", "fp16", "randomk", "dither-natural-max"):
+    for name in ("onebit-l1", "fp16", "randomk", "dither-natural-max", "topk-frac"):
         for kind in ("vanilla", "corrected"):
             together, apart = pair(name, kind)
             problem = compare(together, apart, gaussian(n, seed=1), part, 0, 0.1)
@@ -140,7 +151,7 @@ def alternating_case():
     one buffer per role that the larger made, holding the other tensor's old bytes (no
     stale flag may refuse a partition, no stale byte reach a payload), bits as key by key,
     and no buffer made anew after the first round."""
-    for name in ("onebit-l1", "fp16", "randomk", "dither-linear-max"):
+    for name in ("onebit-l1", "fp16", "randomk", "dither-linear-max", "topk-frac"):
         tensors = [(1301, KEYS + [43, 44]), (701, [50, 51, 52])]
         together, apart = pair(name, "vanilla")
         problem, made = "", []

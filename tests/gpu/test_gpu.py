@@ -58,7 +58,9 @@ def test_a_tensors_partitions_compressed_together_match_key_by_key():
                    {"compressor": "fp16", "ef": "vanilla"},
                    {"compressor": "randomk", "k": 0.01, "seed": 3, "ef": "vanilla"},
                    {"compressor": "dithering", "s": 7, "seed": 3, "ef": "vanilla"},
-                   {"compressor": "dithering", "s": 1, "normalize": "l2", "ef": "corrected"}):
+                   {"compressor": "dithering", "s": 1, "normalize": "l2", "ef": "corrected"},
+                   {"compressor": "topk", "k": 0.01, "ef": "vanilla"},
+                   {"compressor": "topk", "k": 0.3, "ef": "corrected"}):
         together, apart, host = (build_compressor(params, "worker") for _ in range(3))
         for round_ in range(3):
             g = gaussian(4 * part + 77, seed=round_)
@@ -200,13 +202,14 @@ def test_cuda_training_with_every_codec_in_every_float_dtype(tmp_path):
 
 @pytest.mark.integ
 def test_training_with_partitions_compressed_together_is_the_key_by_key_training(tmp_path):
-    runs = {"onebit": CODECS["onebit"], "fp16": {"compressor": "fp16", "ef": "vanilla"}, "randomk": CODECS["randomk"]}
+    runs = {"onebit": CODECS["onebit"], "fp16": {"compressor": "fp16", "ef": "vanilla"}, "randomk": CODECS["randomk"],
+            "topk": CODECS["topk"], "dithering": {**CODECS["dithering"], "ef": "vanilla"}}
     small = {"BYTEPS_PARTITION_BYTES": "65536"}   # 2 partitions a weight
     for way in ("on", "off"):
         (tmp_path / way).mkdir()
     together = _train(tmp_path / "on", runs, ["float32"], {**small, "GRADPRESS_GROUP_PARTITIONS": "1"})
     apart = _train(tmp_path / "off", runs, ["float32"], {**small, "GRADPRESS_GROUP_PARTITIONS": "0"})
-    for run in ("onebit/float32", "fp16/float32", "randomk/float32"):
+    for run in (f"{name}/float32" for name in runs):
         for name, value in together[run].items():
             assert torch.equal(value, apart[run][name]), f"{run}: {name}: together and apart differ"
 

@@ -6,26 +6,22 @@ into a pinned host buffer. Everything the host used to decide lives in a small d
 1. a strided sample of ``selection.sample_plan`` sorted in shared memory by one block
    (bitonic: 4096 keys at most) gives the estimate, a little below the k-th largest key;
 2. one counting pass per tile, whose last block scans the tile counts, and an
-   order-preserving compaction of the candidates (keys >= estimate) with their indices;
-   the same pass flags NaN/inf;
+   order-preserving compaction of the candidates (keys >= estimate); it flags NaN/inf;
 3. the exact threshold among the candidates by radix select, three 10- or 11-bit digits,
    each a histogram in shared memory per block summed into a global one, whose last block
    picks the digit holding the rank;
 4. the k pairs: per-tile counts of keys above and equal to the threshold, scanned by the
-   last block, then each thread writes its pairs at its place (ties: the lowest indices,
-   as the CPU).
+   last block, then each thread writes its pairs at its place (ties: the lowest indices).
 
-When the estimate was off (fewer than k candidates, or more than the capacity) the scan
-of step 2 sets ``FALLBACK`` and steps 3 and 4 run over the whole input instead. Each of
-their kernels reads the flag and takes its source (the candidates or the input) itself,
-over a grid that covers the whole input, tiles past the source doing nothing: the host
-never waits to learn which. What needs every block's part (a scan, a pick) is done by the
-last block to finish (``topk_radix.last_block``), not by a one-block kernel of its own.
-The reset of the call's state rides in the estimate's block, and the NaN flag holds the
-call's epoch (``scratch.epoch``), so nothing needs clearing first. So a top-k is 9
-launches with error feedback (8 without); it was 24, launching both variants (one of
-which returned at once), the one-block kernels and the reset apart. Each launch is
-about 25 us of the host's time on an H200; an idle tile a few nanoseconds of the card's.
+When the estimate was off (fewer than k candidates, or more than the capacity) step 2 sets
+``FALLBACK`` and steps 3 and 4 run over the whole input instead: each kernel reads the
+flag itself, over a grid covering the whole input, so the host never waits to learn
+which. A scan or a pick is done by the last block to finish (``topk_radix.last_block``);
+the state's reset rides in the estimate's block, and the NaN flag holds the call's epoch
+(``scratch.epoch``). So a top-k is 9 launches with error feedback (8 without), each about
+25 us of the host's time on an H200. The grid's second dimension is the segment: a
+tensor's partitions go through the same launches at once (``topk_segments``), each with
+its own state, k, histograms, candidates and payload.
 """
 import numpy as np
 from numba import cuda
@@ -34,30 +30,42 @@ from gradpress.kernels.cpu.norms import INF_BITS
 from gradpress.kernels.cuda import device, scratch, sparse_buffers
 from gradpress.kernels.cuda.blockscan import exclusive_scan, scan_in_place
 from gradpress.kernels.cuda.elementwise import compensate_flagged
+from gradpress.kernels.cuda.topk_pairs import count_kept, write_pairs
 from gradpress.kernels.cuda.topk_radix import (
-    ABS, BINS, COUNT, DIGITS, ESTIMATE, FALLBACK, ITEMS, NONFINITE, PREFIX, RANK, STATE, THREADS, TILE,
-    digit_histogram, last_block, source_length, source_word)
+    ABS, COUNT, DIGITS, ESTIMATE, FALLBACK, HISTOGRAM, ITEMS, NONFINITE, RANK, STATE, THREADS, TILE,
+    digit_histogram, last_block)
 from gradpress.kernels.selection import SAMPLE, sample_plan
-
-
 
 def tiles(n: int) -> int:
     return max(1, (n + TILE - 1) // TILE)
 
 
+_plan = cuda.jit(device=True)(sample_plan.py_func)  # the one rule, as the CPU draws it
+
+
 @cuda.jit
-def _estimate(bits, m, padded, rank, state, histogram, k):
-    """One block: the call's state (RANK = k, the rest 0 but the NaN flag, which holds
-    an epoch: ``_count_candidates``) and histogram reset; then sort the sample (padded with
-    zero keys, which sort below every real key) in shared memory: the rank-th largest is
-    the estimate. The reset rides here rather than in a launch of its own."""
+def _estimate(whole_bits, seg_len, k_all, k_last, whole_state, whole_histogram):
+    """One block per segment (``segment``): the call's state (RANK = k, the rest 0 but the
+    NaN flag, which holds an epoch: ``_count_candidates``) and histogram reset; then sort
+    the sample of ``selection.sample_plan`` (padded with zero keys, which sort below every
+    real key) in shared memory: the rank-th largest is the estimate. The reset rides here
+    rather than in a launch of its own."""
+    s = cuda.blockIdx.y
+    bits = whole_bits[s * seg_len:min(s * seg_len + seg_len, whole_bits.shape[0])]
+    state = whole_state[s * STATE:s * STATE + STATE]
+    histogram = whole_histogram[s * HISTOGRAM:s * HISTOGRAM + HISTOGRAM]
+    k = k_last if s == cuda.gridDim.y - 1 else k_all
+    n = bits.shape[0]
+    m, rank, _ = _plan(n, k)
+    padded = 1
+    while padded < m:
+        padded *= 2
     t = cuda.threadIdx.x
     for i in range(t, histogram.shape[0], THREADS):
         histogram[i] = 0
     if t < STATE and t != NONFINITE:
         state[t] = k if t == RANK else 0
     sample = cuda.shared.array(SAMPLE, np.uint32)
-    n = bits.shape[0]
     for j in range(t, padded, THREADS):
         sample[j] = bits[(j * n) // m] & ABS if j < m else 0
     cuda.syncthreads()
@@ -79,10 +87,16 @@ def _estimate(bits, m, padded, rank, state, histogram, k):
 
 
 @cuda.jit
-def _count_candidates(bits, state, counts, k, capacity, epoch):
+def _count_candidates(whole_bits, seg_len, k_all, k_last, whole_state, whole_counts, epoch):
     """Per tile: how many keys reach the estimate; any NaN/inf is flagged (state[NONFINITE]
     = ``epoch``, this call's number: an earlier call's flag is another). The last block
     then scans the tile counts in place (each tile's offset), and sets COUNT and FALLBACK."""
+    s = cuda.blockIdx.y
+    bits = whole_bits[s * seg_len:min(s * seg_len + seg_len, whole_bits.shape[0])]
+    state = whole_state[s * STATE:s * STATE + STATE]
+    counts = whole_counts[s * cuda.gridDim.x:(s + 1) * cuda.gridDim.x]
+    k = k_last if s == cuda.gridDim.y - 1 else k_all
+    _, _, capacity = _plan(bits.shape[0], k)
     scan = cuda.shared.array(THREADS, np.int64)
     flag = cuda.shared.array(1, np.int32)
     t = cuda.threadIdx.x
@@ -105,10 +119,17 @@ def _count_candidates(bits, state, counts, k, capacity, epoch):
 
 
 @cuda.jit
-def _compact(bits, state, offsets, candidate_index, candidate_bits):
+def _compact(whole_bits, seg_len, whole_state, whole_offsets, whole_index, whole_found):
     """The candidates, in index order, at the places the scan gave their tile."""
+    s = cuda.blockIdx.y
+    state = whole_state[s * STATE:s * STATE + STATE]
     if state[FALLBACK]:
         return  # the whole block: no barrier is left waiting
+    bits = whole_bits[s * seg_len:min(s * seg_len + seg_len, whole_bits.shape[0])]
+    offsets = whole_offsets[s * cuda.gridDim.x:(s + 1) * cuda.gridDim.x]
+    capacity = whole_index.shape[0] // cuda.gridDim.y
+    candidate_index = whole_index[s * capacity:(s + 1) * capacity]
+    candidate_bits = whole_found[s * capacity:(s + 1) * capacity]
     scan = cuda.shared.array(THREADS, np.int64)
     t = cuda.threadIdx.x
     estimate = state[ESTIMATE]
@@ -126,104 +147,37 @@ def _compact(bits, state, offsets, candidate_index, candidate_bits):
             out += 1
 
 
-@cuda.jit
-def _count_kept(found, bits, state, above, equal):
-    """Per tile of the source: keys above the threshold, and equal to it (tiles past the
-    source only draw their ticket); the last block then scans the source's tile counts in
-    place."""
-    direct = state[FALLBACK]
-    length = source_length(bits, direct, state)
-    first = cuda.blockIdx.x * TILE
-    scan = cuda.shared.array(THREADS, np.int64)
-    flag = cuda.shared.array(1, np.int32)
-    t = cuda.threadIdx.x
-    if first < length:  # the whole block either way: its barriers are met
-        threshold = state[PREFIX]
-        first += t * ITEMS
-        own_above, own_equal = np.int64(0), np.int64(0)
-        for i in range(first, min(first + ITEMS, length)):
-            key = np.int64(source_word(found, bits, direct, i) & ABS)
-            own_above += key > threshold
-            own_equal += key == threshold
-        _, total_above = exclusive_scan(scan, t, own_above)
-        _, total_equal = exclusive_scan(scan, t, own_equal)
-        if t == 0:
-            above[cuda.blockIdx.x] = total_above
-            equal[cuda.blockIdx.x] = total_equal
-    if last_block(state, t, flag):
-        tile_count = (length + TILE - 1) // TILE
-        scan_in_place(above, tile_count, scan, t)
-        scan_in_place(equal, tile_count, scan, t)
-
-
-@cuda.jit
-def _write_pairs(found, index, bits, state, above, equal, k, payload, zero, target):
-    """Each thread's pairs at its place: the keys above the threshold before it, plus the
-    equal ones before it that the tie rule keeps (the first ``RANK``). With ``zero``,
-    ``target`` (p) gets 0 where a pair was taken."""
-    if cuda.threadIdx.x == 0 and cuda.blockIdx.x == 0:
-        payload[2 * k] = state[NONFINITE]
-    direct = state[FALLBACK]
-    length = source_length(bits, direct, state)
-    first = cuda.blockIdx.x * TILE
-    if first >= length:
-        return  # the whole block
-    scan = cuda.shared.array(THREADS, np.int64)
-    t = cuda.threadIdx.x
-    threshold, keep_equal = state[PREFIX], state[RANK]
-    first += t * ITEMS
-    last = min(first + ITEMS, length)
-    own_above, own_equal = np.int64(0), np.int64(0)
-    for i in range(first, last):
-        key = np.int64(source_word(found, bits, direct, i) & ABS)
-        own_above += key > threshold
-        own_equal += key == threshold
-    above_before, _ = exclusive_scan(scan, t, own_above)
-    equal_before, _ = exclusive_scan(scan, t, own_equal)
-    above_before += above[cuda.blockIdx.x]
-    equal_before += equal[cuda.blockIdx.x]
-    out = above_before + min(equal_before, keep_equal)
-    for i in range(first, last):
-        word = source_word(found, bits, direct, i)
-        key = np.int64(word & ABS)
-        keep = key > threshold
-        if key == threshold:
-            keep = equal_before < keep_equal
-            equal_before += 1
-        if keep and out < k:
-            at = i if direct else np.int64(index[i])
-            payload[out] = at
-            payload[k + out] = word
-            if zero:
-                target[at] = 0.0
-            out += 1
-
-
-def _select(p, k: int, state, zero: bool, epoch) -> np.ndarray:
-    """Launch steps 1-4 over ``p`` (float32) and copy the payload out; returns the pinned
-    host words (indices, value bits, NaN flag: ``epoch`` where p had a NaN/inf)."""
+def _select(p, k: int, state, zero: bool, epoch, seg_len: int = 0, k_last: int = 0, scratch_of=None):
+    """Launch steps 1-4 over ``p`` (float32) and return the device payload words (indices,
+    value bits, NaN flag: ``epoch`` where p had a NaN/inf). With ``seg_len``, over each
+    segment of that many elements at once (a tensor's partitions: ``segment``), keeping k
+    of each but the last, ``k_last`` of that, the grid's second dimension the segment, and
+    the scratch from ``scratch_of(role, count, dtype)``."""
     stream = device.stream()
     n = p.shape[0]
+    seg_len, k_last = seg_len or max(n, 1), k_last or k
+    segments = max(1, -(-n // seg_len))
+    scratch_of = scratch_of or sparse_buffers.scratch
     bits = p.view(np.uint32)
-    m, rank, capacity = sample_plan(n, k)
-    histogram = sparse_buffers.scratch("topk-histogram", len(DIGITS) * BINS, np.int32)
-    _estimate[1, THREADS, stream](bits, m, 1 << (m - 1).bit_length(), rank, state, histogram, k)
-    grid = tiles(n)
-    counts = sparse_buffers.scratch("topk-counts", grid, np.int64)
-    _count_candidates[grid, THREADS, stream](bits, state, counts, k, capacity, epoch)
-    index = sparse_buffers.scratch("topk-index", capacity, np.uint32)
-    found = sparse_buffers.scratch("topk-bits", capacity, np.uint32)
-    _compact[grid, THREADS, stream](bits, state, counts, index, found)
-    payload = sparse_buffers.scratch("topk-payload", 2 * k + 1, np.uint32)
+    capacity = max(sample_plan(min(seg_len, n), k)[2], sample_plan(n - (segments - 1) * seg_len, k_last)[2])
+    histogram = scratch_of("topk-histogram", segments * HISTOGRAM, np.int32)
+    _estimate[(1, segments), THREADS, stream](bits, seg_len, k, k_last, state, histogram)
+    grid = (tiles(min(seg_len, n)), segments)
+    counts = scratch_of("topk-counts", grid[0] * segments, np.int64)
+    _count_candidates[grid, THREADS, stream](bits, seg_len, k, k_last, state, counts, epoch)
+    index = scratch_of("topk-index", segments * capacity, np.uint32)
+    found = scratch_of("topk-bits", segments * capacity, np.uint32)
+    _compact[grid, THREADS, stream](bits, seg_len, state, counts, index, found)
+    payload = scratch_of("topk-payload", (segments - 1) * (2 * k + 1) + 2 * k_last + 1, np.uint32)
     # steps 3 and 4 over the candidates, or over the whole input where the scan set
     # FALLBACK: each kernel reads which, so one launch each serves both (the grid covers
     # the whole input; tiles past the candidates return at once)
     for digit, (shift, width) in enumerate(DIGITS):
-        digit_histogram[grid, THREADS, stream](found, bits, state, histogram, digit, shift, width)
-    above = sparse_buffers.scratch("topk-above", grid, np.int64)
-    equal = sparse_buffers.scratch("topk-equal", grid, np.int64)
-    _count_kept[grid, THREADS, stream](found, bits, state, above, equal)
-    _write_pairs[grid, THREADS, stream](found, index, bits, state, above, equal, k, payload, zero, p)
+        digit_histogram[grid, THREADS, stream](found, bits, seg_len, state, histogram, digit, shift, width)
+    above = scratch_of("topk-above", grid[0] * segments, np.int64)
+    equal = scratch_of("topk-equal", grid[0] * segments, np.int64)
+    count_kept[grid, THREADS, stream](found, bits, seg_len, state, above, equal)
+    write_pairs[grid, THREADS, stream](found, index, bits, seg_len, state, above, equal, k, k_last, payload, zero, p)
     return payload
 
 

@@ -16,6 +16,7 @@ ITEMS = 8  # consecutive elements per thread: its pairs are written in index ord
 TILE = THREADS * ITEMS
 BINS = 2048  # shared histogram: 8 KiB
 DIGITS = ((20, 11), (10, 10), (0, 10))  # (shift, width) of the 31 key bits, high first
+HISTOGRAM = len(DIGITS) * BINS  # a segment's global histogram: one per digit
 # slots of ``state``
 NONFINITE, ESTIMATE, COUNT, FALLBACK, PREFIX, RANK, TICKET = range(7)  # RANK: k, then still to take
 STATE = 8
@@ -53,10 +54,17 @@ def last_block(state, t, flag):
 
 
 @cuda.jit
-def digit_histogram(found, bits, state, histogram, digit, shift, width):
+def digit_histogram(whole_found, whole_bits, seg_len, whole_state, whole_histogram, digit, shift, width):
     """Keys of the source (``source_length``) that share the threshold's digits found so
     far, by their next digit; then the last block picks the digit (``pick``). Launched
-    over the whole input's tiles: those past the source only draw their ticket."""
+    over the whole input's tiles: those past the source only draw their ticket. Per
+    segment of ``seg_len`` elements, the grid's second dimension (see ``topk._select``)."""
+    s = cuda.blockIdx.y
+    bits = whole_bits[s * seg_len:min(s * seg_len + seg_len, whole_bits.shape[0])]
+    state = whole_state[s * STATE:s * STATE + STATE]
+    histogram = whole_histogram[s * HISTOGRAM:s * HISTOGRAM + HISTOGRAM]
+    capacity = whole_found.shape[0] // cuda.gridDim.y
+    found = whole_found[s * capacity:(s + 1) * capacity]
     direct = state[FALLBACK]
     first = cuda.blockIdx.x * TILE
     length = source_length(bits, direct, state)
