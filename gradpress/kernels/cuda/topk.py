@@ -147,35 +147,38 @@ def _compact(whole_bits, seg_len, whole_state, whole_offsets, whole_index, whole
             out += 1
 
 
-def _select(p, k: int, state, zero: bool, epoch, seg_len: int = 0, k_last: int = 0, scratch_of=None):
+def _select(p, k: int, state, zero: bool, epoch, segments: tuple | None = None):
     """Launch steps 1-4 over ``p`` (float32) and return the device payload words (indices,
-    value bits, NaN flag: ``epoch`` where p had a NaN/inf). With ``seg_len``, over each
-    segment of that many elements at once (a tensor's partitions: ``segment``), keeping k
-    of each but the last, ``k_last`` of that, the grid's second dimension the segment, and
-    the scratch from ``scratch_of(role, count, dtype)``."""
+    value bits, NaN flag: ``epoch`` where p had a NaN/inf). With ``segments`` (seg_len,
+    k_last, scratch_of), over each segment of seg_len elements at once (a tensor's
+    partitions), keeping k of each but the last, k_last of that, the grid's second
+    dimension the segment, the scratch from ``scratch_of(role, count, dtype)``."""
     stream = device.stream()
     n = p.shape[0]
-    seg_len, k_last = seg_len or max(n, 1), k_last or k
-    segments = max(1, -(-n // seg_len))
-    scratch_of = scratch_of or sparse_buffers.scratch
+    if segments is None:  # one: 1-D grids (the launch's own Python costs per dimension)
+        seg_len, k_last, scratch_of, count = max(n, 1), k, sparse_buffers.scratch, 1
+        capacity, grid, one_block = sample_plan(n, k)[2], tiles(n), 1
+    else:
+        (seg_len, k_last, scratch_of), count = segments, -(-n // segments[0])
+        capacity = max(sample_plan(seg_len, k)[2], sample_plan(n - (count - 1) * seg_len, k_last)[2])
+        grid, one_block = (tiles(seg_len), count), (1, count)
+    tile_count = tiles(min(seg_len, n)) * count
     bits = p.view(np.uint32)
-    capacity = max(sample_plan(min(seg_len, n), k)[2], sample_plan(n - (segments - 1) * seg_len, k_last)[2])
-    histogram = scratch_of("topk-histogram", segments * HISTOGRAM, np.int32)
-    _estimate[(1, segments), THREADS, stream](bits, seg_len, k, k_last, state, histogram)
-    grid = (tiles(min(seg_len, n)), segments)
-    counts = scratch_of("topk-counts", grid[0] * segments, np.int64)
+    histogram = scratch_of("topk-histogram", count * HISTOGRAM, np.int32)
+    _estimate[one_block, THREADS, stream](bits, seg_len, k, k_last, state, histogram)
+    counts = scratch_of("topk-counts", tile_count, np.int64)
     _count_candidates[grid, THREADS, stream](bits, seg_len, k, k_last, state, counts, epoch)
-    index = scratch_of("topk-index", segments * capacity, np.uint32)
-    found = scratch_of("topk-bits", segments * capacity, np.uint32)
+    index = scratch_of("topk-index", count * capacity, np.uint32)
+    found = scratch_of("topk-bits", count * capacity, np.uint32)
     _compact[grid, THREADS, stream](bits, seg_len, state, counts, index, found)
-    payload = scratch_of("topk-payload", (segments - 1) * (2 * k + 1) + 2 * k_last + 1, np.uint32)
+    payload = scratch_of("topk-payload", (count - 1) * (2 * k + 1) + 2 * k_last + 1, np.uint32)
     # steps 3 and 4 over the candidates, or over the whole input where the scan set
     # FALLBACK: each kernel reads which, so one launch each serves both (the grid covers
     # the whole input; tiles past the candidates return at once)
     for digit, (shift, width) in enumerate(DIGITS):
         digit_histogram[grid, THREADS, stream](found, bits, seg_len, state, histogram, digit, shift, width)
-    above = scratch_of("topk-above", grid[0] * segments, np.int64)
-    equal = scratch_of("topk-equal", grid[0] * segments, np.int64)
+    above = scratch_of("topk-above", tile_count, np.int64)
+    equal = scratch_of("topk-equal", tile_count, np.int64)
     count_kept[grid, THREADS, stream](found, bits, seg_len, state, above, equal)
     write_pairs[grid, THREADS, stream](found, index, bits, seg_len, state, above, equal, k, k_last, payload, zero, p)
     return payload

@@ -45,7 +45,7 @@ def select_feedback_segments(g, e, lam: float, e_out, seg_len: int, k: int, k_la
     epoch = scratch.epoch()
     stream = device.stream()
     _compensate_states[blocks(n), THREADS, stream](g, e, np.float32(lam), seg_len, e_out, state, epoch)
-    payload = _select(e_out, k, state, True, epoch, seg_len, k_last, _grown)
+    payload = _select(e_out, k, state, True, epoch, (seg_len, k_last, _grown))
     host = scratch.Reusing(reuse)
     words = host(scratch.Layout(((np.uint32, payload.shape[0]),), 1))[:4 * payload.shape[0]].view(np.uint32)
     payload.copy_to_host(words, stream=stream)
