@@ -9,7 +9,7 @@ from numba import cuda, float32, uint8
 
 from gradpress.kernels.bitlayout import packed_nbytes
 from gradpress.kernels.cuda import device, norms, scratch, uploads
-from gradpress.kernels.cuda.packing import PACK_THREADS, STAGE, element, pack_blocks, pack_byte
+from gradpress.kernels.cuda.packing import PACK_THREADS, STAGE, element, pack_blocks, pack_byte, segment_block
 from gradpress.kernels.quantize import level_py, level_value_py
 from gradpress.kernels.rng import draw_bits_py, uniform24_py
 from gradpress.kernels.scaling import l2_norm_py
@@ -33,12 +33,7 @@ def _encode(g, e, lam, feedback, seg_len, seg_blocks, totals, l2, s, natural, wi
     at the thread's own elements (so e_out may be e), D from a block's copy of
     ``quantize.code_table`` in shared memory."""
     t = cuda.threadIdx.x
-    q = cuda.blockIdx.x // seg_blocks
-    block = cuda.blockIdx.x - q * seg_blocks
-    base = q * seg_len
-    n = g.shape[0] - base
-    if n > seg_len:
-        n = seg_len
+    q, block, base, n = segment_block(g.shape[0], seg_len, seg_blocks)
     largest = totals[3 * q + norms.LARGEST]
     if not largest < np.inf:
         if t == 0 and block == 0:

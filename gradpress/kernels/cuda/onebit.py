@@ -9,7 +9,7 @@ from numba import cuda, uint8
 from gradpress.kernels.bitlayout import packed_nbytes
 from gradpress.kernels.cuda import device, norms, scratch, uploads
 from gradpress.kernels.cuda.device import THREADS, blocks
-from gradpress.kernels.cuda.packing import PACK_THREADS, STAGE, element, pack_blocks, pack_byte
+from gradpress.kernels.cuda.packing import PACK_THREADS, STAGE, element, pack_blocks, pack_byte, segment_block
 from gradpress.kernels.scaling import SCALINGS, reject_non_finite, scale_py
 
 _scale_of = cuda.jit(device=True)(scale_py)
@@ -24,12 +24,7 @@ def _pack(g, e, lam, feedback, seg_len, seg_blocks, totals, scaling, scales, bit
     ``bits``, and, with ``feedback``, e_out = p - D(c). A thread reads e and writes e_out
     only at its own elements, so e_out may be e."""
     t = cuda.threadIdx.x
-    s = cuda.blockIdx.x // seg_blocks
-    block = cuda.blockIdx.x - s * seg_blocks
-    base = s * seg_len
-    n = g.shape[0] - base
-    if n > seg_len:
-        n = seg_len
+    s, block, base, n = segment_block(g.shape[0], seg_len, seg_blocks)
     l1 = totals[3 * s + norms.ABS]
     if not abs(l1) < np.inf:
         if t == 0 and block == 0:

@@ -21,6 +21,16 @@ def pack_blocks(nbytes: int) -> int:
 
 
 @cuda.jit(device=True, inline=True)
+def segment_block(length, seg_len, seg_blocks):
+    """(segment, block within it, its first element, its length) of this block, where each
+    segment of ``seg_len`` elements of ``length`` (the last one shorter: a tensor's
+    partitions) is packed by ``seg_blocks`` blocks."""
+    s = cuda.blockIdx.x // seg_blocks
+    base = s * seg_len
+    return s, cuda.blockIdx.x - s * seg_blocks, base, min(length - base, seg_len)
+
+
+@cuda.jit(device=True, inline=True)
 def element(k, per_byte, t, block):
     """(place in the block's stage, element index) of thread t's k-th code."""
     local = k * PACK_THREADS + t
