@@ -106,9 +106,16 @@ class ErrorFeedback(Wrapper):
         else:
             return None
         # the new residuals: over the old ones where the codec checks p before it writes,
-        # else into the tensor's other array (a refused partition keeps its old residual)
-        out = e if e is not g and self.inner.FEEDBACK_IN_PLACE else (spare if spare is not None else ops.empty_like(g))
-        views = e_views if out is e else self._views(out, counts, part)
+        # else into the tensor's other array with its views kept from the call before (a
+        # device array's slice costs the host more than a launch); a refused partition
+        # keeps its old residual
+        if e is not g and self.inner.FEEDBACK_IN_PLACE:
+            out, views = e, e_views
+        elif spare is not None:
+            out, views = spare
+        else:
+            out = ops.empty_like(g)
+            views = self._views(out, counts, part)
         encoded, self._hosts[first] = encode(g, e, lam, out, part, self._hosts.get(first), keys,
                                              rounds if rounds is not None else [0] * len(keys))
         results: list = []
@@ -124,7 +131,7 @@ class ErrorFeedback(Wrapper):
                 self._lrs[key] = lr
         refused = any(item is None for item in encoded)
         # where every key moved to ``out``, the old array is free for the next call's residuals
-        self._wholes[first] = (out, views, None if refused or e is g or e is out else e)
+        self._wholes[first] = (out, views, None if refused or e is g or e is out else (e, e_views))
         return results
 
     @staticmethod
@@ -134,7 +141,7 @@ class ErrorFeedback(Wrapper):
     def _residual_array(self, ops: Any, g: Any, keys: list, counts: list, part: int,
                         residuals: list) -> tuple[Any, list, Any]:
         """(the residuals of ``keys`` as one device array, their views of it, a spare array of
-        its size or None):
+        its size with its views, or None):
         the array of the last call where they are still its views, else a new one they are
         copied into (once: a tensor compressed key by key before, one whose refused key kept
         its residual apart, or one restored from a checkpoint), the keys then reading their

@@ -171,6 +171,18 @@ def alternating_case():
         yield f"alternating/{name}", problem or ("" if made[0] == made[1] else "a buffer was made anew")
 
 
+def views_kept_case():
+    """fp16 writes the new residuals into the tensor's other array: from the third step on the
+    two arrays take turns, and the keys' residuals are the views made at the first step."""
+    n, part = SHAPES[0]
+    together = pair("fp16", "vanilla")[0]
+    seen = []
+    for round in range(3):
+        together.compress_partitions(cuda.to_device(gaussian(n, seed=round)), KEYS, part, None, [round] * 3)
+        seen.append([together.residual(k) for k in KEYS])
+    yield "views-kept", "" if all(a is b for a, b in zip(seen[0], seen[2])) else "views made anew"
+
+
 def launches_case():
     """One norms launch and one copy back for all three partitions."""
     n, part = SHAPES[0]
@@ -195,6 +207,7 @@ def launches_case():
 
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
-    for source in (together_cases, nan_cases, restored_case, declined_cases, alternating_case, launches_case):
+    for source in (together_cases, nan_cases, restored_case, declined_cases, alternating_case, views_kept_case,
+                   launches_case):
         for case, problem in source():
             print(json.dumps({"case": case, "problem": problem}), flush=True)
