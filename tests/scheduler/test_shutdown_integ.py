@@ -100,17 +100,17 @@ os._exit(0)
 def test_a_worker_that_exits_at_once_after_finish_has_acknowledged_shutdown(cluster):
     """finish() returns once the worker's own ZeroMQ context has delivered what it queued,
     the SHUTDOWN acknowledgement included. Before, with the process's shared context, 2 of 6
-    such jobs lost one and the scheduler waited PS_HEARTBEAT_TIMEOUT for it."""
-    for _ in range(2):  # 8 workers' acknowledgements
-        env = {"PS_HEARTBEAT_TIMEOUT": "30", "BYTEPS_LOG_LEVEL": "INFO"}
-        c = cluster(workers=4, servers=1, env=env).start(HASTY_WORKER)
-        start = time.monotonic()
-        c.assert_success(60)
-        log = c.log("scheduler")
-        assert "every member acknowledged SHUTDOWN" in log and "without the SHUTDOWN acknowledgement" not in log, log
-        assert time.monotonic() - start < 20, f"the scheduler waited for an acknowledgement\n{log}"
-        for w in range(4):
-            assert "context ended: True" in c.log(f"worker {w}"), c.log(f"worker {w}")
+    such jobs lost one and the scheduler waited PS_HEARTBEAT_TIMEOUT for it. (A lost one shows
+    only now and then; the ended context, every time.)"""
+    env = {"PS_HEARTBEAT_TIMEOUT": "30", "BYTEPS_LOG_LEVEL": "INFO"}
+    c = cluster(workers=4, servers=1, env=env).start(HASTY_WORKER)
+    start = time.monotonic()
+    c.assert_success(60)
+    log = c.log("scheduler")
+    assert "every member acknowledged SHUTDOWN" in log and "without the SHUTDOWN acknowledgement" not in log, log
+    assert time.monotonic() - start < 20, f"the scheduler waited for an acknowledgement\n{log}"
+    for w in range(4):
+        assert "context ended: True" in c.log(f"worker {w}"), c.log(f"worker {w}")
 
 
 # Links busy to the end: every worker pushes and pulls 1 MB per round at 10 Mbit/s.
