@@ -153,7 +153,7 @@ def alternating_case():
     one buffer per role that the larger made, holding the other tensor's old bytes (no
     stale flag may refuse a partition, no stale byte reach a payload), bits as key by key,
     and no buffer made anew after the first round."""
-    for name in ("onebit-l1", "fp16", "randomk", "topk-frac"):  # (dithering's buffers are onebit's)
+    for name in ("onebit-l1", "fp16", "randomk"):  # (dithering's and topk's grown buffers go the same way)
         tensors = [(1301, KEYS + [43, 44]), (701, [50, 51, 52])]
         together, apart = pair(name, "vanilla")
         problem, made = "", []
