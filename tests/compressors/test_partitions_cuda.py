@@ -4,7 +4,7 @@ refusals it makes, the inputs it leaves to that path, one set of launches for al
 from pathlib import Path
 
 import pytest
-from cudasim_run import simulated_cases
+from cudasim_run import assert_case_groups
 
 SCRIPT = Path(__file__).with_name("cudasim_partitions.py")
 
@@ -12,10 +12,6 @@ SCRIPT = Path(__file__).with_name("cudasim_partitions.py")
 @pytest.mark.integ  # starts processes
 @pytest.mark.timeout(300)
 def test_partitions_compressed_together_match_the_key_by_key_path():
-    results = {c["case"]: c["problem"] for c in simulated_cases(SCRIPT, 280)}
     groups = {"together/": 14, "nan/": 8, "restored": 1, "declined/": 4, "alternating/": 3, "views-kept": 1,
               "one-launch-set/": 2}
-    for group, count in groups.items():
-        assert len([c for c in results if c.startswith(group)]) == count, f"{group}: {sorted(results)}"
-    failures = {case: problem for case, problem in results.items() if problem}
-    assert not failures, f"together and key by key disagree: {failures}"
+    assert_case_groups(SCRIPT, 280, groups, "together and key by key")

@@ -49,3 +49,13 @@ def _assert_compiled(signatures: Path) -> None:
     assert compiled, "no kernel was compiled for a GPU"
     refused = {c["case"]: c["problem"] for c in compiled if c["problem"]}
     assert not refused, f"kernels numba's CUDA compiler refuses (the simulator does not type them): {refused}"
+
+
+def assert_case_groups(script: Path, timeout_s: float, groups: dict, what: str) -> None:
+    """Run ``script`` (``simulated_cases``); each group (a case-name prefix) must have its
+    count of cases, and no case a problem (``what`` disagree, naming them)."""
+    results = {c["case"]: c["problem"] for c in simulated_cases(script, timeout_s)}
+    for group, count in groups.items():
+        assert len([c for c in results if c.startswith(group)]) == count, f"{group}: {sorted(results)}"
+    failures = {case: problem for case, problem in results.items() if problem}
+    assert not failures, f"{what} disagree: {failures}"

@@ -7,9 +7,9 @@ same two launches and copy together, each with its own norm and random stream.""
 import numpy as np
 from numba import cuda, float32, uint8
 
-from gradpress.kernels.bitlayout import packed_nbytes
 from gradpress.kernels.cuda import device, norms, scratch, uploads
-from gradpress.kernels.cuda.packing import PACK_THREADS, STAGE, element, pack_blocks, pack_byte, segment_block
+from gradpress.kernels.cuda.packing import (
+    PACK_THREADS, STAGE, element, pack_byte, segment_block, segment_codes, segments_grid, staged_segments)
 from gradpress.kernels.quantize import level_py, level_value_py
 from gradpress.kernels.rng import draw_bits_py, uniform24_py
 from gradpress.kernels.scaling import l2_norm_py
@@ -74,31 +74,17 @@ def _encode(g, e, lam, feedback, seg_len, seg_blocks, totals, l2, s, natural, wi
     pack_byte(stage, width, codes[start:start + (n + per_byte - 1) // per_byte], t, block)
 
 
-def _layout(n: int, seg_len: int, width: int) -> scratch.Layout:
-    """A norm per segment, then every segment's codes end to end."""
-    segments = max(1, -(-n // seg_len))
-    tail = n - (segments - 1) * seg_len
-    return scratch.Layout(((np.float32, segments),
-                           (np.uint8, (segments - 1) * packed_nbytes(seg_len, width) + packed_nbytes(tail, width))), 2)
-
-
 def _run(g, e, lam: np.float32, feedback: bool, config, draws: list, e_out, host_of, seg_len: int = 0) -> list:
     """Queue the two kernels over every segment of ``seg_len`` elements (0: g is one),
     segment q drawing from stream ``draws[q]``, copy [norms, codes] into
     ``host_of(layout)``, synchronise."""
     n, width = g.shape[0], config.width
     seg_len = seg_len or max(n, 1)
-    layout = _layout(n, seg_len, width)
-    if n <= seg_len:
-        whole, (norms_out, codes) = scratch.staged(layout)
-        streams = scratch.device_array((0,), np.uint64, "dithering-draws")
-    else:  # a tensor's partitions: one buffer for every tensor, not one per size
-        whole, (norms_out, codes) = scratch.grown_staged("dithering-payloads", layout)
-        streams = uploads.upload(np.array(draws, np.uint64), "dithering-draws")
+    layout, whole, (norms_out, codes) = staged_segments(n, seg_len, width, "dithering-payloads")
+    streams = scratch.device_array((0,), np.uint64, "dithering-draws") if n <= seg_len else \
+        uploads.upload(np.array(draws, np.uint64), "dithering-draws")  # (one segment: ``draws[0]`` alone)
     totals = norms.launch_totals(g, e, lam, feedback, seg_len)
-    seg_blocks = pack_blocks(packed_nbytes(seg_len, width))
-    segments = norms_out.shape[0]
-    grid = (segments - 1) * seg_blocks + pack_blocks(packed_nbytes(n - (segments - 1) * seg_len, width))
+    grid, seg_blocks = segments_grid(n, seg_len, width)
     _encode[grid, PACK_THREADS, device.stream()](
         g, e, lam, feedback, seg_len, seg_blocks, totals, config.normalize == "l2", config.s,
         config.partition == "natural", width, np.uint64(draws[0]), streams, norms_out, codes, e_out)
@@ -133,10 +119,6 @@ def encode_feedback_segments(g, e, lam: float, config, draws: list, e_out, seg_l
     once nobody reads the payloads it holds."""
     host = scratch.Reusing(reuse)
     norms_host, codes = _run(g, e, np.float32(lam), True, config, draws, e_out, host, seg_len)
-    per = packed_nbytes(seg_len, config.width)
-    encoded: list = []
-    for q in range(norms_host.shape[0]):
-        count = min(seg_len, g.shape[0] - q * seg_len)
-        encoded.append(None if np.isnan(norms_host[q]) else
-                       [norms_host[q:q + 1], codes[q * per:q * per + packed_nbytes(count, config.width)]])
-    return encoded, host.array
+    return [None if np.isnan(norms_host[q]) else
+            [norms_host[q:q + 1], segment_codes(codes, g.shape[0], seg_len, config.width, q)]
+            for q in range(norms_host.shape[0])], host.array

@@ -6,10 +6,10 @@ comes back in one copy."""
 import numpy as np
 from numba import cuda, uint8
 
-from gradpress.kernels.bitlayout import packed_nbytes
 from gradpress.kernels.cuda import device, norms, scratch, uploads
 from gradpress.kernels.cuda.device import THREADS, blocks
-from gradpress.kernels.cuda.packing import PACK_THREADS, STAGE, element, pack_blocks, pack_byte, segment_block
+from gradpress.kernels.cuda.packing import (
+    PACK_THREADS, STAGE, element, pack_byte, segment_block, segment_codes, segments_grid, staged_segments)
 from gradpress.kernels.scaling import SCALINGS, reject_non_finite, scale_py
 
 _scale_of = cuda.jit(device=True)(scale_py)
@@ -49,28 +49,14 @@ def _pack(g, e, lam, feedback, seg_len, seg_blocks, totals, scaling, scales, bit
     pack_byte(stage, 1, bits[start:start + (n + 7) // 8], t, block)
 
 
-def _layout(n: int, seg_len: int) -> scratch.Layout:
-    """A scale per segment, then every segment's bits end to end."""
-    segments = max(1, -(-n // seg_len))
-    tail = n - (segments - 1) * seg_len
-    return scratch.Layout(((np.float32, segments),
-                           (np.uint8, (segments - 1) * packed_nbytes(seg_len, 1) + packed_nbytes(tail, 1))), 2)
-
-
 def _run(g, e, lam: np.float32, feedback: bool, scaling: str, e_out, host_of, seg_len: int = 0) -> list:
     """Queue the two kernels over every segment of ``seg_len`` elements (0: g is one),
     copy the payload into ``host_of(layout)``, synchronise: [scales, bits]."""
     n = g.shape[0]
     seg_len = seg_len or max(n, 1)
-    layout = _layout(n, seg_len)
-    if n <= seg_len:
-        whole, (scales, bits) = scratch.staged(layout)
-    else:  # a tensor's partitions: one buffer for every tensor, not one per size
-        whole, (scales, bits) = scratch.grown_staged("onebit-payloads", layout)
+    layout, whole, (scales, bits) = staged_segments(n, seg_len, 1, "onebit-payloads")
     totals = norms.launch_totals(g, e, lam, feedback, seg_len)
-    seg_blocks = pack_blocks(packed_nbytes(seg_len, 1))
-    segments = scales.shape[0]
-    grid = (segments - 1) * seg_blocks + pack_blocks(packed_nbytes(n - (segments - 1) * seg_len, 1))
+    grid, seg_blocks = segments_grid(n, seg_len, 1)
     _pack[grid, PACK_THREADS, device.stream()](
         g, e, lam, feedback, seg_len, seg_blocks, totals, SCALINGS.index(scaling), scales, bits, e_out)
     return scratch.copy_back(whole, layout, host_of(layout))
@@ -103,15 +89,8 @@ def encode_feedback_segments(g, e, lam: float, scaling: str, e_out, seg_len: int
     which the caller passes only once nobody reads the payloads it holds."""
     host = scratch.Reusing(reuse)
     scales, bits = _run(g, e, np.float32(lam), True, scaling, e_out, host, seg_len)
-    per = packed_nbytes(seg_len, 1)
-    encoded: list = []
-    for s in range(scales.shape[0]):
-        if not np.isfinite(scales[s]):
-            encoded.append(None)
-            continue
-        count = min(seg_len, g.shape[0] - s * seg_len)
-        encoded.append(({}, [scales[s:s + 1], bits[s * per:s * per + packed_nbytes(count, 1)]]))
-    return encoded, host.array
+    return [({}, [scales[s:s + 1], segment_codes(bits, g.shape[0], seg_len, 1, s)]) if np.isfinite(scales[s])
+            else None for s in range(scales.shape[0])], host.array
 
 
 @cuda.jit

@@ -7,7 +7,11 @@ and after a ``cuda.syncthreads()`` packs byte t of the block from the stage. One
 per byte reading its own 8 elements would read 32 bytes apart per thread, uncoalesced.
 These device functions take the thread and block index as arguments: see ``norms``.
 """
+import numpy as np
 from numba import config, cuda
+
+from gradpress.kernels.bitlayout import packed_nbytes
+from gradpress.kernels.cuda import scratch
 
 # The simulator runs every thread as a Python thread: small blocks there keep the tests
 # fast (and give small arrays several blocks); nothing here depends on the size.
@@ -18,6 +22,34 @@ STAGE = 8 * PACK_THREADS  # codes a block stages at most (onebit's 1-bit codes)
 def pack_blocks(nbytes: int) -> int:
     """Blocks that cover ``nbytes`` packed bytes."""
     return max(1, (nbytes + PACK_THREADS - 1) // PACK_THREADS)
+
+
+def staged_segments(n: int, seg_len: int, width: int, role: str) -> tuple:
+    """(layout, whole device allocation, [scales, codes]) for ``n`` elements coded in
+    segments of ``seg_len`` (a tensor's partitions; the last one shorter): a float32 scale
+    per segment, then every segment's ``width``-bit codes end to end, each from a byte of
+    its own. One segment: the scratch kept per size (``scratch.staged``); several: the
+    front of ``role``'s buffer grown to the largest tensor, not one per tensor size."""
+    segments = max(1, -(-n // seg_len))
+    tail = n - (segments - 1) * seg_len
+    codes = (segments - 1) * packed_nbytes(seg_len, width) + packed_nbytes(tail, width)
+    layout = scratch.Layout(((np.float32, segments), (np.uint8, codes)), 2)
+    whole, views = scratch.staged(layout) if segments == 1 else scratch.grown_staged(role, layout)
+    return layout, whole, views
+
+
+def segments_grid(n: int, seg_len: int, width: int) -> tuple[int, int]:
+    """(blocks of the grid, blocks per segment) that pack every segment's codes: each
+    segment from a block of its own (``segment_block``)."""
+    seg_blocks = pack_blocks(packed_nbytes(seg_len, width))
+    segments = max(1, -(-n // seg_len))
+    return (segments - 1) * seg_blocks + pack_blocks(packed_nbytes(n - (segments - 1) * seg_len, width)), seg_blocks
+
+
+def segment_codes(codes, n: int, seg_len: int, width: int, s: int):
+    """Segment s's codes, of all the segments' (``staged_segments``)."""
+    start = s * packed_nbytes(seg_len, width)
+    return codes[start:start + packed_nbytes(min(seg_len, n - s * seg_len), width)]
 
 
 @cuda.jit(device=True, inline=True)
