@@ -23,12 +23,16 @@ from numba import cuda  # noqa: E402
 
 from gradpress.compressors import build_compressor  # noqa: E402
 from gradpress.kernels.cuda import norms, scratch  # noqa: E402
+from gradpress.kernels.cuda.topk_radix import ABS, ESTIMATE, STATE, TILE  # noqa: E402
+from gradpress.kernels.cuda.topk_segments import select_feedback_segments  # noqa: E402
+from gradpress.kernels.reduction import CHUNK  # noqa: E402
 from tests.compressors.cases import CODEC_PARAMS, gaussian, same_payload  # noqa: E402
 
 # (elements, partition): partitions of a partial byte, a partial last one; and partitions of
 # two chunks of kernels/reduction.py each, the second partial, the last one of part of one
 SHAPES = [(701, 300), (2 * 4196 + 100, 4196)]
 KEYS = [40, 41, 42]
+LINE = 16  # 8-byte words in a GPU's 128-byte cache line
 
 
 def pair(name: str, kind: str) -> list:
@@ -205,9 +209,42 @@ def launches_case():
         norms.launch_totals, scratch.copy_back = launch_totals, copy_back
 
 
+def lines_cases():
+    """Where a segment's last block reads what the segment's other blocks wrote in the same
+    launch (the norms' chunk values, top-k's tile counts), the segment's words start on a
+    128-byte cache line of their own (``device.line_padded``): an SM's L1 is not coherent
+    with the others' within a launch, and a line shared with another segment could be a
+    stale copy there."""
+    seg_len = 3 * CHUNK + 5  # four chunks a segment, the last segment two
+    x = gaussian(2 * seg_len + CHUNK + 1, seed=8)
+    norms.launch_totals(cuda.to_device(x), cuda.to_device(x), np.float32(0), False, seg_len)
+    work = scratch.grown("norms-work", (2, 3, 3 * LINE), np.float64).copy_to_host()
+    problem = ""
+    for s in range(3):
+        for j in range(4 if s < 2 else 2):
+            chunk = x[s * seg_len + j * CHUNK:min(s * seg_len + (j + 1) * CHUNK, (s + 1) * seg_len, x.shape[0])]
+            if not np.isclose(work[0, norms.ABS, s * LINE + j], np.abs(chunk.astype(np.float64)).sum()):
+                problem = problem or f"segment {s} chunk {j}: not at column {s * LINE + j}"
+    yield "lines/norms", problem
+    seg_len, tiles = 300, -(-300 // TILE)
+    x = gaussian(3 * seg_len - 50, seed=9)
+    e_out = cuda.to_device(np.empty_like(x))
+    select_feedback_segments(cuda.to_device(x), cuda.to_device(np.zeros_like(x)), 0.0, e_out, seg_len, 30, 25, None)
+    counts = scratch.grown("segments-topk-counts", (3 * LINE,), np.int64).copy_to_host()
+    state = scratch.zeroed((3 * STATE,), np.int64, "topk-segment-states").copy_to_host()
+    problem = ""
+    for s in range(3):
+        keys = x[s * seg_len:(s + 1) * seg_len].view(np.uint32) & ABS
+        reach = keys >= state[s * STATE + ESTIMATE]
+        before = [int(reach[:t * TILE].sum()) for t in range(tiles)]
+        if list(counts[s * LINE:s * LINE + tiles]) != before:
+            problem = problem or f"segment {s}: tile offsets {list(counts[s * LINE:s * LINE + tiles])}, not {before}"
+    yield "lines/topk", problem
+
+
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
     for source in (together_cases, nan_cases, restored_case, declined_cases, alternating_case, views_kept_case,
-                   launches_case):
+                   launches_case, lines_cases):
         for case, problem in source():
             print(json.dumps({"case": case, "problem": problem}), flush=True)

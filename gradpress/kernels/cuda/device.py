@@ -19,6 +19,22 @@ def blocks(threads: int) -> int:
     return max(1, (threads + THREADS - 1) // THREADS)
 
 
+LINE_WORDS = 16  # 8-byte words in a 128-byte cache line
+
+
+def line_padded(words: int) -> int:
+    """``words`` 8-byte words rounded up to whole 128-byte cache lines. Why: an SM's L1
+    cache is not coherent with the other SMs' within a launch (PTX's default ``ld.ca``), so
+    where a segment's last block reads what the segment's other blocks wrote in the same
+    launch, no line it reads may also hold another segment's words: its SM could have
+    cached that line before they were written, and a later last block there would read the
+    stale copy. Each segment's words start on a line of their own."""
+    return -(-words // LINE_WORDS) * LINE_WORDS
+
+
+device_line_padded = cuda.jit(device=True, inline=True)(line_padded)
+
+
 def as_device(x: Any) -> Any:
     """A numba device array viewing ``x`` (zero-copy)."""
     if config.ENABLE_CUDASIM:  # the simulator has no as_cuda_array; its arrays pass as is

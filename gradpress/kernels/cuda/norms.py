@@ -19,7 +19,7 @@ import numpy as np
 from numba import config, cuda, float32, float64, uint32
 
 from gradpress.kernels.cuda import device, scratch
-from gradpress.kernels.cuda.device import THREADS, blocks
+from gradpress.kernels.cuda.device import THREADS, blocks, device_line_padded, line_padded
 from gradpress.kernels.reduction import CHUNK, LANES, chunk_count
 
 # threads of the one block that pairs the chunk values (a power of two); fewer under the
@@ -49,7 +49,8 @@ def _norms(g, e, lam, feedback, seg_len, seg_chunks, work, totals, ticket):
     the order of ``kernels.reduction``, work[0, LARGEST, c] = largest |p| (inf for NaN/inf:
     float32 maxima order as their bits do). The elements are segments of ``seg_len`` (the
     last one shorter: a tensor's partitions), each cut into chunks from its own start, the
-    ``seg_chunks`` chunks of segment s being blocks s * seg_chunks onwards. The last block
+    ``seg_chunks`` chunks of segment s being blocks s * seg_chunks onwards, and its columns
+    of ``work`` starting at a cache line of their own (``device.line_padded``). The last block
     of a segment to finish (the ticket ``ticket[s]`` it draws, after a fence that makes its
     chunk's values visible to every block) then pairs the segment's chunk values into
     totals[3s:3s + 3] (``_pair_totals``) and sets its ticket back to 0 for the next launch:
@@ -61,6 +62,7 @@ def _norms(g, e, lam, feedback, seg_len, seg_chunks, work, totals, ticket):
     chunks = cuda.gridDim.x - first  # (no min(): it mixes integer types)
     if chunks > seg_chunks:
         chunks = seg_chunks
+    column = s * device_line_padded(seg_chunks)  # the segment's first column of ``work``
     base = s * seg_len
     end = base + seg_len
     if end > g.shape[0]:
@@ -97,7 +99,7 @@ def _norms(g, e, lam, feedback, seg_len, seg_chunks, work, totals, ticket):
     last = cuda.shared.array(1, uint32)
     if j == 0:  # thread 0 wrote the last level itself
         for row in range(3):
-            work[0, row, c] = lanes[src, row, 0]
+            work[0, row, column + c - first] = lanes[src, row, 0]
         cuda.threadfence()
         last[0] = 1 if cuda.atomic.add(ticket, s, 1) == chunks - 1 else 0
     cuda.syncthreads()
@@ -105,7 +107,7 @@ def _norms(g, e, lam, feedback, seg_len, seg_chunks, work, totals, ticket):
         return  # the whole block
     values = cuda.shared.array((2, 2, _LAST_BLOCK_VALUES), float64)
     top = cuda.shared.array(LANES, float64)
-    _pair_totals(work[:, :, first:first + chunks], totals[3 * s:3 * s + 3], j, LANES, values, top)
+    _pair_totals(work[:, :, column:column + chunks], totals[3 * s:3 * s + 3], j, LANES, values, top)
     if j == 0:
         ticket[s] = 0
 
@@ -183,12 +185,15 @@ def launch_totals(g: Any, e: Any, lam: np.float32, feedback: bool, seg_len: int 
     seg_len = seg_len or max(n, 1)
     segments = max(1, -(-n // seg_len))
     seg_chunks = chunk_count(seg_len)
-    chunks = max(1, (segments - 1) * seg_chunks + chunk_count(n - (segments - 1) * seg_len))
+    last_chunks = max(1, chunk_count(n - (segments - 1) * seg_len))
+    chunks = (segments - 1) * seg_chunks + last_chunks
+    # each segment's columns on cache lines of their own, each row too (line_padded)
+    columns = (segments - 1) * line_padded(seg_chunks) + line_padded(last_chunks)
     if segments == 1:
-        work = scratch.device_array((2, 3, chunks), np.float64)
+        work = scratch.device_array((2, 3, columns), np.float64)
         totals = scratch.device_array((3,), np.float64)
     else:  # a tensor's partitions: one buffer for every tensor, not one per size
-        work = scratch.grown("norms-work", (2, 3, chunks), np.float64)
+        work = scratch.grown("norms-work", (2, 3, columns), np.float64)
         totals = scratch.grown("norms-totals", (3 * segments,), np.float64)
     ticket = scratch.zeroed((segments,), np.uint32, "norms-ticket")  # (each left at 0)
     _norms[chunks, LANES, device.stream()](g, e, lam, feedback, seg_len, seg_chunks, work, totals, ticket)

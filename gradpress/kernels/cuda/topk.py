@@ -28,6 +28,7 @@ from numba import cuda
 
 from gradpress.kernels.cpu.norms import INF_BITS
 from gradpress.kernels.cuda import device, scratch, sparse_buffers
+from gradpress.kernels.cuda.device import device_line_padded, line_padded
 from gradpress.kernels.cuda.blockscan import exclusive_scan, scan_in_place
 from gradpress.kernels.cuda.elementwise import compensate_flagged
 from gradpress.kernels.cuda.topk_pairs import count_kept, write_pairs
@@ -94,7 +95,8 @@ def _count_candidates(whole_bits, seg_len, k_all, k_last, whole_state, whole_cou
     s = cuda.blockIdx.y
     bits = whole_bits[s * seg_len:min(s * seg_len + seg_len, whole_bits.shape[0])]
     state = whole_state[s * STATE:s * STATE + STATE]
-    counts = whole_counts[s * cuda.gridDim.x:(s + 1) * cuda.gridDim.x]
+    stride = device_line_padded(cuda.gridDim.x)  # each segment's counts on lines of their own
+    counts = whole_counts[s * stride:s * stride + cuda.gridDim.x]
     k = k_last if s == cuda.gridDim.y - 1 else k_all
     _, _, capacity = _plan(bits.shape[0], k)
     scan = cuda.shared.array(THREADS, np.int64)
@@ -126,7 +128,8 @@ def _compact(whole_bits, seg_len, whole_state, whole_offsets, whole_index, whole
     if state[FALLBACK]:
         return  # the whole block: no barrier is left waiting
     bits = whole_bits[s * seg_len:min(s * seg_len + seg_len, whole_bits.shape[0])]
-    offsets = whole_offsets[s * cuda.gridDim.x:(s + 1) * cuda.gridDim.x]
+    stride = device_line_padded(cuda.gridDim.x)
+    offsets = whole_offsets[s * stride:s * stride + cuda.gridDim.x]
     capacity = whole_index.shape[0] // cuda.gridDim.y
     candidate_index = whole_index[s * capacity:(s + 1) * capacity]
     candidate_bits = whole_found[s * capacity:(s + 1) * capacity]
@@ -162,7 +165,8 @@ def _select(p, k: int, state, zero: bool, epoch, segments: tuple | None = None):
         (seg_len, k_last, scratch_of), count = segments, -(-n // segments[0])
         capacity = max(sample_plan(seg_len, k)[2], sample_plan(n - (count - 1) * seg_len, k_last)[2])
         grid, one_block = (tiles(seg_len), count), (1, count)
-    tile_count = tiles(min(seg_len, n)) * count
+    # a segment's tile counts start on a cache line of their own (``device.line_padded``)
+    tile_count = line_padded(tiles(min(seg_len, n))) * count
     bits = p.view(np.uint32)
     histogram = scratch_of("topk-histogram", count * HISTOGRAM, np.int32)
     _estimate[one_block, THREADS, stream](bits, seg_len, k, k_last, state, histogram)

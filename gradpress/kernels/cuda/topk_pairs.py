@@ -7,6 +7,7 @@ import numpy as np
 from numba import cuda
 
 from gradpress.kernels.cuda.blockscan import exclusive_scan, scan_in_place
+from gradpress.kernels.cuda.device import device_line_padded
 from gradpress.kernels.cuda.topk_radix import (
     ABS, FALLBACK, ITEMS, NONFINITE, PREFIX, RANK, STATE, THREADS, TILE, last_block, source_length, source_word)
 
@@ -21,8 +22,9 @@ def count_kept(whole_found, whole_bits, seg_len, whole_state, whole_above, whole
     state = whole_state[s * STATE:s * STATE + STATE]
     capacity = whole_found.shape[0] // cuda.gridDim.y
     found = whole_found[s * capacity:(s + 1) * capacity]
-    above = whole_above[s * cuda.gridDim.x:(s + 1) * cuda.gridDim.x]
-    equal = whole_equal[s * cuda.gridDim.x:(s + 1) * cuda.gridDim.x]
+    stride = device_line_padded(cuda.gridDim.x)  # each segment's counts on lines of their own
+    above = whole_above[s * stride:s * stride + cuda.gridDim.x]
+    equal = whole_equal[s * stride:s * stride + cuda.gridDim.x]
     direct = state[FALLBACK]
     length = source_length(bits, direct, state)
     first = cuda.blockIdx.x * TILE
@@ -85,8 +87,9 @@ def write_pairs(whole_found, whole_index, whole_bits, seg_len, whole_state, whol
         own_equal += key == threshold
     above_before, _ = exclusive_scan(scan, t, own_above)
     equal_before, _ = exclusive_scan(scan, t, own_equal)
-    above_before += whole_above[s * cuda.gridDim.x + cuda.blockIdx.x]
-    equal_before += whole_equal[s * cuda.gridDim.x + cuda.blockIdx.x]
+    stride = device_line_padded(cuda.gridDim.x)
+    above_before += whole_above[s * stride + cuda.blockIdx.x]
+    equal_before += whole_equal[s * stride + cuda.blockIdx.x]
     out = above_before + min(equal_before, keep_equal)
     for i in range(first, last):
         word = source_word(found, bits, direct, i)
