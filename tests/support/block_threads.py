@@ -8,11 +8,18 @@ calls in the payload script). Here the last thread to arrive releases the others
 thread that ends counts as arrived, as in the simulator: the same barrier, without the spin.
 The OS threads are kept from block to block instead of one started per CUDA thread.
 
+A kernel that never meets at a barrier (neither it nor any function it calls names
+``syncthreads``, a warp collective or a cooperative group: ``_meets``) has its block's
+threads run one after another on one pooled thread instead, in the same order: a
+GPU may run them in any order, and each OS thread handed a CUDA thread cost two context
+switches, most of a simulator script's system time.
+
 The threads start in ``kernel.np.ndindex``'s order (block_order.py shuffles it), and an
 exception in any thread aborts the block's others and is raised from the launch, with its
 thread and block named, as the simulator does.
 """
 import threading
+import types
 
 from numba.cuda.simulator import kernel
 
@@ -70,11 +77,16 @@ class _Thread(kernel.BlockThread):
     def give(self, f, manager, block, thread, barrier: _Barrier) -> None:
         self._target, self._args, self._kwargs = f, (), {}
         self._manager, self._barrier = manager, barrier
-        self.blockIdx, self.threadIdx = kernel.Dim3(*block), kernel.Dim3(*thread)
-        x, y, _ = manager._block_dim
-        self.thread_id = thread[0] + x * (thread[1] + y * thread[2])
+        self.blockIdx = kernel.Dim3(*block)
+        self.place(thread)
         self.exception, self.abort = None, False
         self._given.set()
+
+    def place(self, thread) -> None:
+        """Be CUDA thread ``thread`` of the block given."""
+        self.threadIdx = kernel.Dim3(*thread)
+        x, y, _ = self._manager._block_dim
+        self.thread_id = thread[0] + x * (thread[1] + y * thread[2])
 
     def run(self) -> None:
         while True:
@@ -90,16 +102,57 @@ class _Thread(kernel.BlockThread):
 _pool: list[_Thread] = []
 
 
+# names that make threads wait for each other: barriers, warp collectives, cooperative groups
+_MEETING = ("sync", "shfl", "ballot", "activemask", "cg", "this_grid")
+_meets: dict = {}  # a kernel's code object -> whether its threads may wait for each other
+
+
+def _code_meets(code, scope: dict, seen: set) -> bool:
+    """Whether ``code`` (a function's, its globals ``scope``) or anything it calls may wait
+    for the block's other threads; a function already in ``seen`` is being answered by an
+    earlier call."""
+    if code in seen:
+        return False
+    seen.add(code)
+    names = set(code.co_names)
+    meets = any(name.startswith(_MEETING) for name in names)
+    callees = [scope.get(name) for name in names]
+    callees += [getattr(module, name, None) for module in callees if isinstance(module, types.ModuleType)
+                for name in names]
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            meets = meets or _code_meets(const, scope, seen)
+    for callee in callees:
+        if isinstance(callee, kernel.FakeCUDAKernel):
+            callee = callee.fn
+        if isinstance(callee, types.FunctionType):
+            meets = meets or _code_meets(callee.__code__, callee.__globals__, seen)
+    return meets
+
+
 def _run(self, grid_point, *args) -> None:
     assert not self._debug, "block_threads.py does not run the simulator's debug mode"
     points = list(kernel.np.ndindex(*self._block_dim))
-    while len(_pool) < len(points):
+    code = self._f.__code__
+    apart = _meets.get(code)
+    if apart is None:
+        apart = _meets[code] = _code_meets(code, self._f.__globals__, set())
+    while len(_pool) < (len(points) if apart else 1):
         _pool.append(_Thread())
         _pool[-1].start()
-    barrier = _Barrier(len(points))
-    threads = _pool[:len(points)]
-    for t, point in zip(threads, points):
-        t.give(lambda: self._f(*args), self, grid_point, point, barrier)
+    if apart:
+        barrier = _Barrier(len(points))
+        threads = _pool[:len(points)]
+        for t, point in zip(threads, points):
+            t.give(lambda: self._f(*args), self, grid_point, point, barrier)
+    else:  # one after another: nothing in the kernel waits for another thread
+        barrier, threads = _Barrier(1), _pool[:1]
+
+        def in_turn(t=threads[0]):
+            for point in points:
+                t.place(point)
+                self._f(*args)
+        threads[0].give(in_turn, self, grid_point, points[0], barrier)
     if not barrier.ended.wait(BLOCK_DEADLINE_S):
         raise TimeoutError(f"{self._f.__qualname__}: block {grid_point} still running after {BLOCK_DEADLINE_S} s "
                            f"({barrier.live} of {len(points)} threads, {barrier.waiting} at a barrier)")

@@ -6,9 +6,11 @@ def prepare() -> None:
     import block_order
     import block_threads
     import cudasim_races
+    import kernel_arrays
     import kernel_signatures
 
     cudasim_races.install()      # two simulator races closed
     kernel_signatures.record()   # what is launched, to compile for a GPU after (cudasim_run.py)
     block_order.shuffle()        # blocks in any order, as on a GPU
     block_threads.install()      # a block's threads meet at a barrier, not a polling loop
+    kernel_arrays.install()      # a kernel's arrays unwrapped: the same elements, read directly
