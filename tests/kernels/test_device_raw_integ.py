@@ -6,10 +6,11 @@ path's bits, round after round, with partitions split over two servers; and the 
 through local reduction (2 machines of 2 workers), where an owner copies its own device
 partition to the host before summing, and onebit's payload is decoded on each device."""
 import pytest
+from simulated import JOB_PREAMBLE
 
 pytestmark = pytest.mark.integ
 
-SCRIPT = """
+SCRIPT = JOB_PREAMBLE + """
 import os, numpy as np
 from numba import cuda
 from gradpress.config import Settings
@@ -52,7 +53,7 @@ def test_uncompressed_device_arrays_move_by_copies_and_land_divided_on_the_devic
         assert "OK" in c.log(f"worker {w}"), c.log(f"worker {w}")
 
 
-LOCAL = """
+LOCAL = JOB_PREAMBLE + """
 import os, numpy as np
 from numba import cuda
 from gradpress.compressors import build_compressor

@@ -6,7 +6,8 @@ in ``syncthreads``, then releases them. On 2 cores that spin takes the GIL from 
 it waits for: most of a simulator script's time went to it (ten million ``is_alive``
 calls in the payload script). Here the last thread to arrive releases the others, and a
 thread that ends counts as arrived, as in the simulator: the same barrier, without the spin.
-The OS threads are kept from block to block instead of one started per CUDA thread.
+The OS threads are kept from block to block (a pool per launching thread) instead of one
+started per CUDA thread.
 
 A kernel that never meets at a barrier (neither it nor any function it calls names
 ``syncthreads``, a warp collective or a cooperative group: ``_meets``) has its block's
@@ -99,7 +100,7 @@ class _Thread(kernel.BlockThread):
         self._barrier.arrive()
 
 
-_pool: list[_Thread] = []
+_pools = threading.local()  # each launching thread its own (a worker's threads may launch at once)
 
 
 # names that make threads wait for each other: barriers, warp collectives, cooperative groups
@@ -137,16 +138,17 @@ def _run(self, grid_point, *args) -> None:
     apart = _meets.get(code)
     if apart is None:
         apart = _meets[code] = _code_meets(code, self._f.__globals__, set())
-    while len(_pool) < (len(points) if apart else 1):
-        _pool.append(_Thread())
-        _pool[-1].start()
+    pool = _pools.__dict__.setdefault("threads", [])
+    while len(pool) < (len(points) if apart else 1):
+        pool.append(_Thread())
+        pool[-1].start()
     if apart:
         barrier = _Barrier(len(points))
-        threads = _pool[:len(points)]
+        threads = pool[:len(points)]
         for t, point in zip(threads, points):
             t.give(lambda: self._f(*args), self, grid_point, point, barrier)
     else:  # one after another: nothing in the kernel waits for another thread
-        barrier, threads = _Barrier(1), _pool[:1]
+        barrier, threads = _Barrier(1), pool[:1]
 
         def in_turn(t=threads[0]):
             for point in points:

@@ -1,5 +1,12 @@
 """What every script under Numba's CUDA simulator sets up before its first kernel (the
-scripts cudasim_run.py runs)."""
+scripts cudasim_run.py runs, and the worker scripts of jobs under the simulator, which
+begin with ``JOB_PREAMBLE``)."""
+from pathlib import Path
+
+# the first lines of a job's worker script run with NUMBA_ENABLE_CUDASIM=1: each worker
+# process prepares its own simulator (numba's stock one polls every block's threads)
+JOB_PREAMBLE = f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n" \
+    "import simulated\nsimulated.prepare()\n"
 
 
 def prepare() -> None:

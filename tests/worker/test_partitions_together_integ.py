@@ -8,10 +8,11 @@ worker's partitions, the servers' sums and re-encoding, the decode), and the wor
 residuals must live in one device array per tensor (the launches were shared). The setting
 off is test_together.py's."""
 import pytest
+from simulated import JOB_PREAMBLE
 
 pytestmark = pytest.mark.integ
 
-SCRIPT = """
+SCRIPT = JOB_PREAMBLE + """
 import os, numpy as np
 from numba import cuda
 from gradpress.compressors import build_compressor
