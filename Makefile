@@ -37,8 +37,9 @@ demo: setup
 # first: in a fresh clone the first jobs' nodes would each compile them (12 s of a core
 # apiece) at the same time. From a fresh clone, set-up included: 8:29 to 9:31 in four runs
 # (2026-11-27, 1,849 to 1,853 tests); 10:38 to 11:32 in a later session (1,859 and 1,860
-# tests) on a host that ran the same benchmark 1.4-2x slower than before; 11:57 with 1,865
-# (the simulator scripts, 115 s of one core for the four longest, then ran 0.81x faster).
+# tests) on a host that ran the same benchmark 1.4-2x slower than before; 11:57 and 13:08
+# with 1,865 (the simulator tests had just been cut by 71 s of test time: the host's own
+# spread is larger than that; the same tree's pytest alone took 9:49 between the two).
 test: setup $(COMPILER_STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -c "from gradpress.compressors.warmup import warm_up; warm_up('server'); warm_up('worker')"

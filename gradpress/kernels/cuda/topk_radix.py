@@ -19,6 +19,10 @@ DIGITS = ((20, 11), (10, 10), (0, 10))  # (shift, width) of the 31 key bits, hig
 HISTOGRAM = len(DIGITS) * BINS  # a segment's global histogram: one per digit
 # slots of ``state``
 NONFINITE, ESTIMATE, COUNT, FALLBACK, PREFIX, RANK, TICKET = range(7)  # RANK: k, then still to take
+# A segment's state is half a 128-byte line, shared with its neighbour's, unlike the tile
+# counts (``device.line_padded``): every field a launch reads was written by an earlier
+# launch, or by the reading segment's own last block once its other blocks had read it,
+# so no SM can hold a stale copy of a field it reads
 STATE = 8
 ABS = np.uint32(0x7FFFFFFF)
 
