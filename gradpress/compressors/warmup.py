@@ -56,3 +56,33 @@ def warm_up(role: str) -> float:
     seconds = time.perf_counter() - start
     log.info("kernels ready in %.2f s", seconds)
     return seconds
+
+
+def warm_up_cuda() -> float:
+    """Compile every CUDA kernel a GPU worker's codecs may launch, on tiny device arrays:
+    each codec's encoder key by key and over a tensor's partitions together
+    (``compress_partitions``, kernels of their own), and its decoder into device memory.
+    numba compiles a CUDA kernel at its first launch (seconds for a codec's set; a
+    grouped top-k, nine kernels, took more than PS_HEARTBEAT_TIMEOUT=5 on an H200), and
+    the first launches come on the communication thread, whose heartbeats would stop
+    meanwhile. Returns seconds; ``cuda_check`` calls it before the worker registers."""
+    from numba import cuda
+
+    from . import build_compressor
+
+    start = time.perf_counter()
+    x = cuda.to_device(np.linspace(-1.0, 1.0, 2 * 300 + 57, dtype=np.float32))  # three partitions of 300
+    out = cuda.device_array(300, np.float32)
+    for params in _CONFIGS:
+        c = build_compressor(params, "worker")
+        together = getattr(c, "compress_partitions", None)
+        for rnd in range(2):  # the second round reads the residuals
+            if together is not None:
+                together(x, [1, 2, 3], 300, 0.1, [rnd] * 3)
+            header, buffers = c.compress(x[:300], key=4, round=rnd, lr=0.1)
+            frames = [bytes(memoryview(np.ascontiguousarray(b)).cast("B")) for b in buffers]
+            c.decompress(header, frames, out, key=4, round=rnd)
+    cuda.synchronize()
+    seconds = time.perf_counter() - start
+    log.info("CUDA kernels ready in %.2f s", seconds)
+    return seconds

@@ -22,6 +22,7 @@ simulated.prepare()  # before any kernel runs
 from numba import cuda  # noqa: E402
 
 from gradpress.compressors import build_compressor  # noqa: E402
+from gradpress.compressors.warmup import warm_up_cuda  # noqa: E402
 from gradpress.kernels.cuda import norms, scratch  # noqa: E402
 from gradpress.kernels.cuda.topk_radix import ABS, ESTIMATE, STATE, TILE  # noqa: E402
 from gradpress.kernels.cuda.topk_segments import select_feedback_segments  # noqa: E402
@@ -242,9 +243,17 @@ def lines_cases():
     yield "lines/topk", problem
 
 
+def warm_up_case():
+    """What a GPU worker compiles before it registers (``warmup.warm_up_cuda``): every
+    codec's kernels, key by key and together, launched without an error (and compiled
+    for a GPU after, with the rest)."""
+    warm_up_cuda()
+    yield "warm-up", ""
+
+
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
     for source in (together_cases, nan_cases, restored_case, declined_cases, alternating_case, views_kept_case,
-                   launches_case, lines_cases):
+                   launches_case, lines_cases, warm_up_case):
         for case, problem in source():
             print(json.dumps({"case": case, "problem": problem}), flush=True)
