@@ -27,6 +27,11 @@ _CONFIGS = [
 ]
 
 
+def _frames(buffers: list) -> list:
+    """A payload's buffers as the bytes a pull receives (read-only)."""
+    return [bytes(memoryview(np.ascontiguousarray(b)).cast("B")) for b in buffers]
+
+
 def warm_up(role: str) -> float:
     """Run every kernel ``role`` (worker or server) can call once, on tiny arrays; returns seconds."""
     from . import build_compressor
@@ -39,7 +44,7 @@ def warm_up(role: str) -> float:
         c = build_compressor(params, role)
         for rnd in range(2):  # the second round takes the error-feedback and momentum paths
             header, buffers = c.compress(x, key=1, round=rnd, lr=0.1)
-            frames = [bytes(memoryview(np.ascontiguousarray(b)).cast("B")) for b in buffers]  # read-only, as received
+            frames = _frames(buffers)
             out = np.empty_like(x)
             c.decompress(header, frames, out, key=1, round=rnd)
             c.decompress_add(header, frames, out, key=1, round=rnd)
@@ -80,8 +85,7 @@ def warm_up_cuda() -> float:
             if together is not None:
                 together(x, [1, 2, 3], 300, 0.1, [rnd] * 3)
             header, buffers = c.compress(x[:300], key=4, round=rnd, lr=0.1)
-            frames = [bytes(memoryview(np.ascontiguousarray(b)).cast("B")) for b in buffers]
-            c.decompress(header, frames, out, key=4, round=rnd)
+            c.decompress(header, _frames(buffers), out, key=4, round=rnd)
     cuda.synchronize()
     seconds = time.perf_counter() - start
     log.info("CUDA kernels ready in %.2f s", seconds)
