@@ -1,14 +1,17 @@
 """Load (or, the first time on a machine, compile) every Numba kernel a node may use.
 
-Numba compiles on first call and holds the GIL meanwhile: seconds per codec on a
-cold cache. Done inside a server's engine thread or a worker's communication
-thread, that would silence the node's heartbeats, so nodes call this before they
-register, where no liveness clock runs yet. From a warm cache it takes a fraction
-of a second.
+Numba compiles on first call, seconds per codec on a cold cache, and the calling thread
+does nothing else meanwhile. Done inside a server's engine thread or a worker's
+communication thread, that would silence the node's heartbeats, so nodes call
+``warm_up`` before they register, where no liveness clock runs yet. From a warm cache it
+takes a fraction of a second. numba keeps no CUDA kernel on disk here: a GPU worker
+compiles each codec's CUDA kernels when the first tensor of that codec is handed over, on
+the thread that hands it (``ready_on_gpu``).
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import numpy as np
@@ -63,14 +66,14 @@ def warm_up(role: str) -> float:
     return seconds
 
 
-def warm_up_cuda() -> float:
-    """Compile every CUDA kernel a GPU worker's codecs may launch, on tiny device arrays:
-    each codec's encoder key by key and over a tensor's partitions together
-    (``compress_partitions``, kernels of their own), and its decoder into device memory.
-    numba compiles a CUDA kernel at its first launch (seconds for a codec's set; a
-    grouped top-k, nine kernels, took more than PS_HEARTBEAT_TIMEOUT=5 on an H200), and
-    the first launches come on the communication thread, whose heartbeats would stop
-    meanwhile. Returns seconds; ``cuda_check`` calls it before the worker registers."""
+def warm_up_cuda(configs: list[dict] | None = None) -> float:
+    """Compile every CUDA kernel that the codecs of ``configs`` (default: every codec) may
+    launch on a GPU worker, on tiny device arrays: each encoder key by key and over a
+    tensor's partitions together (``compress_partitions``, kernels of their own), and its
+    decoder into device memory. numba compiles a CUDA kernel at its first launch (seconds
+    for a codec's set; a grouped top-k, nine kernels, took more than PS_HEARTBEAT_TIMEOUT=5
+    on an H200), and the first launches would come on the communication thread, whose
+    heartbeats would stop meanwhile. Returns seconds."""
     from numba import cuda
 
     from . import build_compressor
@@ -78,7 +81,7 @@ def warm_up_cuda() -> float:
     start = time.perf_counter()
     x = cuda.to_device(np.linspace(-1.0, 1.0, 2 * 300 + 57, dtype=np.float32))  # three partitions of 300
     out = cuda.device_array(300, np.float32)
-    for params in _CONFIGS:
+    for params in _CONFIGS if configs is None else configs:
         c = build_compressor(params, "worker")
         together = getattr(c, "compress_partitions", None)
         for rnd in range(2):  # the second round reads the residuals
@@ -88,5 +91,34 @@ def warm_up_cuda() -> float:
             c.decompress(header, _frames(buffers), out, key=4, round=rnd)
     cuda.synchronize()
     seconds = time.perf_counter() - start
-    log.info("CUDA kernels ready in %.2f s", seconds)
+    log.info("CUDA kernels of %s ready in %.2f s", "every codec" if configs is None else
+             ", ".join(str(p.get("compressor")) for p in configs), seconds)
     return seconds
+
+
+_ready_on_gpu: set = set()  # the codec settings (specs) whose CUDA kernels this process has compiled
+_ready_lock = threading.Lock()
+
+
+def ready_on_gpu(spec, like) -> None:
+    """Compile the CUDA kernels of ``spec`` (a ``CodecSpec``) on ``like``'s GPU, once per
+    setting and process, on the calling thread: the one that hands a CUDA tensor with this
+    spec over to the worker, before it does. That is the training thread (or autograd's),
+    never the communication thread, which keeps sending heartbeats meanwhile (numba
+    releases the GIL to it as any Python code does). Compiling every codec's kernels before
+    registering cost each GPU worker 12.5 s on an H200, for seven settings of which a job
+    uses one or two."""
+    key = spec  # (a lookup per push_pull: a hash, not a repr)
+    try:
+        hash(key)
+    except TypeError:  # a value that cannot be hashed (a list)
+        key = repr(spec.params)
+    if key in _ready_on_gpu or spec.is_auto or spec.is_lowrank:  # (those two never encode a key)
+        return
+    from ..kernels.cuda.device import on_device_of
+    with _ready_lock:  # two threads handing the same new setting over compile it once
+        if key in _ready_on_gpu:
+            return
+        with on_device_of(like):
+            warm_up_cuda([spec.compression_params])
+        _ready_on_gpu.add(key)

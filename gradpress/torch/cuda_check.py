@@ -2,8 +2,8 @@
 simulator is on), numba.cuda must compile and run one of gradpress's encoders. A broken mix
 of packages (numba-cuda 0.30 with numpy 2.5, which removed ``numpy.row_stack``) otherwise
 kills training at its first compressed push; here ``init()`` stops first, naming the
-versions and the fix. On a real GPU every kernel of the codecs is then compiled
-(``warmup.warm_up_cuda``), before the worker registers and its heartbeats start."""
+versions and the fix. The codecs' other CUDA kernels are compiled when a tensor of each
+is first handed over (``warmup.ready_on_gpu``), on the thread that hands it."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -36,14 +36,11 @@ def check() -> None:
     if not gpu_path_in_use():
         return
     try:
-        from numba import config, cuda
+        from numba import cuda
 
         from ..compressors.registry import build_compressor
-        from ..compressors.warmup import warm_up_cuda
         codec = build_compressor({"compressor": "onebit", "scaling": True}, "worker")
         codec.compress(cuda.to_device(np.linspace(-1.0, 1.0, 64, dtype=np.float32)), key=0, round=0)
-        if not config.ENABLE_CUDASIM:  # (the simulator compiles nothing)
-            warm_up_cuda()
     except Exception as e:  # whatever numba raises: the message must name it
         raise CudaPathBroken(describe(e)) from e
 

@@ -11,7 +11,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..compressors.spec import CodecSpec
-from ..compressors.warmup import warm_up
+from ..compressors.arrays import is_device_array
+from ..compressors.warmup import ready_on_gpu, warm_up
 from ..config import Settings
 from ..errors import JobError, OpTimeoutError
 from ..net import auth, transport
@@ -196,6 +197,9 @@ class WorkerClient:
         ``ready``, when given, is waited for (``ready.synchronize()``) on the communication
         thread before ``src`` is read (a CUDA event after the copy that fills it).
         """
+        if spec is not None and is_device_array(src):  # its CUDA kernels compiled here, not on the comm thread
+            ready_on_gpu(spec, src)
+
         def start(tensor: Tensor | None, parts: int) -> cmd.StartPushPull:
             job = PushPull(tensor, src, out, divisor, Future(f"push_pull of tensor {name!r}"), parts, lr, ready)
             return cmd.StartPushPull(job, priority)

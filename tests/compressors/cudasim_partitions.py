@@ -243,17 +243,41 @@ def lines_cases():
     yield "lines/topk", problem
 
 
-def warm_up_case():
-    """What a GPU worker compiles before it registers (``warmup.warm_up_cuda``): every
-    codec's kernels, key by key and together, launched without an error (and compiled
-    for a GPU after, with the rest)."""
+def warm_up_cases():
+    """What a GPU worker compiles: every codec's kernels, key by key and together
+    (``warmup.warm_up_cuda``), launched without an error (and compiled for a GPU after, with
+    the rest); and, as it trains, a codec setting's own kernels once per process, when its
+    first tensor is handed over (``ready_on_gpu``): two threads handing the same new setting
+    over at once build it once, a second setting is built too, ``auto`` and low-rank never."""
+    import threading
+
+    import gradpress.compressors as compressors
+    from gradpress.compressors import warmup
+    from gradpress.compressors.spec import CodecSpec
     warm_up_cuda()
     yield "warm-up", ""
+    built, real = [], compressors.build_compressor
+    compressors.build_compressor = lambda params, role: built.append(params["compressor"]) or real(params, role)
+    try:
+        x = cuda.to_device(np.ones(8, np.float32))
+        onebit = CodecSpec.from_params({"compressor": "onebit", "scaling": True, "ef": "vanilla"})
+        threads = [threading.Thread(target=warmup.ready_on_gpu, args=(onebit, x)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        warmup.ready_on_gpu(onebit, x)
+        for params in ({"compressor": "topk", "k": 0.01, "ef": "vanilla"}, {"compressor": "auto"},
+                       {"compressor": "powersgd", "rank": 2}):
+            warmup.ready_on_gpu(CodecSpec.from_params(params), x)
+    finally:
+        compressors.build_compressor = real
+    yield "warm-up/once-per-setting", "" if built == ["onebit", "topk"] else f"built {built}, not onebit then topk"
 
 
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
     for source in (together_cases, nan_cases, restored_case, declined_cases, alternating_case, views_kept_case,
-                   launches_case, lines_cases, warm_up_case):
+                   launches_case, lines_cases, warm_up_cases):
         for case, problem in source():
             print(json.dumps({"case": case, "problem": problem}), flush=True)

@@ -150,7 +150,17 @@ def test_rows_of_a_cuda_float16_bfloat16_float32_tensor_are_found_on_the_device(
 
 
 TRAIN = """
-import json, os, torch, gradpress.torch as bps
+import json, os, threading, torch, gradpress.torch as bps
+from numba.cuda.dispatcher import CUDADispatcher
+on_comm_thread, compile = [], CUDADispatcher.compile
+
+def recorded(self, sig):  # a kernel compiled on the communication thread stops its heartbeats meanwhile
+    before = len(self.overloads)
+    kernel = compile(self, sig)
+    if len(self.overloads) > before and getattr(threading.current_thread(), "owns_gpu_work", False):
+        on_comm_thread.append(self.py_func.__name__)
+    return kernel
+CUDADispatcher.compile = recorded
 bps.init()
 device = torch.device(os.environ.get("GP_DEVICE", "cuda:0"))
 results = {}
@@ -170,6 +180,7 @@ for label, params in json.loads(os.environ["GP_RUNS"]).items():
             opt.step()
         results[f"{label}/{dtype}"] = {n: p.detach().float().cpu() for n, p in model.named_parameters()}
 torch.save(results, os.path.join(os.environ["GP_TEST_DIR"], f"w{bps.rank()}.pt"))
+assert not on_comm_thread, f"kernels compiled on the communication thread: {on_comm_thread}"
 bps.shutdown()
 """
 CODECS = {"none": None, "fp16": {"compressor": "fp16"},

@@ -73,6 +73,8 @@ np.divide(machines[0] + machines[1], n, out=want)
 assert out.copy_to_host().tobytes() == want.tobytes(), "raw: not the two-level sum"
 spec = CodecSpec.from_params({"compressor": "onebit", "scaling": True}, "test")
 c.push_pull_async("signs", cuda.to_device(host[r]), out, n, 0, spec).result(60)
+from gradpress.compressors import warmup
+assert spec in warmup._ready_on_gpu, "the codec's kernels were not readied by the handing thread"
 got = out.copy_to_host()
 params = {"compressor": "onebit", "scaling": True}
 want = np.empty(3000, np.float32)
