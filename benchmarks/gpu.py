@@ -27,7 +27,11 @@ with error feedback, in ms (the launches, the per-call Python and the copies); a
 the job compresses in a step: the partitions of its gradients of at least
 BYTEPS_MIN_COMPRESS_BYTES (the rest travel raw, fused), also for dithering; every codec
 also with each gradient's partitions compressed together (GRADPRESS_GROUP_PARTITIONS, the
-worker's default).
+worker's default); and with the job's compressed gradients fused into buckets of
+``FUSED_BYTES`` (GRADPRESS_FUSE_COMPRESSED_BYTES, as DistributedOptimizer lays them out:
+backward order), each bucket's members copied into its buffer (``torch.cat``) and its
+partitions compressed together. ``gp_onebit_fused`` and ``gp_topk_fused`` (jobs, variants)
+train with that setting.
 
 The last line is ``RESULT {json}`` (``results.emit``: a record too, where asked).
 """
@@ -49,6 +53,7 @@ sys.path[:0] = [REPO, HERE]
 from results import emit  # noqa: E402
 
 from gradpress.config import Settings  # noqa: E402
+from gradpress.pipeline.fusion import runs  # noqa: E402
 from gradpress.placement import partition_counts  # noqa: E402
 
 SETTINGS = {
@@ -65,7 +70,10 @@ SETTINGS = {
 # a setting run again with a worker setting changed (named in --systems: not run by default)
 VARIANTS = {"gp_none_gil200": ("gp_none", {"GRADPRESS_GIL_SWITCH_US": "200"}),
             "gp_onebit_gil200": ("gp_onebit", {"GRADPRESS_GIL_SWITCH_US": "200"}),
-            "gp_none_apart": ("gp_none", {"GRADPRESS_LOCAL_REDUCE": "0"})}
+            "gp_none_apart": ("gp_none", {"GRADPRESS_LOCAL_REDUCE": "0"}),
+            "gp_onebit_fused": ("gp_onebit", {"GRADPRESS_FUSE_COMPRESSED_BYTES": str(32 << 20)}),
+            "gp_topk_fused": ("gp_topk", {"GRADPRESS_FUSE_COMPRESSED_BYTES": str(32 << 20)})}
+FUSED_BYTES = 32 << 20  # the compressed gradients' buckets in the ``fused`` ways and variants
 PEERS = ["ddp_gloo", "ddp_gloo_powersgd", "ddp_nccl", "ddp_nccl_powersgd"]
 ENCODERS = {"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"},
             "topk": {"compressor": "topk", "k": 0.01, "ef": "vanilla"},
@@ -174,14 +182,34 @@ def launches(reps: int) -> dict:
             for label, tensors in (("", [(g, [g.numel()]) for g in grads]), ("job_", job))]
     ways += [("dithering", GROUPED["dithering"], "job_", job, False)]
     ways += [(name, params, "job_together_", job, True) for name, params in GROUPED.items()]
+    buckets = fused_job(grads, settings, FUSED_BYTES)
+    out["tfm_job_fused_buckets"] = len(buckets)
+    fused = [(torch.cat(members) if len(members) > 1 else members[0], counts) for members, counts in buckets]
+    ways += [(name, params, "job_fused_", fused, True) for name, params in GROUPED.items()]
     for name, params, label, tensors, together in ways:
         codec = build_compressor(params, "worker")
         rounds = iter(range(10 ** 6))
 
-        def step(tensors=tensors, codec=codec, rounds=rounds, together=together):
+        def step(tensors=tensors, codec=codec, rounds=rounds, together=together, label=label):
+            if label == "job_fused_":  # the bucket route's copy of its members into its buffer
+                for (members, _), (buffer, _) in zip(buckets, tensors):
+                    if len(members) > 1:
+                        torch.cat(members, out=buffer)
             compress_stage(codec, tensors, next(rounds), together)
         out[f"{name}_{label}compress_stage_ms"] = 1e3 * timed(step, reps)
     return out
+
+
+def fused_job(grads: list, settings: Settings, cap: int) -> list:
+    """What a worker compresses in a step of the job with GRADPRESS_FUSE_COMPRESSED_BYTES=``cap``
+    (``pipeline.fusion``): the gradients of at least BYTEPS_MIN_COMPRESS_BYTES, last first,
+    in buckets of up to ``cap`` bytes (one of ``cap`` or more alone); each bucket's members
+    (last first, as its buffer holds them) and its partitions' element counts."""
+    coded = [g for g in grads if g.numel() * 4 >= settings.min_compress_bytes]
+    small = [g for g in coded if g.numel() * 4 < cap]
+    buckets = runs(small, cap, lambda a, b: True) + [[g] for g in coded if g.numel() * 4 >= cap]
+    return [(members, partition_counts(sum(g.numel() for g in members), 4, settings.partition_bytes))
+            for members in buckets]
 
 
 def _job_partitions(grads: list, settings: Settings) -> list:

@@ -307,8 +307,8 @@ def render_soak(r: dict) -> list[str]:
 
 
 GPU_SYSTEMS = ("compute", "gp_none", "gp_none_gil200", "gp_none_apart", "gp_fp16", "gp_onebit", "gp_onebit_gil200",
-               "gp_topk", "gp_randomk", "gp_dithering", "gp_powersgd", "gp_acpsgd", "gp_auto", "ddp_gloo",
-               "ddp_gloo_powersgd", "ddp_nccl", "ddp_nccl_powersgd")
+               "gp_onebit_fused", "gp_topk", "gp_topk_fused", "gp_randomk", "gp_dithering", "gp_powersgd", "gp_acpsgd",
+               "gp_auto", "ddp_gloo", "ddp_gloo_powersgd", "ddp_nccl", "ddp_nccl_powersgd")
 
 
 def render_gpu(r: dict) -> list[str]:
@@ -351,6 +351,10 @@ def render_gpu(r: dict) -> list[str]:
         for c in ("onebit", "topk", "randomk", "fp16", "dithering"):  # each gradient's partitions at once
             if f"{c}_job_together_compress_stage_ms" in r:
                 rows.append([f"{c}, partitions together", "", f(r[f"{c}_job_together_compress_stage_ms"], 1)])
+        for c in ("onebit", "topk", "randomk", "fp16", "dithering"):  # GRADPRESS_FUSE_COMPRESSED_BYTES
+            if f"{c}_job_fused_compress_stage_ms" in r:
+                rows.append([f"{c}, gradients fused ({r['tfm_job_fused_buckets']} buckets)", "",
+                             f(r[f"{c}_job_fused_compress_stage_ms"], 1)])
         out += ([""] if out else []) + table(header, rows)
     notes = [f"{r.get('card', 'GPU not recorded')}, {r.get('gpus', 1)} GPU(s)"]
     if "card_read_GBps" in r:

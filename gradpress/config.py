@@ -46,6 +46,7 @@ class Settings:
     shm: bool = _setting(True, "GRADPRESS_SHM", "a worker and a server on the same host exchange data through shared memory (sealed memfd chunks)")
     min_compress_bytes: int = _setting(65536, "BYTEPS_MIN_COMPRESS_BYTES", "tensors smaller than this travel uncompressed")
     fuse_below_bytes: int = _setting(65536, "GRADPRESS_FUSE_BELOW_BYTES", "DistributedOptimizer: 1-D gradients (biases, norms) smaller than this that travel uncompressed anyway (below BYTEPS_MIN_COMPRESS_BYTES, or no codec) are fused with their neighbours in backward order into push_pulls of up to BYTEPS_PARTITION_BYTES, one message for many instead of one each; 0: each on its own, as BytePS sends them")
+    fuse_compressed_bytes: int = _setting(0, "GRADPRESS_FUSE_COMPRESSED_BYTES", "DistributedOptimizer: gradients that one codec compresses (the same compression_params and dtype) are fused with their neighbours among them in backward order into push_pulls of up to this many bytes, compressed as one tensor: on a GPU one set of kernel launches and one copy to the host for all of them, and fewer, fuller partitions on the wire; the codec's partitions then span gradients, so the bits differ from each gradient compressed alone (MergeComp's groups); 0: each gradient compressed on its own, as BytePS does")
     group_partitions: bool = _setting(True, "GRADPRESS_GROUP_PARTITIONS", "GPU workers: the partitions of a tensor are compressed together, one set of kernel launches and one copy to the host for all of them, where the codec has such kernels (onebit, topk, randomk, fp16 and dithering with error feedback, no worker momentum) and no partition of the tensor is busy; 0: one set per partition")
     gil_switch_us: int = _setting(0, "GRADPRESS_GIL_SWITCH_US", "workers: microseconds a thread waiting for Python's GIL waits before the running one must hand it over (sys.setswitchinterval): the gradient hooks of a backward pass wait this long at most each time the communication thread runs Python; 0: Python's own (5000)")
     heartbeat_interval_s: float = _setting(1.0, "PS_HEARTBEAT_INTERVAL", "seconds between heartbeats to and from the scheduler")
@@ -109,6 +110,9 @@ class Settings:
                              "or 0 for Python's own")
         if self.fuse_below_bytes < 0:
             raise ValueError(f"GRADPRESS_FUSE_BELOW_BYTES={self.fuse_below_bytes}: must be >= 0 (0: no fusion)")
+        if self.fuse_compressed_bytes < 0:
+            raise ValueError(f"GRADPRESS_FUSE_COMPRESSED_BYTES={self.fuse_compressed_bytes}: must be >= 0 "
+                             f"(0: no fusion)")
         if self.min_compress_bytes < 0:
             raise ValueError(f"BYTEPS_MIN_COMPRESS_BYTES={self.min_compress_bytes}: must be >= 0")
         for name in ("server_max_keys", "server_max_key_bytes"):  # 0 or below -1 would silently mean -1

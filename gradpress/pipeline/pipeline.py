@@ -7,13 +7,13 @@ route of every parameter is chosen when the pipeline is built (``routes``): powe
 acpsgd rules -> ``lowrank``; ``auto`` rules -> ``direct`` (uncompressed) while the planner
 profiles, then ``planned``; with ``bucket_bytes`` (DDP) -> ``bucket``; the rest ->
 ``direct``, the small 1-D ones that travel uncompressed anyway fused into ``bucket``s
-(``fuse_below``). A parameter changes route only at a step boundary: when the planner applies a
-plan, when the density vote finds its dense tensor mostly zero rows (-> ``rows``), or when
-its first sparse COO tensor arrives (-> ``rows``: it can travel no other way).
+(``fuse_below``), and with ``fuse_compressed`` the compressed ones too (``fusion``). A
+parameter changes route only at a step boundary: when the planner applies a plan, when the
+density vote finds its dense tensor mostly zero rows (-> ``rows``), or when its first sparse
+COO tensor arrives (-> ``rows``: it can travel no other way).
 """
 from __future__ import annotations
 
-import zlib
 from typing import Callable
 
 import torch
@@ -22,10 +22,10 @@ from ..compressors.lowrank import LowRankParams
 from ..compressors.spec import CodecSpec
 from ..torch.compression import Compression
 from .comm import OPS, Comm
+from .fusion import Fusion, crc
 from .lowrank import LowRankReducer
 from .planning import AutoPlanner, PlanTuning
 from .routes import Route
-from .routes.bucket import Bucket
 from .routes.direct import DirectRoute
 from .routes.lowrank import LowRankRoute
 from .routes.rows import DensityVote, RowsRoute
@@ -53,7 +53,9 @@ class GradientPipeline(PipelineState):
         bucket_bytes: fuse consecutive parameters (last first, as backward makes them) of one
             spec and dtype into buckets of up to this many bytes (DDP); None: each apart.
         fuse_below: without ``bucket_bytes``, fuse the 1-D tensors under this many bytes that
-            travel uncompressed anyway (``fused``); 0: none.
+            travel uncompressed anyway (``fusion.Fusion.small``); 0: none.
+        fuse_compressed: without ``bucket_bytes``, fuse the gradients a codec compresses into
+            buckets of up to this many bytes (``fusion.Fusion.compressed``); 0: none.
         sparse_density: dense tensors whose non-zero row fraction is below this travel
             row-sparse from their second step (0: never; ``routes.rows``).
         fill: the tensor a parameter not submitted in a step travels with (zeros: every
@@ -67,7 +69,7 @@ class GradientPipeline(PipelineState):
 
     def __init__(self, table: ParameterTable, prefix: str = "Gradient.", *,
                  lr_of: Callable[[torch.Tensor], float | None] = lambda p: None, compression=Compression.none,
-                 views: bool = False, bucket_bytes: float | None = None, fuse_below: int = 0,
+                 views: bool = False, bucket_bytes: float | None = None, fuse_below: int = 0, fuse_compressed: int = 0,
                  sparse_density: float = 0.0, fill: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  tuning: PlanTuning | None = None, comm: Comm = OPS, owner: str = "DistributedOptimizer"):
         self.table, self.prefix, self.comm = table, prefix, comm
@@ -85,9 +87,11 @@ class GradientPipeline(PipelineState):
         self._vote = DensityVote(sparse_density, table.names, comm) if sparse_density > 0 else None
         self._route: dict[int, Route] = {id(p): self._direct for p in params}
         others = [p for p in params if id(p) not in special]
-        buckets = self._buckets(others, bucket_bytes) if bucket_bytes is not None else self._fused(others, fuse_below)
+        fusion = Fusion(table, prefix, comm, lr_of, compression)
+        buckets = fusion.ddp(others, bucket_bytes) if bucket_bytes is not None else \
+            fusion.small(others, fuse_below) + (fusion.compressed(others, fuse_compressed) if fuse_compressed else [])
         # auto's small tensors are fused apart from the others: they leave for its plan together
-        planned_buckets = self._fused(planned, fuse_below) if bucket_bytes is None else []
+        planned_buckets = fusion.small(planned, fuse_below) if bucket_bytes is None else []
         for bucket in buckets + planned_buckets:
             self._route.update({id(p): bucket for p in bucket.members})
         self.lowrank = self._lowrank_route(lowrank)
@@ -111,55 +115,6 @@ class GradientPipeline(PipelineState):
             seen.setdefault(id(route), route)
         return list(seen.values())
 
-    @staticmethod
-    def _runs(params: list[torch.Tensor], cap: float, same: Callable[[torch.Tensor, torch.Tensor], bool]
-              ) -> list[list[torch.Tensor]]:
-        """``params`` last to first (as backward makes them), cut at ``cap`` bytes or where
-        ``same(p, the run's first)`` fails."""
-        runs, current, size = [], [], 0
-        for p in reversed(params):
-            nbytes = p.numel() * p.element_size()
-            if current and (not same(p, current[0]) or size + nbytes > cap):
-                runs.append(current)
-                current, size = [], 0
-            current.append(p)
-            size += nbytes
-        if current:
-            runs.append(current)
-        return runs
-
-    def _buckets(self, params: list[torch.Tensor], cap: float) -> list[Bucket]:
-        """DDP's buckets: parameters last to first, cut at ``cap`` bytes or where the spec or
-        dtype changes; a bucket of one stays on the direct route."""
-        spec = self.table.spec
-        runs = self._runs(params, cap, lambda p, q: spec[id(p)] == spec[id(q)] and p.dtype == q.dtype)
-        return [Bucket(f"{self.prefix}bucket.{i}", run, spec[id(run[0])], self._priority(run), self.comm, self.lr_of,
-                       compression=self.compression) for i, run in enumerate(runs) if len(run) > 1]
-
-    def _fused(self, params: list[torch.Tensor], below: int) -> list[Bucket]:
-        """Small 1-D tensors (biases, norms: often most of a model's tensors and a sliver of its
-        bytes) under ``below`` bytes that travel uncompressed anyway (no spec: no codec, or
-        under BYTEPS_MIN_COMPRESS_BYTES): neighbours among them in backward order, of one
-        dtype, fused into buckets of up to a partition, each one message a round instead of
-        one per tensor. Their sums and averages are the same, element for element, as each
-        tensor's alone, and each average is copied back into its own tensor (``p.grad`` stays
-        the tensor it was, as in BytePS)."""
-        small = [p for p in params if 0 < p.numel() * p.element_size() < below and p.dim() == 1
-                 and self.table.spec[id(p)] is None]
-        runs = self._runs(small, self.comm.settings.partition_bytes, lambda p, q: p.dtype == q.dtype)
-        # named by its members, not by a count: two optimizers in one process (a GAN's, or a
-        # model per dtype) each fuse their own, and a count would give both the same keys
-        return [Bucket(f"{self.prefix}small-fused.{self._crc(run)}", run, None, self._priority(run), self.comm,
-                       compression=self.compression) for run in runs if len(run) > 1]
-
-    def _crc(self, members: list[torch.Tensor]) -> str:
-        """A group's name from its members' (the same in every worker and every resumed job)."""
-        return f"{zlib.crc32(','.join(self.table.names[id(p)] for p in members).encode()):08x}"
-
-    def _priority(self, members: list[torch.Tensor]) -> int:
-        """A fused group's priority: its most urgent member's."""
-        return max(self.table.priority[id(p)] for p in members)
-
     def _shared_spec(self, params: list[torch.Tensor], what: str, why: str) -> CodecSpec:
         """The one rule that names ``params`` (``what`` handles them together), checked: one
         spec for all, and no tensor-level Compression beside it (``why`` it needs none)."""
@@ -179,7 +134,7 @@ class GradientPipeline(PipelineState):
         spec = self._shared_spec(params, "powersgd / acpsgd (a step's matrices reduced together)",
                                  "powersgd / acpsgd factor the float32 tensors themselves")
         entries = [(self.table.names[id(p)], p) for p in params]
-        prefix = f"{self.prefix}{self._crc(params)}."
+        prefix = f"{self.prefix}{crc(self.table, params)}."
         reducer = LowRankReducer(entries, LowRankParams.parse(spec.compression_params), prefix,
                                  self.comm.settings.min_compress_bytes, comm=self.comm)
         return LowRankRoute(params, reducer)

@@ -59,6 +59,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._gradpress = GradientPipeline(table, "Gradient.", lr_of=lambda p: self._groups[id(p)]["lr"],
                                            compression=compression, views=True,
                                            fuse_below=settings.fuse_below_bytes,
+                                           fuse_compressed=settings.fuse_compressed_bytes,
                                            sparse_density=settings.sparse_density, fill=gradient_or_zeros,
                                            tuning=plan_tuning)
         self._known = {id(p) for p in table.trainable}

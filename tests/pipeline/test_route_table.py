@@ -148,6 +148,40 @@ def test_fusion_stops_where_the_dtype_changes():
     assert pipe.route_of(m[1].bias) == pipe.route_of(m[2].bias) == "direct"
 
 
+TOPK = {"compressor": "topk", "k": 0.1, "ef": "vanilla"}
+
+
+@pytest.mark.parametrize("rules,min_bytes,cap,fused", [
+    (None, 4096, 65536, ["2.weight", "1.weight"]),  # the compressed ones, last first, past the raw 1.bias
+    (None, 0, 65536, ["2.bias", "2.weight", "1.bias", "1.weight", "0.weight"]),  # every one compressed
+    (None, 4096, 10000, []),                      # 9600 + 4800 bytes: over the cap, each alone
+    (None, 4096, 9600, []),                       # 1.weight is not under the cap: 2.weight would be alone
+    ([("2.*", TOPK)], 4096, 65536, []),           # another codec: not fused with onebit
+    (None, 4096, 0, []),                          # GRADPRESS_FUSE_COMPRESSED_BYTES=0
+])
+def test_compressed_gradients_of_one_codec_are_fused_in_backward_order(rules, min_bytes, cap, fused):
+    pipe, m, table = routes(ONEBIT, rules, min_bytes=min_bytes, fuse_below=65536, fuse_compressed=cap)
+    coded = [n for n in NAMES if table[n] == "bucket" and pipe._route[id(dict(m.named_parameters())[n])].spec]
+    assert coded == sorted(fused, key=NAMES.index), table
+    if fused:
+        bucket = pipe._route[id(m[1].weight)]
+        crc = f"{zlib.crc32(','.join(fused).encode()):08x}"  # named by its members
+        assert bucket.name == f"Gradient.fused.{crc}" and bucket.spec.codec == "onebit", bucket.name
+        assert [pipe.table.names[id(p)] for p in bucket.members] == fused
+    if min_bytes:  # the small raw ones still fuse among themselves
+        assert table["1.bias"] == table["2.bias"] == "bucket" and not pipe._route[id(m[2].bias)].spec
+
+
+def test_compressed_fusion_stops_where_the_dtype_changes_and_leaves_auto_alone():
+    m = model()
+    m[2].weight.data = m[2].weight.data.half()
+    table = ParameterTable(list(m.parameters()), list(m.named_parameters()), CompressionPolicy(ONEBIT, None, 4096))
+    pipe = GradientPipeline(table, comm=FakeComm(), fuse_compressed=65536)
+    assert pipe.route_of(m[1].weight) == pipe.route_of(m[2].weight) == "direct"
+    pipe, m, table = routes({"compressor": "auto"}, None, min_bytes=0, fuse_compressed=65536)
+    assert all(v == "direct" for v in table.values()), table  # the planner fuses auto's itself
+
+
 def test_auto_s_small_tensors_are_fused_while_profiling_and_go_back_to_their_bucket():
     """auto's small 1-D tensors travel fused while it profiles (as without a codec), in
     buckets of their own (a plan takes them all away at once), which the planner is told of;
