@@ -6,7 +6,7 @@ backward makes them:
 - ``small``: 1-D tensors that travel uncompressed anyway (GRADPRESS_FUSE_BELOW_BYTES),
   neighbours among themselves, into buckets of up to a partition;
 - ``compressed``: gradients one codec compresses (GRADPRESS_FUSE_COMPRESSED_BYTES),
-  neighbours among themselves of one spec and dtype.
+  neighbours among themselves of one spec, dtype and learning rate.
 
 A run of one stays on the direct route. A bucket is named by its members (a crc of their
 names), never by a count: two optimizers in one process (a GAN's, or a model per dtype)
@@ -87,8 +87,10 @@ class Fusion:
         H200), and fewer, fuller partitions on the wire. The codec's partitions then span
         gradients (each partition keeps its own scale, selection and residual), so the bits
         differ from each gradient compressed alone, as MergeComp's groups do."""
-        spec = self.table.spec
+        spec, lr = self.table.spec, self.lr_of
         coded = [p for p in params if spec[id(p)] is not None and p.numel() * p.element_size() < cap]
-        cut = runs(coded, cap, lambda p, q: spec[id(p)] == spec[id(q)] and p.dtype == q.dtype)
+        # one learning rate too: a compressed push carries its bucket's first member's, by
+        # which corrected error feedback scales the whole bucket's residual
+        cut = runs(coded, cap, lambda p, q: spec[id(p)] == spec[id(q)] and p.dtype == q.dtype and lr(p) == lr(q))
         return [Bucket(f"{self.prefix}fused.{crc(self.table, run)}", run, spec[id(run[0])], self.priority(run),
                        self.comm, self.lr_of, compression=self.compression) for run in cut if len(run) > 1]

@@ -180,6 +180,9 @@ def test_compressed_fusion_stops_where_the_dtype_changes_and_leaves_auto_alone()
     assert pipe.route_of(m[1].weight) == pipe.route_of(m[2].weight) == "direct"
     pipe, m, table = routes({"compressor": "auto"}, None, min_bytes=0, fuse_compressed=65536)
     assert all(v == "direct" for v in table.values()), table  # the planner fuses auto's itself
+    # 1.weight (300 x 8) in a param group of another learning rate: corrected EF scales by it
+    pipe, m, table = routes(ONEBIT, None, fuse_compressed=65536, lr_of=lambda p: 0.1 if p.shape == (300, 8) else 0.5)
+    assert table["1.weight"] == table["2.weight"] == "direct", table
 
 
 def test_auto_s_small_tensors_are_fused_while_profiling_and_go_back_to_their_bucket():
