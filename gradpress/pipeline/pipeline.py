@@ -14,6 +14,7 @@ COO tensor arrives (-> ``rows``: it can travel no other way).
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
@@ -31,6 +32,8 @@ from .routes.lowrank import LowRankRoute
 from .routes.rows import DensityVote, RowsRoute
 from .table import ParameterTable
 from .state import PipelineState
+
+log = logging.getLogger(__name__)
 
 
 def gradient_or_zeros(p: torch.Tensor) -> torch.Tensor:
@@ -182,8 +185,8 @@ class GradientPipeline(PipelineState):
         route = self._route[pid]
         if tensor.layout == torch.sparse_coo and route is not self._rows:
             route = self._to_rows(p, coo=True)
-        elif self._vote is not None and route is self._direct:
-            self._vote.consider(p, tensor)
+        elif self._vote is not None and (route is self._direct or route.kind == "bucket" and route.spec is not None):
+            self._vote.consider(p, tensor)  # (a compressed bucket's member: to say what fusing it costs)
         self._given.add(pid)
         if self.listener is not None:
             self.listener(p)
@@ -224,7 +227,14 @@ class GradientPipeline(PipelineState):
                 results.update(route.finish())
             if self._vote is not None:
                 for pid in self._vote.settle():
-                    self._to_rows(next(p for p in self.table.trainable if id(p) == pid), coo=False)
+                    p = next(p for p in self.table.trainable if id(p) == pid)
+                    if self._route[pid] is self._direct:
+                        self._to_rows(p, coo=False)
+                    else:  # fused by GRADPRESS_FUSE_COMPRESSED_BYTES: it stays, compressed dense
+                        log.warning("%s: %r is mostly zero rows but travels fused with other compressed gradients "
+                                    "(GRADPRESS_FUSE_COMPRESSED_BYTES), compressed dense; a compression rule of its "
+                                    "own, {'compressor': 'none'}, would send only its rows", self.owner,
+                                    self.table.names[pid])
             return results
         except BaseException:
             for route in self._routes():  # the next step starts afresh

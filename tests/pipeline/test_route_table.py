@@ -88,6 +88,21 @@ def test_row_sparse_routes_move_at_the_step_boundary_or_with_a_sparse_tensor():
     assert pipe2.route_of(m2[0].weight) == "rows"
 
 
+def test_a_mostly_zero_rows_gradient_fused_compressed_stays_fused_and_the_log_says_what_it_costs(caplog):
+    pipe, m, table = routes(ONEBIT, None, min_bytes=0, fuse_compressed=65536, sparse_density=0.5)
+    emb = m[0].weight
+    assert table["0.weight"] == "bucket", table
+    grads = {id(p): torch.ones_like(p) for p in m.parameters()}
+    grads[id(emb)] = torch.zeros(50, 8)
+    grads[id(emb)][3] = 1.0              # 1 row of 50: row-sparse, were it on its own
+    for p in m.parameters():
+        pipe.submit(p, grads[id(p)])
+    with caplog.at_level("WARNING", logger="gradpress.pipeline.pipeline"):
+        pipe.finish()
+    assert pipe.route_of(emb) == "bucket"
+    assert "'0.weight' is mostly zero rows" in caplog.text and "'compressor': 'none'" in caplog.text, caplog.text
+
+
 def test_a_sparse_tensor_in_a_bucket_is_refused_by_name():
     pipe, m, _ = routes(bucket_bytes=64 << 20)
     with pytest.raises(ValueError, match="'0.weight' has a sparse gradient, but it travels bucket"):
