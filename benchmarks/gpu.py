@@ -15,9 +15,11 @@ this machine (``gradpress.launcher --local``) for every setting, against compute
 per process), with and without PowerSGD. Median seconds per iteration, each synchronised,
 after 12 warm-up iterations; ``auto`` is timed once every worker holds its settled plan.
 
-Named in ``--systems`` only, settings run again with one worker setting changed
-(``VARIANTS``): ``gp_none_gil200`` and ``gp_onebit_gil200`` with GRADPRESS_GIL_SWITCH_US=200,
-``gp_none_apart`` with GRADPRESS_LOCAL_REDUCE=0 (each worker pushes its own gradients).
+Settings run again with one worker setting changed (``VARIANTS``), named in ``--systems``:
+``gp_none_gil200`` and ``gp_onebit_gil200`` with GRADPRESS_GIL_SWITCH_US=200,
+``gp_none_apart`` with GRADPRESS_LOCAL_REDUCE=0 (each worker pushes its own gradients),
+``gp_onebit_fused`` (also run by default) and ``gp_topk_fused`` with
+GRADPRESS_FUSE_COMPRESSED_BYTES=33554432.
 
 copies: a 64 MB partition's copies off and onto the device, for each kind of host memory the
 worker uses (pageable, pinned, its own registered shared memory, a peer's registered).
@@ -30,8 +32,8 @@ also with each gradient's partitions compressed together (GRADPRESS_GROUP_PARTIT
 worker's default); and with the job's compressed gradients fused into buckets of
 ``FUSED_BYTES`` (GRADPRESS_FUSE_COMPRESSED_BYTES, as DistributedOptimizer lays them out:
 backward order), each bucket's members copied into its buffer (``torch.cat``) and its
-partitions compressed together. ``gp_onebit_fused`` and ``gp_topk_fused`` (jobs, variants)
-train with that setting.
+partitions compressed together. ``gp_onebit_fused`` (run by default) and ``gp_topk_fused``
+(jobs, variants) train with that setting.
 
 The last line is ``RESULT {json}`` (``results.emit``: a record too, where asked).
 """
@@ -67,7 +69,8 @@ SETTINGS = {
     "gp_acpsgd": {"compressor": "acpsgd", "rank": 4},
     "gp_auto": {"compressor": "auto", "k": 0.0015, "seed": 1},
 }
-# a setting run again with a worker setting changed (named in --systems: not run by default)
+# a setting run again with a worker setting changed (named in --systems; by default only
+# gp_onebit_fused, the fastest setting on the H200)
 VARIANTS = {"gp_none_gil200": ("gp_none", {"GRADPRESS_GIL_SWITCH_US": "200"}),
             "gp_onebit_gil200": ("gp_onebit", {"GRADPRESS_GIL_SWITCH_US": "200"}),
             "gp_none_apart": ("gp_none", {"GRADPRESS_LOCAL_REDUCE": "0"}),
@@ -176,7 +179,8 @@ def launches(reps: int) -> dict:
     settings = Settings()
     job = _job_partitions(grads, settings)
     least = settings.min_compress_bytes
-    out = {"tfm_tensors": len(grads), "tfm_job_partitions": len(job), "tfm_job_min_compress_bytes": least,
+    out = {"tfm_tensors": len(grads), "tfm_job_partitions": sum(len(counts) for _, counts in job),
+           "tfm_job_min_compress_bytes": least,
            "tfm_job_tensors": sum(1 for g in grads if g.numel() * 4 >= least)}
     ways = [(name, params, label, tensors, False) for name, params in ENCODERS.items()
             for label, tensors in (("", [(g, [g.numel()]) for g in grads]), ("job_", job))]
@@ -364,8 +368,9 @@ def run_job(system: str, iters: int, tmp: str, timeout: float) -> dict:
 
 def jobs(iters: int, timeout: float, only: list | None) -> dict:
     import torch
-    systems = ["compute"] + list(SETTINGS) + [p for p in PEERS if "nccl" not in p or torch.cuda.device_count() > 1]
-    systems = [s for s in systems + list(VARIANTS) if s in only] if only else systems
+    systems = ["compute"] + list(SETTINGS) + ["gp_onebit_fused"] + \
+        [p for p in PEERS if "nccl" not in p or torch.cuda.device_count() > 1]
+    systems = [s for s in dict.fromkeys(systems + list(VARIANTS)) if s in only] if only else systems
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for system in systems:
