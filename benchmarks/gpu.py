@@ -74,9 +74,9 @@ SETTINGS = {
 VARIANTS = {"gp_none_gil200": ("gp_none", {"GRADPRESS_GIL_SWITCH_US": "200"}),
             "gp_onebit_gil200": ("gp_onebit", {"GRADPRESS_GIL_SWITCH_US": "200"}),
             "gp_none_apart": ("gp_none", {"GRADPRESS_LOCAL_REDUCE": "0"}),
-            "gp_onebit_fused": ("gp_onebit", {"GRADPRESS_FUSE_COMPRESSED_BYTES": str(32 << 20)}),
-            "gp_topk_fused": ("gp_topk", {"GRADPRESS_FUSE_COMPRESSED_BYTES": str(32 << 20)})}
-FUSED_BYTES = 32 << 20  # the compressed gradients' buckets in the ``fused`` ways and variants
+            "gp_onebit_fused": ("gp_onebit", {"GRADPRESS_FUSE_COMPRESSED_BYTES": "fused"}),
+            "gp_topk_fused": ("gp_topk", {"GRADPRESS_FUSE_COMPRESSED_BYTES": "fused"})}
+FUSED_BYTES = 32 << 20  # the compressed gradients' buckets in the ``fused`` ways and variants (--fused-mib)
 PEERS = ["ddp_gloo", "ddp_gloo_powersgd", "ddp_nccl", "ddp_nccl_powersgd"]
 ENCODERS = {"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"},
             "topk": {"compressor": "topk", "k": 0.01, "ef": "vanilla"},
@@ -347,6 +347,7 @@ def run_job(system: str, iters: int, tmp: str, timeout: float) -> dict:
     env = dict(os.environ, GRADPRESS_PLAN_STEPS="4")
     if system.startswith("gp_"):
         base, changed = VARIANTS.get(system, (system, {}))
+        changed = {k: str(FUSED_BYTES) if v == "fused" else v for k, v in changed.items()}
         env.update(changed, GP_SETTING=json.dumps(SETTINGS[base]))
         cmd = [sys.executable, "-m", "gradpress.launcher", "--local", "--workers", "2", "--servers", "2", "--",
                sys.executable, script, system, out, str(iters)]
@@ -395,6 +396,7 @@ def jobs(iters: int, timeout: float, only: list | None) -> dict:
 
 
 def main() -> int:
+    global FUSED_BYTES  # one setting for the whole run, read by the parts
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and iterations")
     ap.add_argument("--parts", default="copies,encoders,launches,jobs")
@@ -402,13 +404,16 @@ def main() -> int:
     ap.add_argument("--job-timeout", type=float, default=600, help="seconds one setting's job may take")
     ap.add_argument("--profile", default="", help="append worker 0's sampled stacks of each job to this file")
     ap.add_argument("--systems", default="", help="comma-separated subset of the jobs (default: all)")
+    ap.add_argument("--fused-mib", type=int, default=FUSED_BYTES >> 20,
+                    help="the buckets of the fused ways and variants (GRADPRESS_FUSE_COMPRESSED_BYTES), MiB")
     args = ap.parse_args()
+    FUSED_BYTES = args.fused_mib << 20
     import torch
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py: torch sees no CUDA GPU here; nothing measured")
         print("RESULT {}")  # nothing measured: no record
         return 0
-    result = {"card": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count()}
+    result = {"card": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "fused_bytes": FUSED_BYTES}
     parts = args.parts.split(",")
     if "encoders" in parts:
         result.update(encoders(64 << 20, 5 if args.quick else 20))
