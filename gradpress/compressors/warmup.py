@@ -108,17 +108,14 @@ def ready_on_gpu(spec, like) -> None:
     releases the GIL to it as any Python code does). Compiling every codec's kernels before
     registering cost each GPU worker 12.5 s on an H200, for seven settings of which a job
     uses one or two."""
-    key = spec  # (a lookup per push_pull: a hash, not a repr)
-    try:
-        hash(key)
-    except TypeError:  # a value that cannot be hashed (a list)
-        key = repr(spec.params)
-    if key in _ready_on_gpu or spec.is_auto or spec.is_lowrank:  # (those two never encode a key)
+    # (auto's and low-rank's never encode a key, and only they may hold a list; a codec's
+    # checked values hash, so the spec is its own key: a lookup per push_pull)
+    if spec.is_auto or spec.is_lowrank or spec in _ready_on_gpu:
         return
     from ..kernels.cuda.device import on_device_of
     with _ready_lock:  # two threads handing the same new setting over compile it once
-        if key in _ready_on_gpu:
+        if spec in _ready_on_gpu:
             return
         with on_device_of(like):
             warm_up_cuda([spec.compression_params])
-        _ready_on_gpu.add(key)
+        _ready_on_gpu.add(spec)
