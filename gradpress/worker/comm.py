@@ -29,6 +29,7 @@ from .deadlines import Deadlines
 from .declarations import Declarations
 from .flight import PartitionFlight
 from .future import Future
+from .host_copies import HostCopies
 from .keys import KeyTable, StateRequest, Tensor
 from .local import LocalGroup
 from .relay import Relay
@@ -106,10 +107,11 @@ class CommunicationThread(threading.Thread):
             local = [use_shm and n.host == self.link.host for n in self.book.servers]
             servers += self.group.join(self.book, len(servers)) if self.group else []  # the machine's workers
             local += [use_shm] * (len(servers) - len(local))
-            self.stages = PartitionStages(self.link.name, servers, local, self.tracer)
+            self.stages = PartitionStages(self.link.name, servers, local, self.tracer, HostCopies(self.wake))
             self.flight = PartitionFlight(self.s, self.stages, self.table, self._deadlines)
             if self.group is not None and self.group.active:
-                self.flight.relay = Relay(self.group, self.link.name, self.stages.peer_chunks, self.flight)
+                self.flight.relay = Relay(self.group, self.link.name, self.stages.peer_chunks, self.flight,
+                                          self.stages.host_copies)
                 self.flight.describe = self.group.describe
             self.ready.set()
             self._loop(servers)
@@ -149,6 +151,7 @@ class CommunicationThread(threading.Thread):
                 # cleared after the pipe is read and before the queue is: a command put
                 # after this finds it False and writes a byte that is still to be read
                 self._wake_due = False
+            self.stages.host_copies.run_finished()
             while not self._commands.empty():
                 command = self._commands.get_nowait()
                 self._handlers[type(command)](command)

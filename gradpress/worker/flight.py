@@ -87,9 +87,8 @@ class PartitionFlight:
             self.stages.compress_tensor(op.job)
         payload = self._payload(op)
         wk.next_round += 1
-        self.stages.push(op, payload)
-        self.stages.pull(op)
-        wk.in_flight = op
+        wk.in_flight = op  # (before the send: a push waiting for its copy checks it is still wanted)
+        self.stages.send(op, payload)
         op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
 
     def _together(self, op: PartitionOp) -> bool:
@@ -107,8 +106,7 @@ class PartitionFlight:
 
     def push_summed(self, op: PartitionOp) -> None:
         """The machine's sum of an owned key's round is in ``op.summed``: compress, push, pull."""
-        self.stages.push(op, self._payload(op))
-        self.stages.pull(op)
+        self.stages.send(op, self._payload(op))
 
     def _payload(self, op: PartitionOp) -> Payload | None:
         """``op``'s compressed payload (None: raw values). Where its codec refuses the round

@@ -28,6 +28,7 @@ from ..compressors.arrays import is_device_array
 from ..kernels.cpu import server_sum
 from ..net import shm, transport
 from ..net.protocol import Op
+from .host_copies import HostCopies
 from .jobs import PartitionOp
 from .local import LocalGroup
 from .stages import PartitionStages
@@ -46,6 +47,7 @@ class _Owned:
     reply: tuple[int, Op, dict, list] | None = None                    # the last round relayed
     acc: np.ndarray | None = None                                      # the sum, reused every round
     host: np.ndarray | None = None                                     # our CUDA chunk copied to the host
+    copying: set[int] = field(default_factory=set)                     # rounds whose copy is still under way
 
 
 class Flight(Protocol):
@@ -55,8 +57,10 @@ class Flight(Protocol):
 
 
 class Relay:
-    def __init__(self, group: LocalGroup, sender: str, peer_chunks: shm.PeerChunks, flight: Flight):
+    def __init__(self, group: LocalGroup, sender: str, peer_chunks: shm.PeerChunks, flight: Flight,
+                 host_copies: HostCopies):
         self.group = group
+        self.host_copies = host_copies
         self.sender = sender
         self.peer_chunks = peer_chunks
         self.flight = flight
@@ -66,7 +70,25 @@ class Relay:
     # ---- our own contribution and the server's answer ------------------------------
 
     def contribute(self, op: PartitionOp) -> None:
-        self.keys.setdefault(op.wkey.key, _Owned()).own[op.round] = op
+        owned = self.keys.setdefault(op.wkey.key, _Owned())
+        owned.own[op.round] = op
+        mine = op.chunk
+        if is_device_array(mine):  # to the host now, while the peers' pushes come in (``HostCopies``)
+            from ..kernels.cuda import device
+            if owned.host is None:  # pinned, as the stages' own staging buffers: the copy is DMA
+                owned.host = device.pinned_host(op.wkey.count, np.dtype(op.wkey.tensor.dtype))
+            with device.working_on(mine):
+                done = device.copy_to_host_queued(mine, owned.host)
+            owned.copying.add(op.round)
+            self.host_copies.after(done, lambda: self._copied(op))
+            return
+        self._try(op.wkey.key, op.round)
+
+    def _copied(self, op: PartitionOp) -> None:
+        owned = self.keys.get(op.wkey.key)
+        if owned is None or op.wkey.in_flight is not op:
+            return  # failed meanwhile (its deadline passed)
+        owned.copying.discard(op.round)
         self._try(op.wkey.key, op.round)
 
     def waiting_for(self, op: PartitionOp) -> list[int]:
@@ -157,7 +179,7 @@ class Relay:
         owned = self.keys[key]
         op = owned.own.get(rnd)
         pushes = owned.pushed.get(rnd, {})
-        if op is None or len(pushes) < self.group.size - 1:
+        if op is None or len(pushes) < self.group.size - 1 or rnd in owned.copying:
             return
         del owned.own[rnd]
         owned.pushed.pop(rnd)
@@ -173,14 +195,7 @@ class Relay:
         """The machine's sum of ``op``'s round, local rank 0 first, as a server sums pushes."""
         wk, dtype = op.wkey, np.dtype(op.wkey.tensor.dtype)
         PartitionStages.await_source(op.job)  # what fills src comes before this read
-        mine = op.chunk
-        if is_device_array(mine):
-            from ..kernels.cuda import device
-            if owned.host is None:  # pinned, as the stages' own staging buffers: the copy is DMA
-                owned.host = device.pinned_host(wk.count, dtype)
-            with device.working_on(mine):
-                device.copy_to_host_into(mine, owned.host)
-            mine = owned.host
+        mine = owned.host if is_device_array(op.chunk) else op.chunk  # (copied in ``contribute``)
         if owned.acc is None:
             owned.acc = np.empty(wk.count, np.float64 if dtype == np.float64 else np.float32)
         for j in range(self.group.size):

@@ -23,6 +23,7 @@ from ..net import shm, transport
 from ..net.protocol import Op
 from ..trace import Tracer, now_us
 from . import sparse
+from .host_copies import HostCopies
 from .jobs import PartitionOp
 from .keys import WorkerKey
 
@@ -30,8 +31,10 @@ Payload = tuple[dict[str, Any], list[Any]]  # header fields and data buffers of 
 
 
 class PartitionStages:
-    def __init__(self, sender: str, servers: list[zmq.Socket], local: list[bool], tracer: Tracer):
+    def __init__(self, sender: str, servers: list[zmq.Socket], local: list[bool], tracer: Tracer,
+                 host_copies: HostCopies):
         self.sender = sender
+        self.host_copies = host_copies  # waits for copies off the GPU, off this thread
         self.servers = servers
         self.local = local          # per server: same host, so uncompressed keys use shared memory
         self.tracer = tracer
@@ -176,7 +179,29 @@ class PartitionStages:
         else:
             ready.synchronize()
 
-    def push(self, op: PartitionOp, payload: Payload | None) -> None:
+    def send(self, op: PartitionOp, payload: Payload | None) -> None:
+        """Push ``op``'s round, then pull it. A CUDA chunk's raw values are first copied to
+        the host (the shared push segment, or the key's pinned buffer) without waiting: its
+        push and pull go once the copy is done (``HostCopies``), while this thread goes on."""
+        chunk = op.chunk if payload is None else None  # (a sparse share has a payload and no chunk)
+        if is_device_array(chunk):
+            from ..kernels.cuda import device
+            wk = op.wkey
+            host = wk.push_view if wk.push_view is not None else self._host_stage(wk)
+            with device.working_on(chunk):
+                done = device.copy_to_host_queued(chunk, host)
+            self.host_copies.after(done, lambda: self._send_copied(op, host))
+            return
+        self._push(op, payload, chunk)
+        self.pull(op)
+
+    def _send_copied(self, op: PartitionOp, host: np.ndarray) -> None:
+        if op.wkey.in_flight is not op:
+            return  # failed meanwhile (its deadline passed): the round never goes out
+        self._push(op, None, host)
+        self.pull(op)
+
+    def _push(self, op: PartitionOp, payload: Payload | None, values: Any) -> None:
         wk, t = op.wkey, op.job.tensor
         fields: dict[str, Any] = {"key": wk.key, "round": op.round, "dtype": t.dtype, "count": wk.count}
         if op.job.lr is not None:
@@ -187,20 +212,13 @@ class PartitionStages:
             transport.send(sock, Op.PUSH, self.sender, buffers, **{**fields, **extra})  # sparse: its own count
             self._count_push(wk, sum(b.nbytes for b in buffers))
         elif wk.push_view is not None:
-            if is_device_array(op.chunk):
-                from ..kernels.cuda import device
-                with device.working_on(op.chunk):
-                    device.copy_to_host_into(op.chunk, wk.push_view)
-            else:
-                np.copyto(wk.push_view, op.chunk)
+            if values is not wk.push_view:
+                np.copyto(wk.push_view, values)
             transport.send(sock, Op.PUSH, self.sender, shm=True, **fields)
             self._count_push(wk, wk.push_view.nbytes)
         else:
-            chunk = op.chunk
-            if is_device_array(chunk):  # into the key's pinned buffer, reused every round
-                chunk = self._host_stage(wk, chunk)
-            transport.send(sock, Op.PUSH, self.sender, [chunk], **fields)
-            self._count_push(wk, chunk.nbytes)
+            transport.send(sock, Op.PUSH, self.sender, [values], **fields)
+            self._count_push(wk, values.nbytes)
 
     def _count_push(self, wk: WorkerKey, nbytes: int) -> None:
         if wk.via is None:
@@ -256,16 +274,14 @@ class PartitionStages:
         if wk.via is None:
             self.bytes_pulled += sum(len(f.buffer) for f in frames)
 
-    def _host_stage(self, wk: WorkerKey, chunk: Any) -> np.ndarray:
-        """``chunk`` (on the GPU) copied into the key's pinned host buffer. A round's buffer is
-        reused only by the key's next round, which starts after this one's pull came back
+    def _host_stage(self, wk: WorkerKey) -> np.ndarray:
+        """The key's pinned host buffer, which its CUDA chunk is copied into. A round's buffer
+        is reused only by the key's next round, which starts after this one's pull came back
         (the server had read the push by then)."""
-        from ..kernels.cuda import device
         buffer = self.host_stages.get(wk.key)
         if buffer is None:
+            from ..kernels.cuda import device
             buffer = self.host_stages[wk.key] = device.pinned_host(wk.count, np.dtype(wk.tensor.dtype))
-        with device.working_on(chunk):
-            device.copy_to_host_into(chunk, buffer)
         return buffer
 
     def _register_slots(self, ref: list, dst: Any) -> None:
@@ -285,6 +301,7 @@ class PartitionStages:
         return self.peer_chunks.region(h["shm"], 2 * nbytes).array(dtype, n, offset=h["slot"] * nbytes)
 
     def close(self) -> None:
+        self.host_copies.close()
         self.push_arena.close()  # the memory itself goes with the last mapping
         for arena in self.device_arenas.values():
             arena.close()

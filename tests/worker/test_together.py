@@ -38,11 +38,8 @@ class Stages:
     def compress(self, op):
         return op.job.early_payload(op.wkey, op.round)
 
-    def push(self, op, payload):
+    def send(self, op, payload):
         self.pushed.append((op.wkey.index, op.round, op.job.lr, payload is not None))
-
-    def pull(self, op):
-        pass
 
 
 def setup(group: bool = True, spec=SPEC, parts=(4, 4, 2)):

@@ -10,14 +10,14 @@ from gradpress.kernels.cuda.device import THREADS, blocks, stream
 from gradpress.kernels.cuda.uploads import upload
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _zero(out):
     i = cuda.grid(1)
     if i < out.shape[0]:
         out[i] = 0.0
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _scatter(indices, values, out):
     j = cuda.grid(1)
     if j < indices.shape[0]:
@@ -34,7 +34,7 @@ def scatter(indices: np.ndarray, values: np.ndarray, out) -> None:
         _scatter[blocks(indices.shape[0]), THREADS, s](where, what, out)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _lookup(codes, table, width, out):
     i = cuda.grid(1)
     if i < out.shape[0]:

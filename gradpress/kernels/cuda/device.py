@@ -106,6 +106,26 @@ def copy_to_host_into(x: Any, host: np.ndarray) -> None:
     s.synchronize()
 
 
+def copy_to_host_queued(x: Any, host: np.ndarray) -> Any:
+    """Queue ``host[:] = x`` (a CUDA tensor or device array of ``host``'s dtype) on
+    gradpress's stream (``working_on``'s) and return at once, with an event recorded after
+    the copy: the host reads ``host`` only once that event is done (``worker/host_copies.py``
+    waits for it). Where ``host`` is pinned or registered (``pin_host``) the copy is DMA and
+    the call never waits; into pageable memory the driver finishes it before returning."""
+    if hasattr(x, "cpu") and hasattr(x, "numpy"):
+        import torch
+        torch.from_numpy(host).copy_(x.detach(), non_blocking=True)
+        # blocking: the thread that waits sleeps rather than spinning a core
+        done = torch.cuda.Event(blocking=True)
+        done.record(torch.cuda.current_stream(x.device))
+        return done
+    s = stream()
+    as_device(x).copy_to_host(host, stream=s)
+    done = cuda.event()
+    done.record(s)
+    return done
+
+
 def land_divided(host: np.ndarray, out: Any, divisor: int, wait: bool = True) -> None:
     """``out[:] = host / divisor`` on the device: the host array goes over at its own size,
     and the divide runs there, in float32 arithmetic for float16 with one rounding (as the
@@ -143,7 +163,7 @@ def _divisor_tensor(divisor: int, dev: Any) -> Any:
     return _DIVISORS[key]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _divide(x, d):
     i = cuda.grid(1)
     if i < x.shape[0]:

@@ -21,7 +21,7 @@ _uniform24 = cuda.jit(device=True)(uniform24_py)
 _l2_norm = cuda.jit(device=True)(l2_norm_py)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _encode(g, e, lam, feedback, seg_len, seg_blocks, totals, l2, s, natural, width, draw, draws, norms_out,
             codes, e_out):
     """Per segment q of ``seg_len`` elements (the last one shorter), coded by the

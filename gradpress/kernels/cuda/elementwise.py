@@ -10,14 +10,14 @@ from gradpress.kernels.cuda import device, norms, scratch
 from gradpress.kernels.cuda.device import THREADS, blocks
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _add_scaled(out, a, alpha, b):
     i = cuda.grid(1)
     if i < out.shape[0]:
         out[i] = a[i] + alpha * b[i]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _subtract(out, a, b):
     i = cuda.grid(1)
     if i < out.shape[0]:
@@ -53,7 +53,7 @@ class DeviceOps:
         return state
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _compensate_checked(g, e, lam, e_out, flag, epoch):
     """e_out = p = g + lam * e (``_add_scaled``'s arithmetic); flag[0] = epoch on a NaN/inf
     (see ``scratch.epoch``)."""

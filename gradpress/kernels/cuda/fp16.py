@@ -8,7 +8,7 @@ from gradpress.kernels.cuda import device, scratch, uploads
 from gradpress.kernels.cuda.device import THREADS, blocks
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _to_half(x, half):
     i = cuda.grid(1)
     if i < x.shape[0]:
@@ -24,7 +24,7 @@ def to_half_bits(x) -> np.ndarray:
     return bits.view(np.uint16)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _encode_feedback(g, e, lam, seg_len, half, e_out, flags, epoch):
     """half(p) and e_out = p - float(half(p)); flags[i // seg_len] = epoch where a residual
     is not finite (an earlier call's flag holds another epoch, so nothing clears it)."""
@@ -72,7 +72,7 @@ def encode_feedback_segments(g, e, lam: float, e_out, seg_len: int,
             for s in range(segments)], host
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _widen_divided(half, divisor, out):
     i = cuda.grid(1)
     if i < out.shape[0]:

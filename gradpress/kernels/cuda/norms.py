@@ -43,7 +43,7 @@ def load(g, e, lam, feedback, i):
     return g[i]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _norms(g, e, lam, feedback, seg_len, seg_chunks, work, totals, ticket):
     """Block c: work[0, ABS, c] = sum |p| and work[0, SQUARE, c] = sum p^2 over chunk c in
     the order of ``kernels.reduction``, work[0, LARGEST, c] = largest |p| (inf for NaN/inf:
@@ -166,7 +166,7 @@ def _pair_totals(work, totals, t, threads, values, top):
         totals[LARGEST] = top[0]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _totals(work, totals):
     """``_pair_totals`` alone, by one block of ``TOTAL_THREADS``, over chunk values the
     caller gives: the tests' way to reach its switch from global to shared memory, which
@@ -200,7 +200,7 @@ def launch_totals(g: Any, e: Any, lam: np.float32, feedback: bool, seg_len: int 
     return totals
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _largest_bits(x_bits, largest):
     """largest[0] = max(largest[0], the largest |x| bits) (NaN's above inf's): a block's
     maximum in shared memory, then one atomic per block."""
@@ -220,7 +220,7 @@ def _largest_bits(x_bits, largest):
         cuda.atomic.max(largest, 0, top[0])
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _clear(word):
     word[0] = 0
 

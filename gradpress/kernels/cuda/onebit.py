@@ -15,7 +15,7 @@ from gradpress.kernels.scaling import SCALINGS, reject_non_finite, scale_py
 _scale_of = cuda.jit(device=True)(scale_py)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _pack(g, e, lam, feedback, seg_len, seg_blocks, totals, scaling, scales, bits, e_out):
     """Per segment s of ``seg_len`` elements (the last one shorter), packed by the
     ``seg_blocks`` blocks from s * seg_blocks: its scale from its totals
@@ -93,7 +93,7 @@ def encode_feedback_segments(g, e, lam: float, scaling: str, e_out, seg_len: int
             else None for s in range(scales.shape[0])], host.array
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _unpack_signs(bits, scale, out):
     i = cuda.grid(1)
     if i < out.shape[0]:

@@ -62,7 +62,7 @@ def device_indices(n: int, k: int, stream: np.uint64):
     return indices
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _gather_scaled(x, indices, scale, payload, values, epoch):
     """values[j] = float32(float64(x[i]) * scale) (``values`` views payload[:k]);
     payload[k] = ``epoch`` (this call's number, ``scratch.epoch``) on NaN/inf: an earlier
@@ -76,7 +76,7 @@ def _gather_scaled(x, indices, scale, payload, values, epoch):
             payload[k] = epoch
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _take_feedback(e_out, indices, scale, payload, values, epoch):
     """``_gather_scaled`` of p = e_out, and the values taken out of it."""
     j = cuda.grid(1)
@@ -127,7 +127,7 @@ def gather_feedback(g, e, lam: float, e_out, n: int, k: int, stream: np.uint64, 
     return _land(payload, k, reuse, epoch)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _compensate_segments(g, e, lam, seg_len, e_out, flags, epoch):
     """e_out = p = g + lam * e; flags[i // seg_len] = epoch on a NaN/inf."""
     i = cuda.grid(1)
@@ -138,7 +138,7 @@ def _compensate_segments(g, e, lam, seg_len, e_out, flags, epoch):
             flags[i // seg_len] = epoch
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _take_segments(e_out, indices, seg_len, scale, last_scale, last, values, flags, epoch):
     """``_take_feedback`` over every segment's indices at once (each an index into the whole
     of e_out): segment s = i // seg_len scales by ``scale``, the last one (its n / k may

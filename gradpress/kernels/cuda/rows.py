@@ -12,7 +12,7 @@ from numba import cuda, int32
 from .device import THREADS, as_device, blocks, stream
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _flag_rows(m, flags, block_counts):
     r = cuda.grid(1)
     nonzero = 0
@@ -32,7 +32,7 @@ def _flag_rows(m, flags, block_counts):
         block_counts[cuda.blockIdx.x] = total
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _compact(flags, block_offsets, out):
     if cuda.threadIdx.x == 0:  # a block's rows, in order, from the block's offset
         base = cuda.blockIdx.x * THREADS
@@ -44,7 +44,7 @@ def _compact(flags, block_offsets, out):
                 at += 1
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _gather(m, indices, out):
     j = cuda.grid(1)
     width = m.shape[1]

@@ -44,7 +44,7 @@ def tiles(n: int) -> int:
 _plan = cuda.jit(device=True)(sample_plan.py_func)  # the one rule, as the CPU draws it
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _estimate(whole_bits, seg_len, k_all, k_last, whole_state, whole_histogram):
     """One block per segment (``segment``): the call's state (RANK = k, the rest 0 but the
     NaN flag, which holds an epoch: ``_count_candidates``) and histogram reset; then sort
@@ -87,7 +87,7 @@ def _estimate(whole_bits, seg_len, k_all, k_last, whole_state, whole_histogram):
         state[ESTIMATE] = sample[padded - rank]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _count_candidates(whole_bits, seg_len, k_all, k_last, whole_state, whole_counts, epoch):
     """Per tile: how many keys reach the estimate; any NaN/inf is flagged (state[NONFINITE]
     = ``epoch``, this call's number: an earlier call's flag is another). The last block
@@ -120,7 +120,7 @@ def _count_candidates(whole_bits, seg_len, k_all, k_last, whole_state, whole_cou
             state[FALLBACK] = 0 if k <= total <= capacity else 1
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _compact(whole_bits, seg_len, whole_state, whole_offsets, whole_index, whole_found):
     """The candidates, in index order, at the places the scan gave their tile."""
     s = cuda.blockIdx.y

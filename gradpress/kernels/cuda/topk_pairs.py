@@ -12,7 +12,7 @@ from gradpress.kernels.cuda.topk_radix import (
     ABS, FALLBACK, ITEMS, NONFINITE, PREFIX, RANK, STATE, THREADS, TILE, last_block, source_length, source_word)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def count_kept(whole_found, whole_bits, seg_len, whole_state, whole_above, whole_equal):
     """Per tile of the source: keys above the threshold, and equal to it (tiles past the
     source only draw their ticket); the last block then scans the source's tile counts in
@@ -50,7 +50,7 @@ def count_kept(whole_found, whole_bits, seg_len, whole_state, whole_above, whole
         scan_in_place(equal, tile_count, scan, t)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def write_pairs(whole_found, whole_index, whole_bits, seg_len, whole_state, whole_above, whole_equal, k_all,
                  k_last, whole_payload, zero, whole_target):
     """Each thread's pairs at its place: the keys above the threshold before it, plus the

@@ -57,7 +57,7 @@ def last_block(state, t, flag):
     return flag[0] != 0
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def digit_histogram(whole_found, whole_bits, seg_len, whole_state, whole_histogram, digit, shift, width):
     """Keys of the source (``source_length``) that share the threshold's digits found so
     far, by their next digit; then the last block picks the digit (``pick``). Launched

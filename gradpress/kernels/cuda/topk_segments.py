@@ -16,7 +16,7 @@ from gradpress.kernels.cuda.topk import _select
 from gradpress.kernels.cuda.topk_radix import NONFINITE, STATE
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _compensate_states(g, e, lam, seg_len, e_out, state, epoch):
     """e_out = p = g + lam * e; on a NaN/inf, the NaN flag of the element's segment's state
     becomes ``epoch`` (an earlier call's flag holds another number: nothing clears it)."""

@@ -1,0 +1,141 @@
+"""Copies off the GPU waited for off the communication thread (``worker/host_copies.py``):
+what follows a copy runs on the thread that calls ``run_finished``, in the order the copies
+were queued, and only once each copy's event has happened; a partition's push and pull go
+out only then, over a real ZeroMQ socket, and not at all for a round failed meanwhile."""
+import contextlib
+import threading
+
+import numpy as np
+import pytest
+import zmq
+
+from gradpress.kernels.cuda import device
+from gradpress.net import transport
+from gradpress.net.protocol import Op
+from gradpress.trace import Tracer
+from gradpress.worker.future import Future
+from gradpress.worker.host_copies import HostCopies
+from gradpress.worker.jobs import PartitionOp, PushPull
+from gradpress.worker.keys import KeyTable, Tensor
+from gradpress.worker.stages import PartitionStages
+
+
+class Copy:
+    """A copy's event: ``synchronize`` blocks until the test finishes the copy."""
+
+    def __init__(self, fails: bool = False):
+        self.done, self.fails = threading.Event(), fails
+
+    def synchronize(self):
+        assert self.done.wait(30), "the test never finished this copy"
+        if self.fails:
+            raise OSError("an illegal memory access was encountered")
+
+
+class Wakes:
+    """The communication thread's pipe: counts the wakes, and lets the test wait for them."""
+
+    def __init__(self):
+        self.n, self.cond = 0, threading.Condition()
+
+    def __call__(self):
+        with self.cond:
+            self.n += 1
+            self.cond.notify_all()
+
+    def wait_for(self, n: int, seconds: float = 10) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.n >= n, seconds)
+
+
+def test_each_copys_turn_runs_on_the_caller_in_queued_order_once_its_event_happened():
+    wakes, ran = Wakes(), []
+    copies = HostCopies(wakes)
+    first, second = Copy(), Copy()
+    copies.after(first, lambda: ran.append(("first", threading.get_ident())))
+    copies.after(second, lambda: ran.append(("second", threading.get_ident())))
+    second.done.set()  # finished first on its own: still waits behind the first copy
+    assert not wakes.wait_for(1, 0.3), "woken before the first copy was done"
+    copies.run_finished()
+    assert ran == [] and wakes.n == 0
+    first.done.set()
+    assert wakes.wait_for(2)
+    copies.run_finished()
+    assert ran == [("first", threading.get_ident()), ("second", threading.get_ident())]
+    copies.close()
+
+
+def test_a_failed_copy_raises_on_the_caller_and_later_copies_still_come():
+    wakes, ran = Wakes(), []
+    copies = HostCopies(wakes)
+    bad, good = Copy(fails=True), Copy()
+    copies.after(bad, lambda: ran.append("bad"))
+    copies.after(good, lambda: ran.append("good"))
+    bad.done.set()
+    good.done.set()
+    assert wakes.wait_for(2)
+    with pytest.raises(RuntimeError, match="copy from the GPU to the host failed.*illegal memory access"):
+        copies.run_finished()
+    copies.run_finished()
+    assert ran == ["good"]
+    copies.close()
+
+
+class OnGpu:
+    """Stands for a CUDA chunk (``is_device_array``) of known values."""
+    __cuda_array_interface__ = {}
+
+    def __init__(self, values):
+        self.values = values
+
+    def __getitem__(self, s):
+        return OnGpu(self.values[s])
+
+
+@pytest.fixture
+def link():
+    ctx = zmq.Context()
+    server = ctx.socket(zmq.ROUTER)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    worker = ctx.socket(zmq.DEALER)
+    worker.connect(f"tcp://127.0.0.1:{port}")
+    yield worker, server
+    worker.close(0)
+    server.close(0)
+    ctx.term()
+
+
+def test_a_partitions_push_and_pull_wait_for_its_copy_and_a_round_failed_meanwhile_never_goes(link, monkeypatch):
+    worker, server = link
+    queued = []
+
+    def copy_to_host_queued(chunk, host):
+        queued.append(Copy())
+        host[:] = chunk.values  # (the copy itself; the event says when the host may read it)
+        return queued[-1]
+    monkeypatch.setattr(device, "copy_to_host_queued", copy_to_host_queued)
+    monkeypatch.setattr(device, "working_on", lambda x, landing=False: contextlib.nullcontext())
+    monkeypatch.setattr(device, "pinned_host", lambda n, dtype: np.zeros(n, dtype))
+    wakes = Wakes()
+    stages = PartitionStages("worker 0", [worker], [False], Tracer(""), HostCopies(wakes))
+    table = KeyTable()
+    t = Tensor("g", 8, "float32", 1, [4, 4], [0, 0], None)
+    table.add(t, 1)
+    values = np.arange(8, dtype=np.float32)
+    job = PushPull(t, OnGpu(values), OnGpu(np.zeros(8, np.float32)), 1, Future("test"), 2)
+    ops = [PartitionOp(job, wk, round=0) for wk in t.keys]
+    for op in ops:
+        op.wkey.in_flight = op
+        stages.send(op, None)
+    assert not server.poll(200), "pushed before its copy was done"
+    ops[1].wkey.in_flight = None  # its deadline passed while its copy ran
+    for copy in queued:
+        copy.done.set()
+    assert wakes.wait_for(2)
+    stages.host_copies.run_finished()
+    got = []
+    while server.poll(500):
+        _, h, frames = transport.recv(server, routed=True)
+        got.append((h["op"], h["key"], [np.frombuffer(f.buffer, np.float32).tolist() for f in frames]))
+    assert got == [(Op.PUSH, t.keys[0].key, [values[:4].tolist()]), (Op.PULL, t.keys[0].key, [])]
+    stages.close()
