@@ -26,6 +26,9 @@ class Copy:
     def __init__(self, fails: bool = False):
         self.done, self.fails = threading.Event(), fails
 
+    def query(self):
+        return self.done.is_set() and not self.fails
+
     def synchronize(self):
         assert self.done.wait(30), "the test never finished this copy"
         if self.fails:
@@ -63,6 +66,15 @@ def test_each_copys_turn_runs_on_the_caller_in_queued_order_once_its_event_happe
     copies.run_finished()
     assert ran == [("first", threading.get_ident()), ("second", threading.get_ident())]
     copies.close()
+
+
+def test_a_copy_done_when_queued_is_followed_at_once_without_the_thread():
+    wakes, ran = Wakes(), []
+    copies = HostCopies(wakes)
+    done = Copy()
+    done.done.set()
+    copies.after(done, lambda: ran.append(threading.get_ident()))
+    assert ran == [threading.get_ident()] and wakes.n == 0 and copies._thread is None
 
 
 def test_a_failed_copy_raises_on_the_caller_and_later_copies_still_come():
