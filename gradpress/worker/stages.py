@@ -8,7 +8,8 @@ partitions move by DMA: the device copies straight into the shared push segment 
 registered with the driver) or into a pinned buffer of the key's own, and the result goes
 back to the device at its size and is divided there. Which stages a partition takes is
 decided by its key (codec, co-location), not by branches in the caller.
-All of it runs on the communication thread, which owns the sockets.
+All of it runs on the communication thread, which owns the sockets; only the waits for
+copies off a GPU happen elsewhere (``host_copies.py``).
 """
 from __future__ import annotations
 
@@ -18,11 +19,10 @@ import numpy as np
 import zmq
 
 from ..compressors.arrays import is_device_array
-from ..kernels.cpu import fp16
 from ..net import shm, transport
 from ..net.protocol import Op
 from ..trace import Tracer, now_us
-from . import sparse
+from . import raw_results, sparse
 from .host_copies import HostCopies
 from .jobs import PartitionOp
 from .keys import WorkerKey
@@ -254,23 +254,8 @@ class PartitionStages:
                                     divisor=job.divisor)
             self.tracer.add("decompress", start, now_us(), key=wk.key, round=op.round)
         else:
-            summed = self._shared_result(h, wk.count, t.dtype) if "shm" in h \
-                else _frame_result(frames, wk.count, t.dtype)
-            if is_device_array(dst):
-                from ..kernels.cuda import device
-                with device.working_on(dst, landing=True):
-                    if h.get("dma") and "shm" in h:
-                        self._register_slots(h["shm"], dst)
-                    # no host wait, on the landing stream: a frame is pageable (staged before the
-                    # call returns), and a slot is rewritten only after our next push of the key,
-                    # which the host sends after the consumer's stream has waited for this copy
-                    device.land_divided(summed, dst, job.divisor, wait=False)
-            elif job.divisor != 1 and summed.dtype == np.float16 and dst.flags.c_contiguous:
-                fp16.divide_half(summed, job.divisor, dst)  # numpy's float16 divide is a scalar loop
-            elif job.divisor != 1:
-                np.divide(summed, job.divisor, out=dst)  # average while copying: one pass
-            else:
-                np.copyto(dst, summed)
+            summed = raw_results.result_of(h, frames, wk.count, t.dtype, self.peer_chunks)
+            raw_results.land(summed, dst, job.divisor, h, self.peer_chunks)
         if wk.via is None:
             self.bytes_pulled += sum(len(f.buffer) for f in frames)
 
@@ -284,22 +269,6 @@ class PartitionStages:
             buffer = self.host_stages[wk.key] = device.pinned_host(wk.count, np.dtype(wk.tensor.dtype))
         return buffer
 
-    def _register_slots(self, ref: list, dst: Any) -> None:
-        """Register the server's chunk holding a key's result slots with the CUDA driver, once
-        (it said its pages are never punched): each round's copy to the device is then DMA at
-        the bus's speed, not staged through the driver's bounce buffers (51% of an
-        uncompressed step's communication thread on an H100)."""
-        chunk = self.peer_chunks.region(ref, 0).chunk
-        if chunk.pinned is None:
-            from ..kernels.cuda import device
-            chunk.pinned = device.pin_host(chunk.map, chunk.nbytes) or False  # False: refused, never retried
-
-    def _shared_result(self, h: dict, n: int, dtype: str) -> np.ndarray:
-        nbytes = n * np.dtype(dtype).itemsize
-        if h.get("slot") not in (0, 1):
-            raise ValueError(f"result slot {h.get('slot')!r} is not 0 or 1")
-        return self.peer_chunks.region(h["shm"], 2 * nbytes).array(dtype, n, offset=h["slot"] * nbytes)
-
     def close(self) -> None:
         self.host_copies.close()
         self.push_arena.close()  # the memory itself goes with the last mapping
@@ -310,8 +279,3 @@ class PartitionStages:
 def _wire(t, meta: dict, buffers: list) -> Payload:  # a compressed push's fields and buffers
     return {"codec": t.compressor.name, "meta": meta}, buffers
 
-
-def _frame_result(frames: list, n: int, dtype: str) -> np.ndarray:
-    if len(frames) != 1 or len(frames[0].buffer) != n * np.dtype(dtype).itemsize:
-        raise ValueError(f"expected one frame of {n} {dtype} elements")
-    return np.frombuffer(frames[0].buffer, dtype=dtype)

@@ -57,6 +57,6 @@ def test_the_landing_averages_float16_through_the_kernel(monkeypatch):
     op = SimpleNamespace(wkey=SimpleNamespace(key=1, count=8, via=None), round=0, sent_us=0.0, destination=dst,
                          job=SimpleNamespace(divisor=2, tensor=SimpleNamespace(layout=None, dtype="float16",
                                                                                compressor=None)))
-    stages = SimpleNamespace(tracer=SimpleNamespace(add=lambda *a, **k: None), bytes_pulled=0)
+    stages = SimpleNamespace(tracer=SimpleNamespace(add=lambda *a, **k: None), bytes_pulled=0, peer_chunks=None)
     PartitionStages.land(stages, op, {"dtype": "float16", "count": 8}, [SimpleNamespace(buffer=summed.tobytes())])
     assert calls == [2] and np.array_equal(dst, np.full(8, 1.5, np.float16))
