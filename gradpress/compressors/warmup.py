@@ -4,8 +4,8 @@ Numba compiles on first call, seconds per codec on a cold cache, and the calling
 does nothing else meanwhile. Done inside a server's engine thread or a worker's
 communication thread, that would silence the node's heartbeats, so nodes call
 ``warm_up`` before they register, where no liveness clock runs yet. From a warm cache it
-takes a fraction of a second. numba keeps no CUDA kernel on disk here: a GPU worker
-compiles each codec's CUDA kernels when the first tensor of that codec is handed over, on
+takes a fraction of a second. A GPU worker readies each codec's CUDA kernels (compiled,
+or loaded from numba's disk cache) when the first tensor of that codec is handed over, on
 the thread that hands it (``ready_on_gpu``).
 """
 from __future__ import annotations
@@ -101,7 +101,7 @@ _ready_lock = threading.Lock()
 
 
 def ready_on_gpu(spec, like) -> None:
-    """Compile the CUDA kernels of ``spec`` (a ``CodecSpec``) on ``like``'s GPU, once per
+    """Compile (or load from the disk cache) the CUDA kernels of ``spec`` (a ``CodecSpec``) on ``like``'s GPU, once per
     setting and process, on the calling thread: the one that hands a CUDA tensor with this
     spec over to the worker, before it does. That is the training thread (or autograd's),
     never the communication thread, which keeps sending heartbeats meanwhile (numba
