@@ -284,7 +284,7 @@ def push_pull_rows_async_inplace(tensor: torch.Tensor, average: bool = True, nam
     rows (hashed over the servers); rows no worker touched come back zero."""
     client = _require()
     name = name if name is not None else f"push_pull.noname.{next(_noname)}"
-    rows = sparse.rows_of_dense(tensor, name)
+    rows = sparse.dense_rows(tensor, name)  # on a GPU: found later, off this thread
     return _start_rows(client, tensor, rows, name, client.size if average else 1, priority, tensor)
 
 

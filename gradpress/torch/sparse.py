@@ -7,7 +7,8 @@ summed (torch's coalescing, in the order given), split over the servers by the r
 hash, and the result is the coalesced union over every worker. A dense tensor of 2+
 dimensions can travel the same way (``dense_rows=True``): its non-zero rows are found
 (a numba.cuda kernel on GPU tensors, Numba on CPU ones) and the union is written back
-into a dense output, zero elsewhere.
+into a dense output, zero elsewhere. A GPU gradient's rows are found off the thread that
+hands it over (``handed_over``, ``worker/row_finder.py``): finding them waits for the device.
 
 Values travel in the tensor's dtype (float16 after ``Compression.fp16``: summed in
 float32 on the servers, rounded once). No error feedback: the row sum is exact, and
@@ -59,45 +60,75 @@ def _numpy_wire(wire: torch.dtype) -> np.dtype:
     return torch.empty(0, dtype=wire).numpy().dtype
 
 
-def rows_of_coo(tensor: torch.Tensor, name: str) -> SparseRows:
-    """A sparse COO tensor's rows, coalesced (duplicate indices summed in order)."""
+def rows_of_coo(tensor: torch.Tensor, name: str) -> SparseRows | Callable[[], SparseRows]:
+    """A sparse COO tensor's rows, coalesced (duplicate indices summed in order); for a
+    CUDA tensor, a function that finds them (``handed_over``)."""
     if tensor.sparse_dim() != 1:
         raise ValueError(f"push_pull of {name!r}: a sparse COO tensor with {tensor.sparse_dim()} sparse "
                          f"dimensions; row-sparse tensors have 1 (an embedding's gradient)")
     t = tensor.detach()
     wire = _wire(t, name)
-    indices = t._indices()[0].to("cpu").numpy()
-    width = math.prod(t.shape[1:]) if t.dim() > 1 else 1
-    values = t._values().to("cpu", wire).reshape(indices.shape[0], width).numpy()
-    return coalesce(indices, values, int(t.shape[0]), f"push_pull of {name!r}")
+
+    def find() -> SparseRows:
+        indices = t._indices()[0].to("cpu").numpy()
+        width = math.prod(t.shape[1:]) if t.dim() > 1 else 1
+        values = t._values().to("cpu", wire).reshape(indices.shape[0], width).numpy()
+        return coalesce(indices, values, int(t.shape[0]), f"push_pull of {name!r}")
+    return handed_over(t, find) if t.is_cuda else find()
 
 
 def rows_of_dense(tensor: torch.Tensor, name: str) -> SparseRows:
     """The non-zero rows of a dense tensor of 2+ dimensions (viewed as rows x width)."""
+    found = dense_rows(tensor, name)
+    return found() if callable(found) else found
+
+
+def dense_rows(tensor: torch.Tensor, name: str) -> SparseRows | Callable[[], SparseRows]:
+    """``rows_of_dense``, except that for a CUDA tensor it returns a function that finds the
+    rows (``handed_over``), so that the thread handing the gradient over never waits."""
     t = tensor.detach()
     wire = _wire(t, name)
     if t.dim() < 2:
         raise ValueError(f"push_pull of {name!r}: a dense tensor travels row-sparse only with 2+ dimensions")
-    if t.is_cuda and t.dtype in (torch.float16, torch.bfloat16, torch.float32):
-        # found on the device, on gradpress's stream after the gradient's producer: only the
-        # rows come to the host (float16 and bfloat16 widen exactly, and go back to the wire)
-        from ..kernels.cuda import device
+    if not t.is_cuda:
+        return extract(t.to("cpu", wire).reshape(t.shape[0], -1).contiguous().numpy())
+
+    def find() -> SparseRows:
+        if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            return extract(t.to("cpu", wire).reshape(t.shape[0], -1).contiguous().numpy())
+        # found on the device: only the rows come to the host (float16 and bfloat16 widen
+        # exactly, and go back to the wire)
         from ..kernels.cuda import rows as cuda_rows
-        ready = device.produced(t)
-        with device.working_on(t):
-            device.wait_for(ready, t)
-            indices, values = cuda_rows.nonzero_rows(t.reshape(t.shape[0], -1).float().contiguous())
+        indices, values = cuda_rows.nonzero_rows(t.reshape(t.shape[0], -1).float().contiguous())
         return SparseRows(indices, values.astype(_numpy_wire(wire), copy=False))
-    return extract(t.to("cpu", wire).reshape(t.shape[0], -1).contiguous().numpy())
+    return handed_over(t, find)
 
 
-def start(client: WorkerClient, tensor: torch.Tensor, rows: SparseRows, name: str, divisor: int,
-          priority: int, seed: int, dense_out: torch.Tensor | None = None) -> tuple[Future, Callable]:
+def handed_over(t: torch.Tensor, find: Callable[[], SparseRows]) -> Callable[[], SparseRows]:
+    """``find`` of a CUDA gradient ``t``, to run later on another thread
+    (``worker/row_finder.py``): an event recorded now on the caller's current stream orders
+    its reads after the gradient's producer, on gradpress's stream of ``t``'s device (the
+    finding waits for the device; the caller does not)."""
+    from ..kernels.cuda import device
+    ready = device.produced(t)
+
+    def found() -> SparseRows:
+        with device.working_on(t):  # torch's reads and copies too: ``t`` may come from a side stream
+            device.wait_for(ready, t)
+            return find()
+    return found
+
+
+def start(client: WorkerClient, tensor: torch.Tensor, rows: SparseRows | Callable[[], SparseRows], name: str,
+          divisor: int, priority: int, seed: int, dense_out: torch.Tensor | None = None) -> tuple[Future, Callable]:
     """Start the sparse push_pull of ``rows`` (of ``tensor``'s shape); returns its future and
     a function that, once it is done, gives the result: a coalesced sparse COO tensor, or
     ``dense_out`` written (zero outside the union)."""
     layout = layout_of(tensor, client, seed)
-    future = client.push_pull_sparse_async(name, rows, layout, divisor, priority)
+    if callable(rows):  # a GPU gradient's: found on the row finder's thread
+        future = client.push_pull_sparse_later(name, rows, layout, divisor, priority)
+    else:
+        future = client.push_pull_sparse_async(name, rows, layout, divisor, priority)
 
     def result() -> torch.Tensor:
         union = future.result(0).rows()

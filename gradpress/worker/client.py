@@ -25,6 +25,7 @@ from .comm import CommunicationThread
 from .future import Future
 from .jobs import PushPull
 from .keys import Tensor, by_key, check_server_states
+from .row_finder import RowFinder
 from .sparse import SparseResult, SparseRows, SparseShares
 
 # numpy builds ``dtype.name`` afresh on every access (11% of the backward hooks' time, in
@@ -46,6 +47,7 @@ class WorkerClient:
         self.tracer = Tracer(settings.trace)
         self.comm = CommunicationThread(settings, transport.own_context(settings), self.tracer)
         self.aborted = False  # abort() was called: finish() must not wait for the others
+        self.row_finder = RowFinder()  # finds GPU gradients' rows (push_pull_sparse_later)
 
     @property
     def fatal(self) -> JobError | None:
@@ -207,19 +209,45 @@ class WorkerClient:
                            None, start)
 
     def push_pull_sparse_async(self, name: str, rows: SparseRows, layout: RowLayout, divisor: int,
-                               priority: int) -> Future:
-        """Start summing row-sparse ``rows`` (``coalesce``d) over all workers; the future gives a
-        ``SparseResult`` whose ``rows()`` is the union, divided by ``divisor``."""
-        if layout.num_servers != self.book.num_servers:
-            raise ValueError(f"tensor {name!r}: a row layout over {layout.num_servers} servers; "
-                             f"the job has {self.book.num_servers}")
+                               priority: int, future: Future | None = None) -> Future:
+        """Start summing row-sparse ``rows`` (``coalesce``d) over all workers; the future
+        (``future`` where given) gives a ``SparseResult`` whose ``rows()`` is the union,
+        divided by ``divisor``."""
+        self._check_row_layout(name, layout)
         dtype = rows.values.dtype.name
+        future = future if future is not None else Future(f"push_pull of sparse tensor {name!r}")
 
         def start(tensor: Tensor | None, parts: int) -> cmd.StartPushPull:
             job = PushPull(tensor, SparseShares(rows, layout), SparseResult(layout, dtype, divisor), divisor,
-                           Future(f"push_pull of sparse tensor {name!r}"), parts)
+                           future, parts)
             return cmd.StartPushPull(job, priority)
         return self._start(name, layout.num_servers, dtype, None, layout, start)
+
+    def push_pull_sparse_later(self, name: str, find_rows: Callable[[], SparseRows], layout: RowLayout,
+                               divisor: int, priority: int) -> Future:
+        """``push_pull_sparse_async`` of the rows ``find_rows()`` gives, found on the row
+        finder's thread (``row_finder.py``: a GPU gradient's rows, which wait for the device);
+        returns at once. A failure to find them, or to start, fails the future."""
+        self._check_row_layout(name, layout)
+        future = Future(f"push_pull of sparse tensor {name!r}")
+
+        def find_then_start() -> None:
+            try:
+                self.push_pull_sparse_async(name, find_rows(), layout, divisor, priority, future)
+            except (JobError, ValueError) as e:  # the job ended meanwhile, or bad rows: their own words
+                future.fail(e)
+            except Exception as e:  # noqa: BLE001 - a CUDA error: the caller gets it from the future
+                error = RuntimeError(f"push_pull of sparse tensor {name!r}: finding its rows failed: "
+                                     f"{type(e).__name__}: {e}")
+                error.__cause__ = e
+                future.fail(error)
+        self.row_finder.submit(find_then_start)
+        return future
+
+    def _check_row_layout(self, name: str, layout: RowLayout) -> None:
+        if layout.num_servers != self.book.num_servers:
+            raise ValueError(f"tensor {name!r}: a row layout over {layout.num_servers} servers; "
+                             f"the job has {self.book.num_servers}")
 
     def barrier(self, group: str = "worker") -> None:
         fut = Future(f"barrier of group {group!r}")
@@ -247,6 +275,7 @@ class WorkerClient:
         try:
             fut.result(self.s.op_timeout_s)
         finally:
+            self.row_finder.close()
             self.comm.stopped.set()
             self.comm.wake()
             self.comm.join(timeout=5)

@@ -31,6 +31,10 @@ def cases():
     yield "block-edges", m
     sparse = np.where(rng.random((257, 4)) < 0.05, rng.standard_normal((257, 4)), 0).astype(np.float32)
     yield "random", sparse
+    # the thread's scratch and staging are reused: fewer rows after more, then more again
+    # (a stale flag, offset or row left from the call before would show here)
+    yield "fewer-after-more", m[:140]
+    yield "more-again", rng.standard_normal((520, 3)).astype(np.float32) * (rng.random((520, 1)) < 0.5)
 
 
 for name, m in cases():

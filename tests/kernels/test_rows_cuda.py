@@ -14,7 +14,9 @@ SCRIPT = Path(__file__).with_name("cudasim_rows.py")
 @pytest.mark.timeout(240)
 def test_gpu_row_extraction_is_byte_identical_to_the_cpu_one():
     results = {c["case"]: c for c in simulated_cases(SCRIPT, 220)}
-    assert set(results) == {"empty-table", "one-zero-row", "all-zero", "every-row", "block-edges", "random"}
+    assert set(results) == {"empty-table", "one-zero-row", "all-zero", "every-row", "block-edges", "random",
+                            "fewer-after-more", "more-again"}
     assert results["every-row"]["rows"] == 300 and results["block-edges"]["rows"] == 5
+    assert results["fewer-after-more"]["rows"] == 3 and results["more-again"]["rows"] > 200
     failures = {name: c["problem"] for name, c in results.items() if c["problem"]}
     assert not failures, f"GPU and CPU extraction disagree: {failures}"

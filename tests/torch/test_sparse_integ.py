@@ -71,7 +71,40 @@ try:  # a layout that cannot travel is named, not met by torch's own error deep 
     raise AssertionError("a CSR tensor was pushed")
 except ValueError as e:
     assert "a torch.sparse_csr tensor; dense (strided) or sparse COO tensors expected" in str(e), e
+# rows found later, on the row finder's thread (a GPU gradient's way): the call returns before
+# they are found; a failure to find them fails the future, naming the tensor, and nothing else
+import threading
+from gradpress.torch.sparse import layout_of
+from gradpress.worker.sparse import coalesce
 client = ops.client()
+layout = layout_of(torch.zeros(ROWS, WIDTH), client, 0)
+release, finders = threading.Event(), []
+def find():
+    finders.append(threading.current_thread().name)
+    assert release.wait(30), "never released"
+    ids, vals = batch("zipf", r)
+    return coalesce(ids, vals.astype(np.float32), ROWS, "push_pull of 'later'")
+later = client.push_pull_sparse_later("later", find, layout, 1, 0)
+assert not later.done(), "the rows were found before the test let them be"
+release.set()
+union = later.result(30).rows()
+want_rows, want_dense = reference("zipf")
+assert np.array_equal(union.indices, want_rows) and np.array_equal(union.values, want_dense[want_rows]), "later"
+assert finders == ["gp-row-finder"], finders
+def lost():
+    raise OSError("an illegal memory access was encountered")
+try:
+    client.push_pull_sparse_later("lost", lost, layout, 1, 0).result(30)
+    raise AssertionError("rows never found were pushed")
+except RuntimeError as e:
+    assert "push_pull of sparse tensor 'lost': finding its rows failed: OSError: an illegal memory" in str(e), e
+def out_of_range():
+    return coalesce(np.array([ROWS]), np.zeros((1, WIDTH), np.float32), ROWS, "push_pull of 'bad'")
+try:
+    client.push_pull_sparse_later("bad", out_of_range, layout, 1, 0).result(30)
+    raise AssertionError("a row out of range was pushed")
+except ValueError as e:
+    assert str(e) == f"push_pull of 'bad': row index {ROWS} is out of range for a table of {ROWS} rows", e
 report["pushed"], report["pulled"] = client.bytes_pushed, client.bytes_pulled
 json.dump(report, open(os.path.join(os.environ["GP_TEST_DIR"], f"sums{r}.json"), "w"))
 print("OK rank", r, flush=True)

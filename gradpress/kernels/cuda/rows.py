@@ -6,9 +6,13 @@ claims an output slot by an atomic counter, the way Zen's published code inserts
 loses indices under contention: each block counts its non-zero rows, the host turns
 the counts into offsets, and each block then writes its rows in order from its offset.
 """
+import threading
+from typing import Any
+
 import numpy as np
 from numba import cuda, int32
 
+from . import device, scratch
 from .device import THREADS, as_device, blocks, stream
 
 
@@ -54,25 +58,48 @@ def _gather(m, indices, out):
 
 
 def nonzero_rows(m) -> tuple[np.ndarray, np.ndarray]:
-    """Indices (int64, increasing) and values (float32, on the host) of the rows of the
-    2-D float32 device array (or CUDA tensor) ``m`` that hold any non-zero value."""
+    """Indices (int64, increasing) and values (float32, on the host: arrays of their own) of
+    the rows of the 2-D float32 device array (or CUDA tensor) ``m`` that hold any non-zero
+    value. Waits for the device twice (the count, then the rows): call it where waiting
+    costs nothing else (``worker/row_finder.py``). Its device scratch and pinned staging
+    are this thread's, reused (a fresh device array per call costs a cuMemFree later, which
+    waits for the whole device)."""
     m = as_device(m)
     rows, width = int(m.shape[0]), int(m.shape[1])
     nblocks = blocks(rows)
     s = stream()
-    flags = cuda.device_array(max(rows, 1), np.uint8, stream=s)
-    block_counts = cuda.device_array(nblocks, np.int64, stream=s)
+    flags = scratch.grown("rows-flags", (max(rows, 1),), np.uint8)
+    block_counts = scratch.grown("rows-counts", (nblocks,), np.int64)
     _flag_rows[nblocks, THREADS, s](m, flags, block_counts)
-    counts = block_counts.copy_to_host(stream=s)
+    counts = _staging("counts", nblocks)
+    block_counts.copy_to_host(counts, stream=s)
     s.synchronize()
-    offsets = np.zeros(nblocks, np.int64)
+    offsets = _staging("offsets", nblocks)
+    offsets[0] = 0
     np.cumsum(counts[:-1], out=offsets[1:])
-    n = int(counts.sum())
-    indices = cuda.device_array(max(n, 1), np.int64, stream=s)
-    _compact[nblocks, THREADS, s](flags, cuda.to_device(offsets, stream=s), indices)
-    values = cuda.device_array((max(n, 1), width), np.float32, stream=s)
+    n = int(offsets[-1] + counts[-1])
+    block_offsets = scratch.grown("rows-offsets", (nblocks,), np.int64)
+    block_offsets.copy_to_device(offsets, stream=s)
+    indices = scratch.grown("rows-indices", (max(n, 1),), np.int64)
+    _compact[nblocks, THREADS, s](flags, block_offsets, indices)
+    host_indices = _staging("indices", n)
+    host_values = _staging("values", n * width, np.float32)
     if n:
+        values = scratch.grown("rows-values", (n, width), np.float32)
         _gather[blocks(n * width), THREADS, s](m, indices, values)
-    host_indices, host_values = indices.copy_to_host(stream=s), values.copy_to_host(stream=s)
-    s.synchronize()
-    return host_indices[:n], host_values[:n]
+        indices[:n].copy_to_host(host_indices, stream=s)
+        values.reshape(n * width).copy_to_host(host_values, stream=s)
+        s.synchronize()
+    return host_indices.copy(), host_values.reshape(n, width).copy()
+
+
+_pinned = threading.local()  # this thread's pinned staging, by role, grown to the largest
+
+
+def _staging(role: str, count: int, dtype: Any = np.int64) -> np.ndarray:
+    """This thread's pinned host array for ``role``, its first ``count`` elements; free
+    again once the caller has copied what it holds out of it."""
+    held = _pinned.__dict__.get(role)
+    if held is None or held.shape[0] < count:
+        held = _pinned.__dict__[role] = device.pinned_host(max(count, 1), dtype)
+    return held[:count]
