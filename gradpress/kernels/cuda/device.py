@@ -1,6 +1,7 @@
 """Device-array plumbing: views of torch tensors / CUDA arrays, launches, copies."""
 import contextlib
 import logging
+import os
 import threading
 import warnings
 from typing import Any
@@ -13,6 +14,25 @@ from .streams import finished, on_device, produced, recycle, stream, torch_strea
 log = logging.getLogger(__name__)
 
 THREADS = 128  # threads per block
+
+
+def quiet_small_grid_warnings() -> None:
+    """numba warns at every launch of fewer than 128 blocks ("Grid size N will likely result
+    in GPU under-utilization"). gradpress sizes each grid to its data on purpose (a small
+    partition takes a block or a few), so those warnings were most of a GPU worker's log
+    (24 to 58 lines a job on the H200), and building each one cost a launch 1.4 us of Python.
+    Turned off here, unless ``NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS`` says otherwise."""
+    if "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" in os.environ or config.ENABLE_CUDASIM:
+        return
+    try:  # numba-cuda's dispatcher may read a config of its own
+        from numba.cuda import dispatcher
+    except ImportError:
+        return
+    for settings in (config, getattr(dispatcher, "config", config)):
+        settings.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+
+
+quiet_small_grid_warnings()
 
 
 def blocks(threads: int) -> int:
@@ -136,10 +156,8 @@ def land_divided(host: np.ndarray, out: Any, divisor: int, wait: bool = True) ->
     before this worker's next push of the key, which its stream orders after this copy."""
     if hasattr(out, "copy_") and hasattr(out, "div_"):
         import torch
-        with torch.no_grad(), warnings.catch_warnings():
-            # a pulled frame is read-only memory: torch warns of writes that this copy never makes
-            warnings.simplefilter("ignore", UserWarning)
-            out.copy_(torch.from_numpy(host), non_blocking=not wait)
+        with torch.no_grad():
+            out.copy_(_host_tensor(torch, host), non_blocking=not wait)
             if divisor != 1:  # a 0-dim device tensor: torch turns a CPU scalar into 1/divisor
                 out.div_(_divisor_tensor(divisor, out.device))
         return
@@ -150,6 +168,26 @@ def land_divided(host: np.ndarray, out: Any, divisor: int, wait: bool = True) ->
         _divide[blocks(target.shape[0]), THREADS, s](target, np.float64(divisor))
     if wait:
         s.synchronize()
+
+
+_read_only_seen = False  # torch has given its one warning about a read-only array (caught)
+_read_only_lock = threading.Lock()
+
+
+def _host_tensor(torch: Any, host: np.ndarray) -> Any:
+    """torch's view of a pulled result. A pulled frame is read-only memory, and torch warns,
+    once per process, that it does not support writing to it (this copy only reads it):
+    that warning is caught at the first read-only one. Not at every call: catch_warnings
+    swaps the process's filters, which is unsafe while other threads warn, cost 1.9 us a
+    call, and made Python's once-only warnings (numba's among them) print again each time."""
+    global _read_only_seen
+    if _read_only_seen or host.flags.writeable:
+        return torch.from_numpy(host)
+    with _read_only_lock, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        view = torch.from_numpy(host)
+        _read_only_seen = True
+    return view
 
 
 _DIVISORS: dict = {}
