@@ -14,6 +14,10 @@ this machine (``gradpress.launcher --local``) for every setting, against compute
 (both workers at once, no communication) and torch DDP over gloo (and NCCL with one GPU
 per process), with and without PowerSGD. Median seconds per iteration, each synchronised,
 after 12 warm-up iterations; ``auto`` is timed once every worker holds its settled plan.
+Worker 0 also records its backward pass twice, the call's span on the host and the span
+between CUDA events recorded around it on the training stream (``_backward_host_s``,
+``_backward_device_s``), and each of its threads' CPU seconds a step (``_thread_cpu_s``):
+a slow backward whose autograd thread burns little CPU is one whose hooks wait.
 
 Settings run again with one worker setting changed (``VARIANTS``), named in ``--systems``:
 ``gp_none_gil200`` and ``gp_onebit_gil200`` with GRADPRESS_GIL_SWITCH_US=200,
@@ -289,16 +293,33 @@ elif system.startswith("ddp_"):
 else:  # compute only
     net, opt = model, torch.optim.SGD(model.parameters(), lr=0.01)
 times, sampler = [], None
+# where a step goes: the backward pass as the host sees it (the call) and as the device ran
+# it (events on the training stream around the call): a host span far over the device's
+# own work means the host was slow to queue kernels (the hooks waiting), not the device
+backwards, marks = [], (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
 
 
 def step():
     torch.cuda.synchronize()
     t = time.perf_counter()
     opt.zero_grad()
-    loss_fn(net(x), y).backward()
+    loss = loss_fn(net(x), y)
+    marks[0].record()
+    t_backward = time.perf_counter()
+    loss.backward()
+    t_backward = time.perf_counter() - t_backward
+    marks[1].record()
     opt.step()
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t)
+    backwards.append((t_backward, marks[0].elapsed_time(marks[1]) / 1e3))
+
+
+def threads_cpu_s() -> dict:  # CPU seconds of each thread so far, by Python's name where it has one
+    import threading
+    from gradpress.host import thread_cpu_s
+    python = {{t.native_id: t.name for t in threading.enumerate()}}
+    return {{f"{{python.get(tid, name)}}-{{tid}}": cpu for (name, tid), cpu in thread_cpu_s().items()}}
 
 
 for _ in range(12):
@@ -313,13 +334,20 @@ if rank == 0 and os.environ.get("GP_PROFILE"):
     from stack_sampler import StackSampler
     sampler = StackSampler()
     sampler.start()
+cpu_before = threads_cpu_s()
 for _ in range(iters):
     step()
+cpu_after = threads_cpu_s()
 if sampler:
     sampler.report(os.environ["GP_PROFILE"], f"{{system}}: {{iters}} steps")
 plan = getattr(opt, "gradpress_plan", None)
+busy = {{k: (v - cpu_before.get(k, 0.0)) / iters for k, v in cpu_after.items()}}
 with open(out + f".{{rank}}", "w") as fh:
-    json.dump({{"s": statistics.median(times[-iters:]), "predicted_s": getattr(plan, "predicted_s", None)}}, fh)
+    json.dump({{"s": statistics.median(times[-iters:]), "predicted_s": getattr(plan, "predicted_s", None),
+               "backward_host_s": statistics.median(b[0] for b in backwards[-iters:]),
+               "backward_device_s": statistics.median(b[1] for b in backwards[-iters:]),
+               "thread_cpu_s": {{k: round(v, 5) for k, v in sorted(busy.items(), key=lambda kv: -kv[1])[:8]
+                                if v > 0}}}}, fh)
 finish()
 """
 
@@ -364,7 +392,8 @@ def run_job(system: str, iters: int, tmp: str, timeout: float) -> dict:
     for r in range(2):
         with open(f"{out}.{r}") as fh:
             records.append(json.load(fh))
-    return {"s": max(rec["s"] for rec in records), "predicted_s": records[0]["predicted_s"]}
+    return {"s": max(rec["s"] for rec in records), "predicted_s": records[0]["predicted_s"],
+            **{part: records[0].get(part) for part in ("backward_host_s", "backward_device_s", "thread_cpu_s")}}
 
 
 def jobs(iters: int, timeout: float, only: list | None) -> dict:
@@ -381,8 +410,9 @@ def jobs(iters: int, timeout: float, only: list | None) -> dict:
                 print(f"{system}: failed: {e}", flush=True)
                 continue
             out[f"tfm_{system}_s_per_iter"] = result["s"]
-            if result["predicted_s"] is not None:
-                out[f"tfm_{system}_predicted_s"] = result["predicted_s"]
+            for part in ("predicted_s", "backward_host_s", "backward_device_s", "thread_cpu_s"):
+                if result[part] is not None:  # (worker 0's backward and threads)
+                    out[f"tfm_{system}_{part}"] = result[part]
             print(f"{system:>20}  {result['s']:.4f} s/iter", flush=True)
     compute = out.get("tfm_compute_s_per_iter")
     gp = {k: v for k, v in out.items() if k.startswith("tfm_gp_") and k.endswith("_s_per_iter")}

@@ -315,15 +315,21 @@ def render_gpu(r: dict) -> list[str]:
     out = []
     compute = r.get("tfm_compute_s_per_iter")
     rows = []
+    # records from 2026-11-28 on: worker 0's backward pass, the call's span on the host and
+    # the device's span between events around it (the host far over: kernels queued late)
+    backward = any(k.endswith("_backward_host_s") for k in r)
     for system in GPU_SYSTEMS:
         s = r.get(f"tfm_{system}_s_per_iter")
         if s is None:
             continue
         predicted = r.get(f"tfm_{system}_predicted_s")
         rows.append([f"`{system}`", f(s, 4), f"{s / compute:.1f}x" if compute else "n/a",
-                     f(predicted, 4) if predicted is not None else ""])
+                     f(predicted, 4) if predicted is not None else ""] +
+                    ([f(r.get(f"tfm_{system}_backward_host_s"), 4), f(r.get(f"tfm_{system}_backward_device_s"), 4)]
+                     if backward else []))
     if rows:
-        out += table(["transformer, 2 workers on one GPU", "s/step", "of compute only", "planner's prediction"], rows)
+        out += table(["transformer, 2 workers on one GPU", "s/step", "of compute only", "planner's prediction"] +
+                     (["backward, host s", "backward, device s"] if backward else []), rows)
     codecs = [c for c in ("onebit", "topk", "randomk", "fp16") if f"{c}_GBps" in r]
     if codecs:
         if out:
