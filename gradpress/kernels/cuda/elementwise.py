@@ -81,5 +81,5 @@ def compensate_checked(g: Any, e: Any, lam: float, e_out: Any) -> bool:
     epoch = scratch.epoch()
     _compensate_checked[blocks(e_out.shape[0]), THREADS, device.stream()](
         g, e, np.float32(lam), e_out, flag, epoch)
-    (flag_host,) = scratch.copy_back(whole, _FLAG, np.empty(_FLAG.nbytes, np.uint8))
+    (flag_host,) = scratch.copy_back(whole, _FLAG, scratch.pinned("flag", _FLAG.nbytes, np.uint8))
     return bool(flag_host[0] != epoch)

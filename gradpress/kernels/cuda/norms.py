@@ -235,7 +235,7 @@ def max_abs_bits(x: Any) -> int:
     _clear[1, 1, stream](largest)
     grid = min(blocks(x.shape[0]), _MOST_BLOCKS)
     _largest_bits[grid, THREADS, stream](x.view(np.uint32), largest)
-    host = np.empty(1, np.uint32)
+    host = scratch.pinned("largest", 1, np.uint32)
     largest.copy_to_host(host, stream=stream)
     stream.synchronize()
     return int(host[0])

@@ -6,13 +6,10 @@ claims an output slot by an atomic counter, the way Zen's published code inserts
 loses indices under contention: each block counts its non-zero rows, the host turns
 the counts into offsets, and each block then writes its rows in order from its offset.
 """
-import threading
-from typing import Any
-
 import numpy as np
 from numba import cuda, int32
 
-from . import device, scratch
+from . import scratch
 from .device import THREADS, as_device, blocks, stream
 
 
@@ -71,10 +68,10 @@ def nonzero_rows(m) -> tuple[np.ndarray, np.ndarray]:
     flags = scratch.grown("rows-flags", (max(rows, 1),), np.uint8)
     block_counts = scratch.grown("rows-counts", (nblocks,), np.int64)
     _flag_rows[nblocks, THREADS, s](m, flags, block_counts)
-    counts = _staging("counts", nblocks)
+    counts = scratch.pinned("rows-counts", nblocks, np.int64)
     block_counts.copy_to_host(counts, stream=s)
     s.synchronize()
-    offsets = _staging("offsets", nblocks)
+    offsets = scratch.pinned("rows-offsets", nblocks, np.int64)
     offsets[0] = 0
     np.cumsum(counts[:-1], out=offsets[1:])
     n = int(offsets[-1] + counts[-1])
@@ -82,8 +79,8 @@ def nonzero_rows(m) -> tuple[np.ndarray, np.ndarray]:
     block_offsets.copy_to_device(offsets, stream=s)
     indices = scratch.grown("rows-indices", (max(n, 1),), np.int64)
     _compact[nblocks, THREADS, s](flags, block_offsets, indices)
-    host_indices = _staging("indices", n)
-    host_values = _staging("values", n * width, np.float32)
+    host_indices = scratch.pinned("rows-indices", n, np.int64)
+    host_values = scratch.pinned("rows-values", n * width, np.float32)
     if n:
         values = scratch.grown("rows-values", (n, width), np.float32)
         _gather[blocks(n * width), THREADS, s](m, indices, values)
@@ -92,14 +89,3 @@ def nonzero_rows(m) -> tuple[np.ndarray, np.ndarray]:
         s.synchronize()
     return host_indices.copy(), host_values.reshape(n, width).copy()
 
-
-_pinned = threading.local()  # this thread's pinned staging, by role, grown to the largest
-
-
-def _staging(role: str, count: int, dtype: Any = np.int64) -> np.ndarray:
-    """This thread's pinned host array for ``role``, its first ``count`` elements; free
-    again once the caller has copied what it holds out of it."""
-    held = _pinned.__dict__.get(role)
-    if held is None or held.shape[0] < count:
-        held = _pinned.__dict__[role] = device.pinned_host(max(count, 1), dtype)
-    return held[:count]

@@ -148,6 +148,19 @@ def grown_staged(role: str, layout: Layout) -> tuple[Any, list]:
     return staged_views
 
 
+def pinned(role: str, count: int, dtype: Any) -> np.ndarray:
+    """This thread's pinned host array for ``role`` on the current device, its first
+    ``count`` elements, grown to the largest asked for: where a few words come back (a
+    flag, a count) or go up, so that no call allocates host memory. Free again once the
+    caller has read or copied out what it holds."""
+    held = _local.__dict__.setdefault("pinned", {})
+    key = (_device_id(), role, np.dtype(dtype))
+    array = held.get(key)
+    if array is None or array.shape[0] < count:
+        array = held[key] = device.pinned_host(max(count, 1), dtype)
+    return array[:count]
+
+
 _epochs = itertools.count(1)
 
 
@@ -172,8 +185,9 @@ def copy_back_flagged(whole: Any, layout: Layout, flags: Any, reuse: Any) -> tup
     where it fits (``Reusing``), with the per-partition status words ``flags`` (a device
     int32 array apart from ``whole``: a grown buffer serves tensors of every size, and a
     flag must never read as this call's from another call's bytes) in a second copy.
-    Returns (the typed host views, the host flags, the host array the views live in)."""
-    flags_host = np.empty(flags.shape[0], np.int32)
+    Returns (the typed host views, the host flags: this thread's, until its next call, the
+    host array the views live in)."""
+    flags_host = pinned("flags", flags.shape[0], np.int32)
     flags.copy_to_host(flags_host, stream=device.stream())
     host = Reusing(reuse)
     views = copy_back(whole, layout, host(layout))  # waits for both copies
