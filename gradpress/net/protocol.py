@@ -83,7 +83,8 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     # sparse: `count` rows travel as two frames, indices and values (server/sparse.py checks them)
     # refused: the worker's codec refused this round (why); no data (server/store.py)
     Op.PUSH: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
-              {"codec": _STR, "meta": (dict,), "lr": _NUM, "shm": (bool,), "sparse": (bool,), "refused": _STR}),
+              {"codec": _STR, "meta": (dict,), "lr": _NUM, "shm": (bool,), "sparse": (bool,), "refused": _STR,
+               "pull": (bool,)}),
     Op.PULL: ({"key": _INT, "round": _INT}, {}),
     # shm/slot: the aggregate is in slot `slot` of the server's region `shm` ([pid, fd, inode, offset]);
     # dma: that region's chunk never has pages punched (a reader may register it for DMA)

@@ -179,6 +179,8 @@ class Engine(threading.Thread):
                 # the ack frees the worker's credit now, not when every worker has pushed:
                 # credit held until then deadlocks workers that start keys in different orders
                 ack = Reply(identity, Op.PUSH_ACK, {"key": header["key"], "round": header["round"]}, [])
+                if header.get("pull"):  # and its PULL, as if it came next
+                    return [ack] + replies + state.pull(identity, header["round"])
                 return [ack] + replies
             return state.pull(identity, header["round"])
         except PushError as e:

@@ -164,14 +164,18 @@ class Relay:
             round_pushes[j] = values
             self._send(identity, Op.PUSH_ACK, key=key, round=h["round"])
             self._try(key, h["round"])
+            if h.get("pull"):
+                self._pull(identity, owned, h["round"])
         elif op == Op.PULL:
-            owned = self.keys.setdefault(key, _Owned())
-            if owned.reply is not None and owned.reply[0] == h["round"]:
-                self._answer(identity, owned.reply)
-            else:
-                owned.pulls.setdefault(h["round"], []).append(identity)
+            self._pull(identity, self.keys.setdefault(key, _Owned()), h["round"])
         else:  # STATE and the like: the owner speaks to the server for the machine
             log.debug("ignored %s of key %s from a local peer", op.name, key)
+
+    def _pull(self, identity: bytes, owned: "_Owned", rnd: int) -> None:
+        if owned.reply is not None and owned.reply[0] == rnd:
+            self._answer(identity, owned.reply)
+        else:
+            owned.pulls.setdefault(rnd, []).append(identity)
 
     # ---- the sum ------------------------------------------------------------------------
 

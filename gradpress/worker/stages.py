@@ -180,9 +180,11 @@ class PartitionStages:
             ready.synchronize()
 
     def send(self, op: PartitionOp, payload: Payload | None) -> None:
-        """Push ``op``'s round, then pull it. A CUDA chunk's raw values are first copied to
-        the host (the shared push segment, or the key's pinned buffer) without waiting: its
-        push and pull go once the copy is done (``HostCopies``), while this thread goes on."""
+        """Push ``op``'s round and pull it, in one message (a PUSH with ``pull``: one send,
+        and one message for the server to take, instead of two). A CUDA chunk's raw values
+        are first copied to the host (the shared push segment, or the key's pinned buffer)
+        without waiting: its push goes once the copy is done (``HostCopies``), while this
+        thread goes on."""
         chunk = op.chunk if payload is None else None  # (a sparse share has a payload and no chunk)
         if is_device_array(chunk):
             from ..kernels.cuda import device
@@ -193,17 +195,16 @@ class PartitionStages:
             self.host_copies.after(done, lambda: self._send_copied(op, host))
             return
         self._push(op, payload, chunk)
-        self.pull(op)
 
     def _send_copied(self, op: PartitionOp, host: np.ndarray) -> None:
         if op.wkey.in_flight is not op:
             return  # failed meanwhile (its deadline passed): the round never goes out
         self._push(op, None, host)
-        self.pull(op)
 
     def _push(self, op: PartitionOp, payload: Payload | None, values: Any) -> None:
         wk, t = op.wkey, op.job.tensor
-        fields: dict[str, Any] = {"key": wk.key, "round": op.round, "dtype": t.dtype, "count": wk.count}
+        fields: dict[str, Any] = {"key": wk.key, "round": op.round, "dtype": t.dtype, "count": wk.count,
+                                  "pull": True}
         if op.job.lr is not None:
             fields["lr"] = float(op.job.lr)
         sock = self.servers[self.endpoint(wk)]
@@ -219,16 +220,13 @@ class PartitionStages:
         else:
             transport.send(sock, Op.PUSH, self.sender, [values], **fields)
             self._count_push(wk, values.nbytes)
+        op.sent_us = now_us()
 
     def _count_push(self, wk: WorkerKey, nbytes: int) -> None:
         if wk.via is None:
             self.bytes_pushed += nbytes
         else:
             self.bytes_local += nbytes
-
-    def pull(self, op: PartitionOp) -> None:
-        transport.send(self.servers[self.endpoint(op.wkey)], Op.PULL, self.sender, key=op.wkey.key, round=op.round)
-        op.sent_us = now_us()
 
     def land(self, op: PartitionOp, h: dict, frames: list) -> None:
         """Write the pulled aggregate (divided by the job's divisor) into the job's output.

@@ -161,3 +161,42 @@ def test_a_refused_push_is_taken_without_data_and_one_with_data_is_dropped(inpro
     pulled, = engine.serve(b"w0", _header(Op.PULL, key=9, round=0), [])
     assert pulled.op == Op.ERROR and pulled.fields["round"] == 0
     assert "refused by worker 0 (key 9: error feedback met NaN/inf)" in pulled.fields["message"]
+
+
+@pytest.fixture
+def two_workers():
+    """An engine of a job of two workers, served on the test's thread (as the I/O thread
+    serves its keys)."""
+    ctx = zmq.Context()
+    replies, reports = ctx.socket(zmq.PULL), ctx.socket(zmq.PULL)
+    replies.bind("inproc://two-replies")
+    reports.bind("inproc://two-reports")
+    engine = Engine(0, ctx, "inproc://two-replies", "inproc://two-reports", "server 0",
+                    num_workers=2, async_mode=False, tracer=Tracer(""))
+    yield engine
+    replies.close(linger=0)
+    reports.close(linger=0)
+    ctx.term()
+
+
+def test_a_push_carrying_its_pull_is_answered_as_a_push_then_a_pull(two_workers):
+    """``pull: true``: the ack, then the round's reply when the round completes (at once for
+    the push that completes it, after the others' for the ones before); a refused push
+    carries its round's failure the same way; a pull that is not a bool is refused."""
+    engine = two_workers
+    engine.serve(b"w0", _header(Op.INIT_KEY, key=9, name="t", count=2, dtype="float32"), [])
+    engine.serve(b"w1", _header(Op.INIT_KEY, key=9, name="t", count=2, dtype="float32"), [])
+    push = dict(key=9, dtype="float32", count=2, pull=True)
+    first = engine.serve(b"w0", _header(Op.PUSH, round=0, **push), [np.float32([1, 2]).tobytes()])
+    assert [r.op for r in first] == [Op.PUSH_ACK], "the round is not complete: the pull waits"
+    second = engine.serve(b"w1", _header(Op.PUSH, round=0, **push), [np.float32([10, 20]).tobytes()])
+    assert [(r.op, r.to) for r in second] == [(Op.PUSH_ACK, b"w1"), (Op.PULL_REPLY, b"w0"),
+                                              (Op.PULL_REPLY, b"w1")]
+    for reply in second[1:]:
+        assert np.frombuffer(reply.buffers[0], np.float32).tolist() == [11, 22]
+    refused = engine.serve(b"w0", _header(Op.PUSH, round=1, refused="NaN", **push), [])
+    assert [r.op for r in refused] == [Op.PUSH_ACK]
+    failed = engine.serve(b"w1", _header(Op.PUSH, round=1, **push), [np.float32([1, 1]).tobytes()])
+    assert [(r.op, r.to) for r in failed if r.op == Op.ERROR] == [(Op.ERROR, b"w0"), (Op.ERROR, b"w1")]
+    with pytest.raises(ValueError, match="pull"):
+        protocol.decode(protocol.encode(Op.PUSH, "worker 0", key=9, round=2, dtype="float32", count=2, pull=1))

@@ -115,7 +115,7 @@ def test_a_key_keeps_one_round_in_flight(peers, calls):
     peers.declare("g", tensor_id=1, servers=[0])
     identity, _, _ = peers.from_worker_at(0)  # INIT_KEY
     _, push0, _ = peers.from_worker_at(0)
-    _, pull0, _ = peers.from_worker_at(0)
+    assert push0["pull"] is True  # its pull with it
     second = client.push_pull_async("g", b, b, 1, 0)
     assert peers.nothing_at(0), "round 1 went out while round 0 was in flight"
     peers.reply_from(0, identity, Op.PULL_REPLY, [np.full(4, 2.0, np.float32)], key=push0["key"], round=0,
@@ -136,9 +136,8 @@ def test_credit_limits_unacknowledged_pushes(peers, calls):
         identity, h, _ = peers.from_worker_at(0)
         if h["op"] != Op.PUSH:
             continue
-        _, pull, _ = peers.from_worker_at(0)  # each push is followed by its pull at once
-        assert (pull["op"], pull["key"]) == (Op.PULL, h["key"])
-        pulls.append(pull)
+        assert h["pull"] is True  # each push carries its pull
+        pulls.append(h)
         assert len(pulls) == 3 or peers.nothing_at(0), "a second push went out beyond the credit"
         peers.reply_from(0, identity, Op.PUSH_ACK, key=h["key"], round=h["round"])
     for pull in pulls:
@@ -194,8 +193,7 @@ def test_a_compressed_push_carries_its_codec_and_a_nan_round_goes_out_refused(pe
     identity, init, _ = peers.from_worker_at(0)
     assert init["op"] == Op.INIT_KEY and init["compression_params"] == params
     _, push, frames = peers.from_worker_at(0)
-    assert push["codec"] == "onebit" and len(frames) == 2
-    _, pull, _ = peers.from_worker_at(0)
+    assert push["codec"] == "onebit" and len(frames) == 2 and push["pull"] is True
     peers.reply_from(0, identity, Op.PULL_REPLY, [f.bytes for f in frames], key=push["key"], round=0,
                      dtype="float32", count=4, codec="onebit", meta=push["meta"])
     fut.result(10).result(10)
@@ -207,9 +205,8 @@ def test_a_compressed_push_carries_its_codec_and_a_nan_round_goes_out_refused(pe
     with pytest.raises(JobError, match="tensor 'g'.*NaN"):
         client.push_pull_async("g", bad, bad, 1, 0, spec=codec).result(10)
     _, refused, frames = peers.from_worker_at(0)
-    assert (refused["op"], refused["round"], frames) == (Op.PUSH, 1, []) and "NaN" in refused["refused"]
-    _, pull, _ = peers.from_worker_at(0)
-    assert (pull["op"], pull["round"]) == (Op.PULL, 1)
+    assert (refused["op"], refused["round"], frames, refused["pull"]) == (Op.PUSH, 1, [], True)
+    assert "NaN" in refused["refused"]
     peers.reply_from(0, identity, Op.ERROR, message="round 1 has no aggregate: refused", key=push["key"], round=1)
     fut = client.push_pull_async("g", x, out, 1, 0, spec=codec)
     _, push, _ = peers.from_worker_at(0)
