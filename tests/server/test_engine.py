@@ -38,20 +38,33 @@ def _raise(*_):
 
 
 @pytest.fixture
-def inproc():
-    """An engine wired to a reply and a report socket, as the server wires it."""
-    ctx = zmq.Context()
-    replies, reports = ctx.socket(zmq.PULL), ctx.socket(zmq.PULL)
-    replies.bind("inproc://test-replies")
-    reports.bind("inproc://test-reports")
-    engine = Engine(0, ctx, "inproc://test-replies", "inproc://test-reports", "server 0",
-                    num_workers=1, async_mode=False, tracer=Tracer(""))
-    yield engine, replies, reports
-    engine.inbox.put(STOP)
-    engine.join(timeout=5)
-    replies.close(linger=0)
-    reports.close(linger=0)
+def wired():
+    """Makes an engine of a job of ``workers`` workers wired to a reply and a report
+    socket, as the server wires it; (engine, replies, reports). Stopped at the end."""
+    ctx, made = zmq.Context(), []
+
+    def make(workers: int = 1):
+        replies, reports = ctx.socket(zmq.PULL), ctx.socket(zmq.PULL)
+        replies.bind(f"inproc://test-replies-{len(made)}")
+        reports.bind(f"inproc://test-reports-{len(made)}")
+        engine = Engine(0, ctx, f"inproc://test-replies-{len(made)}", f"inproc://test-reports-{len(made)}",
+                        "server 0", num_workers=workers, async_mode=False, tracer=Tracer(""))
+        made.append((engine, replies, reports))
+        return made[-1]
+    yield make
+    for engine, replies, reports in made:
+        if engine.is_alive():
+            engine.inbox.put(STOP)
+            engine.join(timeout=5)
+        replies.close(linger=0)
+        reports.close(linger=0)
     ctx.term()
+
+
+@pytest.fixture
+def inproc(wired):
+    """An engine of a one-worker job wired as the server wires it."""
+    return wired()
 
 
 def test_replies_are_protocol_messages_addressed_to_the_worker(inproc):
@@ -163,27 +176,12 @@ def test_a_refused_push_is_taken_without_data_and_one_with_data_is_dropped(inpro
     assert "refused by worker 0 (key 9: error feedback met NaN/inf)" in pulled.fields["message"]
 
 
-@pytest.fixture
-def two_workers():
-    """An engine of a job of two workers, served on the test's thread (as the I/O thread
-    serves its keys)."""
-    ctx = zmq.Context()
-    replies, reports = ctx.socket(zmq.PULL), ctx.socket(zmq.PULL)
-    replies.bind("inproc://two-replies")
-    reports.bind("inproc://two-reports")
-    engine = Engine(0, ctx, "inproc://two-replies", "inproc://two-reports", "server 0",
-                    num_workers=2, async_mode=False, tracer=Tracer(""))
-    yield engine
-    replies.close(linger=0)
-    reports.close(linger=0)
-    ctx.term()
-
-
-def test_a_push_carrying_its_pull_is_answered_as_a_push_then_a_pull(two_workers):
+def test_a_push_carrying_its_pull_is_answered_as_a_push_then_a_pull(wired):
     """``pull: true``: the ack, then the round's reply when the round completes (at once for
     the push that completes it, after the others' for the ones before); a refused push
-    carries its round's failure the same way; a pull that is not a bool is refused."""
-    engine = two_workers
+    carries its round's failure the same way; a pull that is not a bool is refused.
+    Served on the test's thread, as the I/O thread serves its keys."""
+    engine, _, _ = wired(workers=2)
     engine.serve(b"w0", _header(Op.INIT_KEY, key=9, name="t", count=2, dtype="float32"), [])
     engine.serve(b"w1", _header(Op.INIT_KEY, key=9, name="t", count=2, dtype="float32"), [])
     push = dict(key=9, dtype="float32", count=2, pull=True)
