@@ -29,6 +29,14 @@ class HostCopies:
         self._finished: collections.deque = collections.deque()
         self._thread: threading.Thread | None = None
 
+    def copy(self, chunk: Any, host: Any, then: Callable[[], None]) -> None:
+        """Queue ``host[:] = chunk`` (a CUDA chunk, on gradpress's stream of its device) and
+        run ``then`` on the communication thread once it is done (``after``)."""
+        from ..kernels.cuda import device
+        with device.working_on(chunk):
+            done = device.copy_to_host_queued(chunk, host)
+        self.after(done, then)
+
     def after(self, done: Any, then: Callable[[], None]) -> None:
         """Run ``then`` on the communication thread once ``done`` (an event recorded after
         a queued copy) has happened: at once where it has already (a copy from pageable

@@ -77,10 +77,8 @@ class Relay:
             from ..kernels.cuda import device
             if owned.host is None:  # pinned, as the stages' own staging buffers: the copy is DMA
                 owned.host = device.pinned_host(op.wkey.count, np.dtype(op.wkey.tensor.dtype))
-            with device.working_on(mine):
-                done = device.copy_to_host_queued(mine, owned.host)
             owned.copying.add(op.round)
-            self.host_copies.after(done, lambda: self._copied(op))
+            self.host_copies.copy(mine, owned.host, lambda: self._copied(op))
             return
         self._try(op.wkey.key, op.round)
 

@@ -187,12 +187,9 @@ class PartitionStages:
         thread goes on."""
         chunk = op.chunk if payload is None else None  # (a sparse share has a payload and no chunk)
         if is_device_array(chunk):
-            from ..kernels.cuda import device
             wk = op.wkey
             host = wk.push_view if wk.push_view is not None else self._host_stage(wk)
-            with device.working_on(chunk):
-                done = device.copy_to_host_queued(chunk, host)
-            self.host_copies.after(done, lambda: self._send_copied(op, host))
+            self.host_copies.copy(chunk, host, lambda: self._send_copied(op, host))
             return
         self._push(op, payload, chunk)
 

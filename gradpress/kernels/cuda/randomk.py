@@ -155,14 +155,6 @@ def _take_segments(e_out, indices, seg_len, scale, last_scale, last, values, fla
             flags[s] = epoch
 
 
-def _grown_host(count: int) -> np.ndarray:
-    """This thread's pinned uint32 staging for a tensor's indices, grown to the largest."""
-    host = getattr(_host_staging, "grown", None)
-    if host is None or host.shape[0] < count:
-        host = _host_staging.grown = device.pinned_host(max(count, 1), np.uint32)
-    return host[:count]
-
-
 def gather_feedback_segments(g, e, lam: float, e_out, seg_len: int, ks: list, streams: list,
                              scales: tuple, reuse) -> tuple[list, np.ndarray]:
     """``gather_feedback`` of every segment of ``seg_len`` elements of g at once (a tensor's
@@ -173,7 +165,7 @@ def gather_feedback_segments(g, e, lam: float, e_out, seg_len: int, ks: list, st
     its values (None on a NaN/inf: its part of e_out then holds garbage; e_out must not be
     e) and the pinned host array behind them (``reuse`` where it fits)."""
     n, total, segments = g.shape[0], sum(ks), len(ks)
-    host_indices = _grown_host(total)
+    host_indices = scratch.pinned("randomk-indices", total, np.uint32)
     offsets = np.cumsum([0] + ks)
     for s, (k, stream) in enumerate(zip(ks, streams)):
         count = min(seg_len, n - s * seg_len)
