@@ -52,11 +52,16 @@ def warm_up(role: str) -> float:
             c.decompress(header, frames, out, key=1, round=rnd)
             c.decompress_add(header, frames, out, key=1, round=rnd)
     # a server's sums, and a worker's where it sums its machine's pushes (worker/relay.py)
+    # (a frame's values are read-only, shared memory's writable: numba compiles each apart)
     for dtype in (np.float16, np.float32, np.float64):
-        src = np.frombuffer(x.astype(dtype).tobytes(), dtype)
+        writable = x.astype(dtype)
+        sources = (writable, np.frombuffer(writable.tobytes(), dtype))
         acc = np.empty(x.size, np.float64 if dtype == np.float64 else np.float32)
-        server_kernels.accumulate(acc, src, first=True)
-        server_kernels.accumulate(acc, src, first=False)
+        for src in sources:
+            server_kernels.accumulate(acc, src, first=True)
+            server_kernels.accumulate(acc, src, first=False)
+            for other in sources if dtype != np.float16 else ():
+                server_kernels.sum_pair(np.empty_like(writable), src, other)
     server_kernels.to_half(np.ascontiguousarray(x))
     if role == "worker":  # the average of a pulled float16 result (worker/stages.py)
         half = x.astype(np.float16)

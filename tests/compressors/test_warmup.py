@@ -29,7 +29,11 @@ def test_a_workers_warm_up_loads_what_its_communication_thread_calls_without_a_c
     script = ("from gradpress.compressors.warmup import warm_up; warm_up('worker')\n"
               "from gradpress.kernels.cpu import fp16, server_sum\n"
               "divide = fp16._divide_hardware if fp16.HARDWARE_HALF else fp16._divide_software\n"
-              "print(len(server_sum._add.signatures), len(server_sum._store.signatures), len(divide.signatures))\n")
+              "print(len(server_sum._add.signatures), len(server_sum._store.signatures), len(divide.signatures),\n"
+              "      len(server_sum._pair.signatures))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert all(int(n) > 0 for n in out.stdout.split()), out.stdout
+    add, store, divide, pair = (int(n) for n in out.stdout.split())
+    # float32 and float64, each from a read-only frame and from writable shared memory; the pair
+    # sum (an uncompressed key's first two contributions) in every mix of the two
+    assert (add, store, pair) == (4, 4, 8) and divide > 0, out.stdout

@@ -16,6 +16,26 @@ def test_accumulate_matches_numpy(dtype):
     assert np.array_equal(acc, want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_pair_sum_has_the_bits_of_a_copy_then_an_add(dtype):
+    rng = np.random.default_rng(2)
+    a, b = (rng.standard_normal(4097) * 1e3).astype(dtype), rng.standard_normal(4097).astype(dtype)
+    a[:3], b[:3] = [np.inf, np.nan, 1e30], [-np.inf, 1.0, 1e30]
+    acc, out = np.empty_like(a), np.empty_like(a)
+    kernels.accumulate(acc, a, first=True)
+    kernels.accumulate(acc, b, first=False)
+    kernels.sum_pair(out, a, b)
+    assert out.tobytes() == acc.tobytes()
+
+
+def test_a_pair_sum_refuses_mixed_or_narrow_dtypes():
+    x32, x16 = np.ones(4, np.float32), np.ones(4, np.float16)
+    with pytest.raises(TypeError, match="float32 or float64 arrays of one dtype, not float32, float16"):
+        kernels.sum_pair(np.empty(4, np.float32), x16, x32)
+    with pytest.raises(TypeError, match="not float16"):
+        kernels.sum_pair(np.empty(4, np.float16), x16, x16)
+
+
 def test_to_half_is_numpys_rounding():
     x = np.random.default_rng(1).standard_normal(100_000).astype(np.float32) * 1000
     x[:4] = [np.inf, -np.inf, 70000, 1e-8]  # overflow to inf and underflow to 0 on purpose

@@ -30,8 +30,9 @@ CASES = {
     "topk": {"compressor": "topk", "k": 0.1, "ef": "vanilla"},
     "randomk": {"compressor": "randomk", "k": 0.1, "ef": "vanilla", "seed": 5},
     "half": None,  # a float16 tensor, uncompressed: summed in float32 locally, as a server does
+    "double": None,  # a float64 tensor, uncompressed: summed in float64
 }
-DTYPE = {"half": "float16"}
+DTYPE = {"half": "float16", "double": "float64"}
 
 WORKER = """
 import json, os, zlib, numpy as np
@@ -98,6 +99,7 @@ def _replay(case: str, size_name: str, tensor_id: int) -> list[np.ndarray]:
     machine_codecs = [spec.build("worker") for _ in range(MACHINES)] if spec else []
     decoder = spec.build("worker") if spec else None
     bounds = _bounds(case, size)
+    wide = np.float64 if dtype == "float64" else np.float32
     servers = {}
     results = []
     for step in range(STEPS):
@@ -106,13 +108,13 @@ def _replay(case: str, size_name: str, tensor_id: int) -> list[np.ndarray]:
         for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
             key = make_key(tensor_id, i)
             sums = []
-            for m in range(MACHINES):  # the local stage: local rank 0 first, in float32
-                acc = srcs[m * LOCAL][lo:hi].astype(np.float32)
+            for m in range(MACHINES):  # the local stage: local rank 0 first, in float32 (float64)
+                acc = srcs[m * LOCAL][lo:hi].astype(wide)
                 for j in range(1, LOCAL):
                     acc += srcs[m * LOCAL + j][lo:hi]
                 sums.append(acc.astype(dtype))
             if spec is None:
-                total = sums[0].astype(np.float32) + sums[1]
+                total = sums[0].astype(wide) + sums[1]
                 if dtype == "float16":
                     result[lo:hi] = total.astype(np.float16)
                 else:

@@ -22,6 +22,22 @@ def _add(acc, src):
         acc[i] += src[i]
 
 
+@njit(nogil=True, cache=True)
+def _pair(out, a, b):
+    for i in range(out.size):
+        out[i] = a[i] + b[i]
+
+
+def sum_pair(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """``out = a + b`` in one pass, all three float32 (or all float64): the bits of
+    ``accumulate(out, a, True)`` then ``accumulate(out, b, False)``, with one read of
+    each input and one write instead of two of each."""
+    if not out.dtype == a.dtype == b.dtype or out.dtype not in (np.float32, np.float64):
+        raise TypeError(f"sum_pair takes float32 or float64 arrays of one dtype, not {out.dtype}, "
+                        f"{a.dtype} and {b.dtype}")
+    _pair(out, a, b)
+
+
 def accumulate(acc: np.ndarray, src: np.ndarray, first: bool) -> None:
     """``acc = src`` (first push of a round) or ``acc += src``, src of any wire dtype."""
     if src.dtype == np.float16:
