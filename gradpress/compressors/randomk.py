@@ -20,7 +20,8 @@ from gradpress.compressors.sparse import (
 
 
 def chosen_indices(n: int, k: int, seed: int, key: int, round: int) -> np.ndarray:
-    """The k indices of ``(seed, key, round)``, increasing (host-side on GPU workers too)."""
+    """The k indices of ``(seed, key, round)``, increasing (a GPU worker draws the same
+    set on the device: ``kernels/cuda/randomk_draws.py``)."""
     return randomk.random_indices(n, k, stream_id(seed, key, round))
 
 
@@ -96,10 +97,7 @@ class RandomK(Compressor):
         return self._fields(k), [values]
 
     def _stream(self, key: int, round: int, n: int, k: int) -> np.uint64:
-        """The stream of this round on a GPU worker; the next round's indices are
-        computed meanwhile on the host, ready for its upload."""
-        from gradpress.kernels.cuda import randomk as gpu_randomk
-        gpu_randomk.compute_ahead(n, k, stream_id(self.seed, key, round + 1))
+        """The stream of this round (a GPU worker draws its indices on the device)."""
         return stream_id(self.seed, key, round)
 
     def _fields(self, k: int) -> dict:
@@ -113,10 +111,12 @@ class RandomK(Compressor):
 
     def _decode_device(self, header: dict, buffers: Sequence[Any], out: Any, key: int, round: int,
                        divisor: int) -> bool:
-        from gradpress.kernels.cuda import decode
+        from gradpress.kernels.cuda import decode, randomk_draws
         n = out.shape[0]
         k, seed, values = self._sent(header, buffers, n)
-        decode.scatter(chosen_indices(n, k, seed, key, round), divided(values, divisor), out)
+        stream = stream_id(seed, key, round)
+        decode.scatter_drawn(randomk_draws.draw(n, k, n, k, [stream], "randomk-decode-indices"),
+                             divided(values, divisor), out)
         return True
 
     def sent_values(self, header: dict, buffers: Sequence[Any], n: int) -> tuple | None:

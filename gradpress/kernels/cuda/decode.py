@@ -34,6 +34,16 @@ def scatter(indices: np.ndarray, values: np.ndarray, out) -> None:
         _scatter[blocks(indices.shape[0]), THREADS, s](where, what, out)
 
 
+def scatter_drawn(indices, values: np.ndarray, out) -> None:
+    """``scatter`` where the indices are on the device already (random-k's, drawn there):
+    only the values go over."""
+    s = stream()
+    _zero[blocks(out.shape[0]), THREADS, s](out)
+    if indices.shape[0]:
+        what = upload(np.asarray(values, np.float32), "decode-values")
+        _scatter[blocks(indices.shape[0]), THREADS, s](indices, what, out)
+
+
 @cuda.jit(cache=True)
 def _lookup(codes, table, width, out):
     i = cuda.grid(1)

@@ -1,65 +1,24 @@
 """random-k gather on the GPU, with no host round trip before the one copy of the payload
 (k values and a NaN flag word) into a pinned host buffer.
 
-The index set depends only on ``(n, k, stream)``, never on the data. It is built on the
-host by the CPU function (``kernels.cpu.randomk.random_indices``: identical by
-construction) and uploaded asynchronously on gradpress's stream, ahead of the kernel that
-reads it. It is not generated on the device: Floyd's algorithm is sequential (whether
-draw t lands depends on every earlier draw), and another exact rule would change the
-index sets that servers and CPU workers draw. Instead, when a stream's indices are used,
-those of the stream named for the next round are computed on a background thread
-(``ahead``), so that a step that calls again a round later finds them ready: the host
-work is off the compress's path, and only a copy of 4k bytes remains on it.
+The index set depends only on ``(n, k, stream)``, never on the data. It is drawn on the
+device (``randomk_draws``), the same set as the CPU's Floyd draws (servers and CPU workers
+draw it there), into reused scratch, on gradpress's stream ahead of the kernel that reads it:
+no host work and no upload on the compress's path.
 """
-import threading
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 from numba import cuda
 
-from gradpress.kernels.cpu.randomk import random_indices
-from gradpress.kernels.cuda import device, scratch, sparse_buffers
+from gradpress.kernels.cuda import device, randomk_draws, scratch, sparse_buffers
 from gradpress.kernels.cuda.device import THREADS, blocks
 from gradpress.kernels.cuda.elementwise import compensate_flagged
 
-_MAX_AHEAD = 1024  # streams computed ahead and not used yet (a key that stopped is dropped)
-_ahead: dict = {}  # (n, k, stream) -> Future of the host indices
-_ahead_lock = threading.Lock()
-_worker = ThreadPoolExecutor(1, thread_name_prefix="gradpress-randomk")
-_host_staging = threading.local()  # this thread's pinned upload buffers, by k
-
-
-def _host_indices(n: int, k: int, stream: np.uint64) -> np.ndarray:
-    with _ahead_lock:
-        future = _ahead.pop((n, k, int(stream)), None)
-    return future.result() if future is not None else random_indices(n, k, stream)
-
-
-def compute_ahead(n: int, k: int, stream: np.uint64) -> None:
-    """Start computing the indices of ``stream`` on the background thread (the caller
-    expects to use them soon); their use takes them from there."""
-    with _ahead_lock:
-        if (n, k, int(stream)) in _ahead:
-            return
-        if len(_ahead) >= _MAX_AHEAD:
-            _ahead.pop(next(iter(_ahead)))
-        _ahead[(n, k, int(stream))] = _worker.submit(random_indices, n, k, stream)
-
 
 def device_indices(n: int, k: int, stream: np.uint64):
-    """The k indices of ``stream`` on the device (uint32, increasing): reused scratch,
-    written by an asynchronous copy from a reused pinned buffer. Both are free again once
-    the caller has synchronised gradpress's stream (every encoder does, for its payload)."""
-    staging = _host_staging.__dict__.setdefault("by_k", {})
-    host = staging.get(k)
-    if host is None:
-        if len(staging) >= 64:
-            staging.clear()
-        host = staging[k] = device.pinned_host(k, np.uint32)
-    host[:] = _host_indices(n, k, stream)
-    indices = sparse_buffers.scratch("randomk-indices", k, np.uint32)
-    indices.copy_to_device(host, stream=device.stream())
-    return indices
+    """The k indices of ``stream`` on the device (uint32, increasing), in reused scratch:
+    free again once the caller has synchronised gradpress's stream (every encoder does, for
+    its payload)."""
+    return randomk_draws.draw(n, k, n, k, [stream], "randomk-indices")
 
 
 @cuda.jit(cache=True)
@@ -158,21 +117,17 @@ def _take_segments(e_out, indices, seg_len, scale, last_scale, last, values, fla
 def gather_feedback_segments(g, e, lam: float, e_out, seg_len: int, ks: list, streams: list,
                              scales: tuple, reuse) -> tuple[list, np.ndarray]:
     """``gather_feedback`` of every segment of ``seg_len`` elements of g at once (a tensor's
-    partitions; segment s keeps ``ks[s]`` values of stream ``streams[s]``; ``scales`` is
-    (every segment's but the last, the last one's)): one upload of all the indices, two
-    launches, and the values back in one copy, the flags in a second
+    partitions; segment s keeps ``ks[s]`` values of stream ``streams[s]``, the same number
+    in every segment but the last; ``scales`` is (every segment's but the last, the last
+    one's)): every segment's indices drawn at once (``randomk_draws``), two launches, and
+    the values back in one copy, the flags in a second
     (``scratch.copy_back_flagged``). Returns per segment
     its values (None on a NaN/inf: its part of e_out then holds garbage; e_out must not be
     e) and the pinned host array behind them (``reuse`` where it fits)."""
     n, total, segments = g.shape[0], sum(ks), len(ks)
-    host_indices = scratch.pinned("randomk-indices", total, np.uint32)
     offsets = np.cumsum([0] + ks)
-    for s, (k, stream) in enumerate(zip(ks, streams)):
-        count = min(seg_len, n - s * seg_len)
-        np.add(_host_indices(count, k, stream), np.uint32(s * seg_len), out=host_indices[offsets[s]:offsets[s + 1]])
-    indices = scratch.grown("randomk-indices", (total,), np.uint32)
+    indices = randomk_draws.draw(seg_len, ks[0], n - (segments - 1) * seg_len, ks[-1], streams, "randomk-indices")
     stream = device.stream()
-    indices.copy_to_device(host_indices, stream=stream)
     layout = scratch.Layout(((np.float32, total),), 1)
     whole, (values,) = scratch.grown_staged("randomk-values", layout)
     flags = scratch.zeroed((segments,), np.int32, "randomk-flags")
