@@ -69,6 +69,8 @@ for name, (seg_len, k_full, n_last, k_last, streams) in cases():
         problem = f"{got.size} indices {got[:10]}, expected {want.size}: {want[:10]}"
     print(json.dumps({"case": name, "chain": chain, "problem": problem}), flush=True)
 
+empty = randomk_draws.draw(0, 0, 0, 0, [np.uint64(1)], "randomk-indices")
+print(json.dumps({"case": "empty", "problem": "" if empty.shape == (0,) else f"{empty.shape}"}))
 try:
     randomk_draws.draw(10, 11, 10, 11, [np.uint64(1)], "randomk-indices")
     print(json.dumps({"case": "refused", "problem": "more draws than elements were accepted"}))

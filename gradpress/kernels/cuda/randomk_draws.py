@@ -155,11 +155,12 @@ def draw(seg_len: int, k_full: int, n_last: int, k_last: int, streams: list, rol
     segments = len(streams)
     n_total = seg_len * (segments - 1) + n_last
     total = k_full * (segments - 1) + k_last
-    if not 0 < n_total < int(_EMPTY) or not 0 < k_full <= seg_len or not 0 <= k_last <= n_last:
+    if (not 0 <= n_total < int(_EMPTY) or not 0 <= k_full <= seg_len or not 0 <= k_last <= n_last
+            or (segments > 1 and k_full == 0)):
         raise ValueError(f"random-k draws of {k_full} (last {k_last}) in segments of {seg_len} (last {n_last}), "
                          f"{n_total} in all: out of range")
     out = scratch.grown(role, (total,), np.uint32)
-    if total == 0:
+    if total == 0:  # (an empty tensor: random_indices(0, 0) is empty too)
         return out
     size = 1 << (2 * total - 1).bit_length()  # a power of two, at least twice the draws
     keys = scratch.grown("randomk-keys", (size,), np.uint32)
