@@ -115,8 +115,8 @@ class RandomK(Compressor):
         n = out.shape[0]
         k, seed, values = self._sent(header, buffers, n)
         stream = stream_id(seed, key, round)
-        decode.scatter_drawn(randomk_draws.draw(n, k, n, k, [stream], "randomk-decode-indices"),
-                             divided(values, divisor), out)
+        decode.scatter_drawn(randomk_draws.draw(n, k, n, k, [stream], "randomk-decode-indices"), values, out,
+                             divisor)
         return True
 
     def sent_values(self, header: dict, buffers: Sequence[Any], n: int) -> tuple | None:

@@ -74,21 +74,21 @@ class TopK(Compressor):
 
     def _decode(self, header: dict, buffers: Sequence[Any], out: np.ndarray, accumulate: bool,
                 key: int, round: int, divisor: int = 1) -> None:
-        indices, values = self._sent(header, buffers, out.shape[0], divisor)
-        decode_pairs(indices, values, out, accumulate)
+        indices, values = self._sent(header, buffers, out.shape[0])
+        decode_pairs(indices, divided(values, divisor), out, accumulate)
 
     def _decode_device(self, header: dict, buffers: Sequence[Any], out: Any, key: int, round: int,
                        divisor: int) -> bool:
         from gradpress.kernels.cuda import decode
-        indices, values = self._sent(header, buffers, out.shape[0], divisor)
-        decode.scatter(checked_indices(indices, out.shape[0]), values, out)
+        indices, values = self._sent(header, buffers, out.shape[0])
+        decode.scatter(checked_indices(indices, out.shape[0]), values, out, divisor)
         return True
 
     @staticmethod
-    def _sent(header: dict, buffers: Sequence[Any], n: int, divisor: int) -> tuple[np.ndarray, np.ndarray]:
+    def _sent(header: dict, buffers: Sequence[Any], n: int) -> tuple[np.ndarray, np.ndarray]:
         k = header_int(header, "k", 0, n)
         expect_buffer_count(buffers, 2)
-        return buffer_array(buffers, 0, np.uint32, k, "indices"), divided(values_buffer(buffers, 1, k), divisor)
+        return buffer_array(buffers, 0, np.uint32, k, "indices"), values_buffer(buffers, 1, k)
 
     def __repr__(self) -> str:
         return f"TopK(k={self.k:g})"

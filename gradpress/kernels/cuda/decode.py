@@ -18,30 +18,29 @@ def _zero(out):
 
 
 @cuda.jit(cache=True)
-def _scatter(indices, values, out):
+def _scatter(indices, values, divisor, out):
+    """out[indices[j]] = values[j] / divisor, a float32 division (the host's ``divided``:
+    the same bits; by 1 exact)."""
     j = cuda.grid(1)
     if j < indices.shape[0]:
-        out[indices[j]] = values[j]
+        out[indices[j]] = values[j] / divisor
 
 
-def scatter(indices: np.ndarray, values: np.ndarray, out) -> None:
-    """``out = 0; out[indices] = values`` (indices checked: increasing, below n)."""
+def scatter(indices: np.ndarray, values: np.ndarray, out, divisor: int = 1) -> None:
+    """``out = 0; out[indices] = values / divisor`` (indices checked: increasing, below n).
+    The values go over as they came (the division is the kernel's: no host array)."""
+    where = upload(indices, "decode-indices") if indices.shape[0] else None
+    scatter_drawn(where, values, out, divisor)
+
+
+def scatter_drawn(indices, values: np.ndarray, out, divisor: int = 1) -> None:
+    """``scatter`` where the indices are on the device already (random-k's, drawn there;
+    None for no index): only the values go over."""
     s = stream()
     _zero[blocks(out.shape[0]), THREADS, s](out)
-    if indices.shape[0]:
-        where = upload(indices, "decode-indices")
+    if indices is not None and indices.shape[0]:
         what = upload(np.asarray(values, np.float32), "decode-values")
-        _scatter[blocks(indices.shape[0]), THREADS, s](where, what, out)
-
-
-def scatter_drawn(indices, values: np.ndarray, out) -> None:
-    """``scatter`` where the indices are on the device already (random-k's, drawn there):
-    only the values go over."""
-    s = stream()
-    _zero[blocks(out.shape[0]), THREADS, s](out)
-    if indices.shape[0]:
-        what = upload(np.asarray(values, np.float32), "decode-values")
-        _scatter[blocks(indices.shape[0]), THREADS, s](indices, what, out)
+        _scatter[blocks(indices.shape[0]), THREADS, s](indices, what, np.float32(divisor), out)
 
 
 @cuda.jit(cache=True)
