@@ -37,7 +37,9 @@ from .relay import Relay
 from .stages import PartitionStages
 
 log = logging.getLogger(__name__)
-_LIBC_KEEPING_GIL = ctypes.PyDLL(None)  # its calls run with the GIL held (see ``wake``)
+_write_keeping_gil = ctypes.PyDLL(None).write  # libc's, called with the GIL held (see ``wake``)
+_write_keeping_gil.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
+_write_keeping_gil.restype = ctypes.c_ssize_t
 
 
 class CommunicationThread(threading.Thread):
@@ -94,7 +96,7 @@ class CommunicationThread(threading.Thread):
         # it wakes takes it then and does its work while the backward thread waits inside its
         # hook (0.58 ms a wake on a CPU worker, 20 ms a step of the transformer's hooks). Kept,
         # the hook returns to autograd first. A full pipe (-1, EAGAIN): it is due to wake.
-        _LIBC_KEEPING_GIL.write(self._wake_w, b"x", 1)
+        _write_keeping_gil(self._wake_w, b"x", 1)
 
     # ---- the communication thread: the loop ----------------------------------
 
