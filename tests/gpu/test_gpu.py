@@ -47,6 +47,23 @@ def test_error_feedback_on_the_gpu_leaves_the_cpu_residuals():
             assert got == want, f"{params}, round {round_}: payloads differ"
 
 
+def test_random_k_draws_on_the_device_are_floyds_at_scale():
+    """randomk's index sets drawn on the GPU against Floyd's on the host: 64M elements at 1%
+    (the encoder benchmark's size), 1M at 90% (long collision chains), and a tensor's
+    partitions at once."""
+    from gradpress.kernels.cpu.randomk import random_indices
+    from gradpress.kernels.cuda import randomk_draws
+    from gradpress.kernels.rng import stream_id
+    for n, k in ((1 << 26, 671_089), (1 << 20, 943_719)):
+        stream = stream_id(3, n, k)
+        got = randomk_draws.draw(n, k, n, k, [stream], "test-draws").copy_to_host()
+        assert got.tobytes() == random_indices(n, k, stream).tobytes(), f"n={n}, k={k}"
+    part, last, streams = 1_024_000, 77, [stream_id(3, key, 5) for key in range(5)]
+    got = randomk_draws.draw(part, 10_240, last, 1, streams, "test-draws").copy_to_host()
+    want = np.concatenate([random_indices(part, 10_240, s) + np.uint32(i * part) for i, s in enumerate(streams[:-1])]
+                          + [random_indices(last, 1, streams[-1]) + np.uint32(4 * part)])
+    assert got.tobytes() == want.astype(np.uint32).tobytes()
+
 def test_a_tensors_partitions_compressed_together_match_key_by_key():
     """Against the same compressor key by key on the GPU (corrected error feedback's
     p = g + lam * e is float32 arithmetic there, float64 on the CPU: the two may differ in a
