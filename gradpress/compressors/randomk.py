@@ -20,8 +20,8 @@ from gradpress.compressors.sparse import (
 
 
 def chosen_indices(n: int, k: int, seed: int, key: int, round: int) -> np.ndarray:
-    """The k indices of ``(seed, key, round)``, increasing (a GPU worker draws the same
-    set on the device: ``kernels/cuda/randomk_draws.py``)."""
+    """The k indices of ``(seed, key, round)``, increasing (a GPU worker computes the same
+    set ahead on the host or draws it on the device: ``kernels/cuda/randomk.py``)."""
     return randomk.random_indices(n, k, stream_id(seed, key, round))
 
 
@@ -97,7 +97,10 @@ class RandomK(Compressor):
         return self._fields(k), [values]
 
     def _stream(self, key: int, round: int, n: int, k: int) -> np.uint64:
-        """The stream of this round (a GPU worker draws its indices on the device)."""
+        """The stream of this round on a GPU worker; the next round's indices are computed
+        ahead meanwhile on the host (``kernels/cuda/randomk_ahead.py``)."""
+        from gradpress.kernels.cuda import randomk_ahead
+        randomk_ahead.compute(n, k, stream_id(self.seed, key, round + 1))
         return stream_id(self.seed, key, round)
 
     def _fields(self, k: int) -> dict:
@@ -111,12 +114,12 @@ class RandomK(Compressor):
 
     def _decode_device(self, header: dict, buffers: Sequence[Any], out: Any, key: int, round: int,
                        divisor: int) -> bool:
-        from gradpress.kernels.cuda import decode, randomk_draws
+        from gradpress.kernels.cuda import decode, randomk as gpu_randomk, randomk_ahead
         n = out.shape[0]
         k, seed, values = self._sent(header, buffers, n)
-        stream = stream_id(seed, key, round)
-        decode.scatter_drawn(randomk_draws.draw(n, k, n, k, [stream], "randomk-decode-indices"), values, out,
-                             divisor)
+        indices = gpu_randomk.device_indices(n, k, stream_id(seed, key, round), "randomk-decode-indices")
+        randomk_ahead.compute(n, k, stream_id(seed, key, round + 1))
+        decode.scatter_drawn(indices, values, out, divisor)
         return True
 
     def sent_values(self, header: dict, buffers: Sequence[Any], n: int) -> tuple | None:

@@ -6,8 +6,10 @@ in that case, replayed here on the host)."""
 import json
 import os
 import sys
+import time
 
 import numpy as np
+from numba import cuda
 
 assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run under the CUDA simulator"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -17,8 +19,9 @@ import simulated  # noqa: E402
 
 simulated.prepare()  # before any kernel runs
 
+from gradpress.kernels.cpu import randomk as cpu_randomk  # noqa: E402
 from gradpress.kernels.cpu.randomk import random_indices  # noqa: E402
-from gradpress.kernels.cuda import randomk_draws  # noqa: E402
+from gradpress.kernels.cuda import randomk as gpu_randomk, randomk_ahead, randomk_draws  # noqa: E402
 from gradpress.kernels.rng import below_py, draw_bits_py, stream_id  # noqa: E402
 
 
@@ -68,6 +71,49 @@ for name, (seg_len, k_full, n_last, k_last, streams) in cases():
     if got.dtype != np.uint32 or got.tobytes() != want.tobytes():
         problem = f"{got.size} indices {got[:10]}, expected {want.size}: {want[:10]}"
     print(json.dumps({"case": name, "chain": chain, "problem": problem}), flush=True)
+
+def computed_ahead(*draws) -> bool:
+    """Start each (n, k, stream) ahead and wait (10 s at most) until every one is ready."""
+    for n, k, stream in draws:
+        randomk_ahead.compute(n, k, stream)
+    for _ in range(1000):
+        if all(randomk_ahead.ready(*d) is not None for d in draws):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def segments_case(seg_len: int, ks: list, streams: list) -> str:
+    """``gather_feedback_segments`` (its values and residual) against the CPU kernel per
+    segment."""
+    rng = np.random.default_rng(len(streams))
+    n = seg_len * (len(ks) - 1) + 23
+    g, e = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    e_out = cuda.device_array(n, np.float32)
+    got, _ = gpu_randomk.gather_feedback_segments(cuda.to_device(g), cuda.to_device(e), 0.5, e_out, seg_len, ks,
+                                                  streams, (1.0, 1.0), None)
+    want_e = np.empty(n, np.float32)
+    for s, (k, stream) in enumerate(zip(ks, streams)):
+        lo, hi = s * seg_len, min(n, (s + 1) * seg_len)
+        values = np.empty(k, np.float32)
+        bitmap = cpu_randomk.random_bitmap(hi - lo, k, stream)
+        cpu_randomk.gather_feedback(g[lo:hi], e[lo:hi], 0.5, want_e[lo:hi], bitmap, 1.0, values)
+        if got[s] is None or got[s].tobytes() != values.tobytes():
+            return f"segment {s}: values differ"
+    return "" if e_out.copy_to_host().tobytes() == want_e.tobytes() else "residuals differ"
+
+
+# a round's indices computed ahead on the host go up instead of being drawn: the same bytes
+stream = stream_id(9, 1, 1)
+ready = computed_ahead((500, 120, stream))
+got = gpu_randomk.device_indices(500, 120, stream).copy_to_host()
+print(json.dumps({"case": "ahead/one", "problem": "" if ready and got.tobytes() == random_indices(500, 120, stream)
+                  .tobytes() else f"ready {ready}, indices {got[:8]}"}))
+streams, ks = [stream_id(9, key, 2) for key in range(3)], [30, 30, 7]
+print(json.dumps({"case": "ahead/segments-drawn", "problem": segments_case(100, ks, streams)}))
+ready = computed_ahead(*[(c, k, st) for c, k, st in zip((100, 100, 23), ks, streams)])
+uploaded = segments_case(100, ks, streams) if ready else "not ready"
+print(json.dumps({"case": "ahead/segments-uploaded", "problem": uploaded}))
 
 empty = randomk_draws.draw(0, 0, 0, 0, [np.uint64(1)], "randomk-indices")
 print(json.dumps({"case": "empty", "problem": "" if empty.shape == (0,) else f"{empty.shape}"}))

@@ -1,24 +1,30 @@
 """random-k gather on the GPU, with no host round trip before the one copy of the payload
 (k values and a NaN flag word) into a pinned host buffer.
 
-The index set depends only on ``(n, k, stream)``, never on the data. It is drawn on the
-device (``randomk_draws``), the same set as the CPU's Floyd draws (servers and CPU workers
-draw it there), into reused scratch, on gradpress's stream ahead of the kernel that reads it:
-no host work and no upload on the compress's path.
+The index set depends only on ``(n, k, stream)``, never on the data: the same set as the
+CPU's Floyd draws on servers and CPU workers. Where a background thread has computed it
+ahead on the host (``randomk_ahead``: a round's encode or decode starts the next round's)
+it goes up in one asynchronous copy; otherwise it is drawn on the device
+(``randomk_draws``). Either way it lands in reused scratch on gradpress's stream, ahead of
+the kernel that reads it, and the host never waits for it.
 """
 import numpy as np
 from numba import cuda
 
-from gradpress.kernels.cuda import device, randomk_draws, scratch, sparse_buffers
+from gradpress.kernels.cuda import device, randomk_ahead, randomk_draws, scratch, sparse_buffers
 from gradpress.kernels.cuda.device import THREADS, blocks
 from gradpress.kernels.cuda.elementwise import compensate_flagged
+from gradpress.kernels.cuda.uploads import upload
 
 
-def device_indices(n: int, k: int, stream: np.uint64):
-    """The k indices of ``stream`` on the device (uint32, increasing), in reused scratch:
-    free again once the caller has synchronised gradpress's stream (every encoder does, for
-    its payload)."""
-    return randomk_draws.draw(n, k, n, k, [stream], "randomk-indices")
+def device_indices(n: int, k: int, stream: np.uint64, role: str = "randomk-indices"):
+    """The k indices of ``stream`` on the device (uint32, increasing), in ``role``'s reused
+    scratch: uploaded where computed ahead, else drawn there. Free again once the caller has
+    synchronised gradpress's stream (every encoder does, for its payload)."""
+    host = randomk_ahead.ready(n, k, stream)
+    if host is None:
+        return randomk_draws.draw(n, k, n, k, [stream], role)
+    return upload(host, role)
 
 
 @cuda.jit(cache=True)
@@ -119,15 +125,25 @@ def gather_feedback_segments(g, e, lam: float, e_out, seg_len: int, ks: list, st
     """``gather_feedback`` of every segment of ``seg_len`` elements of g at once (a tensor's
     partitions; segment s keeps ``ks[s]`` values of stream ``streams[s]``, the same number
     in every segment but the last; ``scales`` is (every segment's but the last, the last
-    one's)): every segment's indices drawn at once (``randomk_draws``), two launches, and
+    one's)): every segment's indices in one upload where all were computed ahead, else drawn
+    at once on the device (``randomk_draws``), two launches, and
     the values back in one copy, the flags in a second
     (``scratch.copy_back_flagged``). Returns per segment
     its values (None on a NaN/inf: its part of e_out then holds garbage; e_out must not be
     e) and the pinned host array behind them (``reuse`` where it fits)."""
     n, total, segments = g.shape[0], sum(ks), len(ks)
     offsets = np.cumsum([0] + ks)
-    indices = randomk_draws.draw(seg_len, ks[0], n - (segments - 1) * seg_len, ks[-1], streams, "randomk-indices")
     stream = device.stream()
+    ahead = [randomk_ahead.ready(min(seg_len, n - s * seg_len), k, at) for s, (k, at) in enumerate(zip(ks, streams))]
+    if all(host is not None for host in ahead):  # one upload of them all
+        host_indices = scratch.pinned("randomk-indices", total, np.uint32)
+        for s, host in enumerate(ahead):
+            np.add(host, np.uint32(s * seg_len), out=host_indices[offsets[s]:offsets[s + 1]])
+        indices = scratch.grown("randomk-indices", (total,), np.uint32)
+        indices.copy_to_device(host_indices, stream=stream)
+    else:
+        indices = randomk_draws.draw(seg_len, ks[0], n - (segments - 1) * seg_len, ks[-1], streams,
+                                     "randomk-indices")
     layout = scratch.Layout(((np.float32, total),), 1)
     whole, (values,) = scratch.grown_staged("randomk-values", layout)
     flags = scratch.zeroed((segments,), np.int32, "randomk-flags")
