@@ -51,13 +51,16 @@ def expected(seg_len: int, k_full: int, n_last: int, k_last: int, streams: list)
 
 
 def cases():
-    one = [(1, 1), (2, 1), (2, 2), (33, 33), (100, 90), (100, 99), (70, 33), (1000, 10), (4097, 2000)]
+    # past 32,768 elements the bitmap takes several blocks: counts, their scan, then each block's place
+    one = [(1, 1), (2, 1), (2, 2), (33, 33), (100, 90), (100, 99), (70, 33), (1000, 10), (4097, 2000),
+           (40_000, 400), (70_001, 69_000)]
     for i, (n, k) in enumerate(one):
         yield f"one-{n}-{k}", (n, k, n, k, [stream_id(7, i, 3)])
     # a tensor's partitions: the last one shorter, with fewer draws; word edges inside
     yield "segments-5", (64, 20, 37, 12, [stream_id(1, key, 9) for key in range(5)])
     yield "segments-dense", (40, 39, 40, 39, [stream_id(2, key, 0) for key in range(3)])
     yield "segments-last-one", (50, 5, 1, 1, [stream_id(3, key, 4) for key in range(4)])
+    yield "segments-wide", (20_000, 200, 5_000, 50, [stream_id(5, key, 2) for key in range(3)])
     # the scratch is reused: fewer after more (a stale bit or table slot would show)
     yield "fewer-after-more", (90, 45, 90, 45, [stream_id(4, 0, 1)])
 

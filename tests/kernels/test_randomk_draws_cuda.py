@@ -16,8 +16,8 @@ SCRIPT = Path(__file__).with_name("cudasim_randomk_draws.py")
 @pytest.mark.timeout(400)
 def test_gpu_draws_are_floyds_index_sets():
     results = {c["case"]: c for c in simulated_cases(SCRIPT, 360)}
-    assert len([c for c in results if c.startswith("one-")]) == 9 and {"refused", "empty"} <= set(results)
-    assert len([c for c in results if c.startswith("segments-")]) == 3 and "fewer-after-more" in results
+    assert len([c for c in results if c.startswith("one-")]) == 11 and {"refused", "empty"} <= set(results)
+    assert len([c for c in results if c.startswith("segments-")]) == 4 and "fewer-after-more" in results
     assert {"ahead/one", "ahead/segments-drawn", "ahead/segments-uploaded"} <= set(results)
     assert max(c.get("chain", 0) for c in results.values()) >= 4, "no case follows a chain of collisions back"
     failures = {name: c["problem"] for name, c in results.items() if c["problem"]}

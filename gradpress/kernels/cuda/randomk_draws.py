@@ -13,9 +13,10 @@ compare-and-swap claims the value's slot, an atomic min keeps the step) and sets
 value's bit; then every step follows u = r_s - (n - k) back while it names an earlier
 step, until a value drawn before it (collided) or not, and a collided step sets j_s's bit.
 The chains are short: a hop needs a draw among the top k of its range. The bitmap is then
-read in order (a count per block of words, one block's scan of the counts, each word
-writing its bits from its place): the indices, increasing. Six launches, no host work, no
-copy, nothing to wait for.
+read in order (a count per block of words, one block's scan of the counts, each thread
+writing the bits of its run of words from its place): the indices, increasing. Six
+launches (four up to 32,768 elements: one block writes them all), no host work, no copy,
+nothing to wait for.
 
 A tensor's partitions are drawn at once: segments of ``seg_len`` elements (the last one
 ``n_last``), each with its own stream and k (``k_full``; ``k_last`` for the last), share
@@ -35,6 +36,7 @@ _draw_bits = cuda.jit(device=True)(draw_bits_py)
 _below = cuda.jit(device=True)(below_py)
 _EMPTY = np.uint32(0xFFFFFFFF)   # a free slot of the table (no index reaches it)
 _NO_STEP = np.int32(0x7FFFFFFF)  # above every step
+_RUN = 8  # bitmap words a thread counts and writes out, in a row (its output follows the one before)
 
 
 @cuda.jit(device=True)
@@ -118,12 +120,29 @@ def _collide(streams, seg_len, k_full, n_last, k_last, draws, keys, firsts, bitm
         _set_bit(bitmap, s * seg_len + low + step)
 
 
+@cuda.jit(device=True)
+def _words_of(bitmap):
+    """This thread's run of ``_RUN`` words: [first, end)."""
+    first = (cuda.blockIdx.x * THREADS + cuda.threadIdx.x) * _RUN
+    end = first + _RUN
+    if end > bitmap.shape[0]:
+        end = bitmap.shape[0]
+    return first, end
+
+
+@cuda.jit(device=True)
+def _bits_in(bitmap, first, end):
+    count = np.int64(0)
+    for w in range(first, end):
+        count += cuda.popc(bitmap[w])
+    return count
+
+
 @cuda.jit(cache=True)
 def _count_words(bitmap, block_counts):
-    w = cuda.grid(1)
-    count = np.int64(cuda.popc(bitmap[w])) if w < bitmap.shape[0] else np.int64(0)
+    first, end = _words_of(bitmap)
     scan = cuda.shared.array(THREADS, int64)
-    _, total = exclusive_scan(scan, cuda.threadIdx.x, count)
+    _, total = exclusive_scan(scan, cuda.threadIdx.x, _bits_in(bitmap, first, end))
     if cuda.threadIdx.x == 0:
         block_counts[cuda.blockIdx.x] = total
 
@@ -136,16 +155,17 @@ def _scan_blocks(block_counts):
 
 @cuda.jit(cache=True)
 def _emit(bitmap, block_offsets, out):
-    """Each word's set bits, lowest first, from its place in the output."""
-    w = cuda.grid(1)
-    word = bitmap[w] if w < bitmap.shape[0] else np.uint32(0)
+    """Each thread's run of words, their set bits lowest first, from its place in the output."""
+    first, end = _words_of(bitmap)
     scan = cuda.shared.array(THREADS, int64)
-    before, _ = exclusive_scan(scan, cuda.threadIdx.x, np.int64(cuda.popc(word)))
+    before, _ = exclusive_scan(scan, cuda.threadIdx.x, _bits_in(bitmap, first, end))
     at = block_offsets[cuda.blockIdx.x] + before
-    while word != 0:
-        out[at] = np.uint32(w * 32 + cuda.ffs(word) - 1)
-        at += 1
-        word = np.uint32(word & (word - np.uint32(1)))  # the lowest set bit cleared
+    for w in range(first, end):
+        word = bitmap[w]
+        while word != 0:
+            out[at] = np.uint32(w * 32 + cuda.ffs(word) - 1)
+            at += 1
+            word = np.uint32(word & (word - np.uint32(1)))  # the lowest set bit cleared
 
 
 def draw(seg_len: int, k_full: int, n_last: int, k_last: int, streams: list, role: str):
@@ -168,15 +188,18 @@ def draw(seg_len: int, k_full: int, n_last: int, k_last: int, streams: list, rol
     words = (n_total + 31) // 32
     bitmap = scratch.grown("randomk-bitmap", (words,), np.uint32)
     draws = scratch.grown("randomk-draws", (total,), np.uint32)
-    word_blocks = blocks(words)
-    block_counts = scratch.grown("randomk-blocks", (word_blocks,), np.int64)
+    word_blocks = blocks(-(-words // _RUN))
     on_device = upload(np.asarray(streams, np.uint64), "randomk-streams")
     s = stream()
     shape = (seg_len, k_full, n_last, k_last)
     _clear[blocks(max(size, words)), THREADS, s](keys, firsts, bitmap)
     _draw[blocks(total), THREADS, s](on_device, *shape, draws, keys, firsts, bitmap)
     _collide[blocks(total), THREADS, s](on_device, *shape, draws, keys, firsts, bitmap)
-    _count_words[word_blocks, THREADS, s](bitmap, block_counts)
-    _scan_blocks[1, THREADS, s](block_counts)
-    _emit[word_blocks, THREADS, s](bitmap, block_counts, out)
+    if word_blocks == 1:  # (a partition of up to 32,768 elements) its one block starts at 0: four launches
+        block_offsets = scratch.zeroed((1,), np.int64, "randomk-no-offset")
+    else:
+        block_offsets = scratch.grown("randomk-blocks", (word_blocks,), np.int64)
+        _count_words[word_blocks, THREADS, s](bitmap, block_offsets)
+        _scan_blocks[1, THREADS, s](block_offsets)
+    _emit[word_blocks, THREADS, s](bitmap, block_offsets, out)
     return out
