@@ -3,9 +3,9 @@
 A key's indices of round r + 1 depend only on ``(n, k, stream)``, known once round r is
 encoded or decoded, so a background thread draws them meanwhile (Floyd's, the CPU kernel,
 without the GIL) and the call a round later finds them ready: they go up in one
-asynchronous copy, with no launch. A device draw (``randomk_draws``) is six launches, about
-0.15 ms of the communication thread's Python on a GPU machine, against a few tens of
-microseconds for the copy. A call that finds them not ready (a key's first round, or a
+asynchronous copy, with no launch. A device draw (``randomk_draws``) is four to six
+launches, about 0.1-0.15 ms of the communication thread's Python on a GPU machine, against
+a few tens of microseconds for the copy. A call that finds them not ready (a key's first round, or a
 benchmark calling rounds back to back) draws on the device instead: it never waits, and
 never runs Floyd's draws on the communication thread (8.4 ms for 64M elements at 1% on
 a 2-core host). An encoder and a decoder of the same round read the same entry: entries
