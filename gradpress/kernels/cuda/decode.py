@@ -34,8 +34,8 @@ def scatter(indices: np.ndarray, values: np.ndarray, out, divisor: int = 1) -> N
 
 
 def scatter_drawn(indices, values: np.ndarray, out, divisor: int = 1) -> None:
-    """``scatter`` where the indices are on the device already (random-k's, drawn there;
-    None for no index): only the values go over."""
+    """``scatter`` where the indices are on the device already (random-k's, uploaded or
+    drawn there; None for no index): only the values go over."""
     s = stream()
     _zero[blocks(out.shape[0]), THREADS, s](out)
     if indices is not None and indices.shape[0]:

@@ -5,11 +5,11 @@ encoded or decoded, so a background thread draws them meanwhile (Floyd's, the CP
 without the GIL) and the call a round later finds them ready: they go up in one
 asynchronous copy, with no launch. A device draw (``randomk_draws``) is four to six
 launches, about 0.1-0.15 ms of the communication thread's Python on a GPU machine, against
-a few tens of microseconds for the copy. A call that finds them not ready (a key's first round, or a
-benchmark calling rounds back to back) draws on the device instead: it never waits, and
-never runs Floyd's draws on the communication thread (8.4 ms for 64M elements at 1% on
-a 2-core host). An encoder and a decoder of the same round read the same entry: entries
-stay until newer ones push them out.
+a few tens of microseconds for the copy. A call that finds them not ready (a key's first
+round, or a benchmark calling rounds back to back) draws on the device instead: it never
+waits, and never runs Floyd's draws on the communication thread (8.4 ms for 64M elements
+at 1% on a 2-core host). An encoder and a decoder of the same round read the same entry:
+entries stay until newer ones push them out.
 """
 import threading
 from collections import OrderedDict
@@ -22,22 +22,23 @@ from gradpress.kernels.cpu.randomk import random_indices
 _MOST_BYTES = 64 << 20  # host indices kept: a job's keys, two rounds each, many times over
 _lock = threading.Lock()
 _ahead: "OrderedDict[tuple, Future]" = OrderedDict()  # (n, k, stream) -> Future of the indices
-_held = [0]  # bytes the entries hold
+_held = 0  # bytes the entries hold
 _worker = ThreadPoolExecutor(1, thread_name_prefix="gradpress-randomk")
 
 
 def compute(n: int, k: int, stream: np.uint64) -> None:
     """Start drawing the indices of ``stream`` on the background thread (a call soon will
     want them), unless they are there already."""
+    global _held
     key = (n, k, int(stream))
     with _lock:
         if key in _ahead:
             return
         _ahead[key] = _worker.submit(random_indices, n, k, stream)
-        _held[0] += 4 * k
-        while _held[0] > _MOST_BYTES and len(_ahead) > 1:
+        _held += 4 * k
+        while _held > _MOST_BYTES and len(_ahead) > 1:
             (_, old_k, _), _ = _ahead.popitem(last=False)
-            _held[0] -= 4 * old_k
+            _held -= 4 * old_k
 
 
 def ready(n: int, k: int, stream: np.uint64) -> np.ndarray | None:
