@@ -2,8 +2,20 @@
 
 ``allowed`` lists the options: codec names (with the defaults below) or full
 compression_params dicts (their own parameters). Without it: onebit, topk 1%, randomk at
-the user's ``k`` (default 1%), fp16 and none. Lossy codecs get vanilla error feedback
-unless their dict says otherwise. Everything is checked here, before any training step.
+the user's ``k`` (default 1%), fp16, fp16_raw and none. Lossy codecs get vanilla error
+feedback unless their dict says otherwise. Everything is checked here, before any
+training step.
+
+``fp16_raw`` is no codec: it is ``Compression.fp16``'s way, the group cast to float16
+(on its device) and pushed uncompressed, the servers summing the halves (in float32,
+rounded once), no error feedback and no recompression. On a GPU worker it costs a cast on
+the card and half the raw path's copies, where the fp16 codec's error feedback and
+encode cost the communication thread a kernel per partition (in an H200 run of the
+transformer's job, ``Compression.fp16`` was the fastest setting and ``auto``, without this
+option, took 1.12x its step: docs/performance.md). As with
+``Compression.fp16`` (and torch's ``fp16_compress_hook``), a value beyond float16's range
+(65504), in a gradient or in the sum, arrives as inf: what AMP's GradScaler reads as an
+overflowed step. The fp16 codec refuses such a step with an error instead.
 
 The low-rank codecs (``powersgd``, ``acpsgd``: ``compressors/lowrank.py``) may be allowed
 too, by name (their own defaults) or as a dict, at most one of them: the plan's matrices
@@ -20,6 +32,7 @@ from gradpress.compressors.lowrank import LowRankParams
 from gradpress.compressors.registry import COMPRESSORS, build_compressor
 
 AUTO = "auto"
+HALVES = "fp16_raw"
 AUTO_PARAMS = {"compressor", "allowed", "k", "seed"}
 
 
@@ -29,6 +42,7 @@ def defaults(k: float = 0.01, seed: int = 0) -> dict[str, dict[str, Any]]:
         "topk": {"compressor": "topk", "k": 0.01, "ef": "vanilla"},
         "randomk": {"compressor": "randomk", "k": k, "ef": "vanilla", "seed": seed},
         "fp16": {"compressor": "fp16", "ef": "vanilla"},
+        HALVES: {"compressor": HALVES},
         "none": {"compressor": "none"},
     }
 
@@ -58,15 +72,21 @@ def options(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
             name, entry = entry, base.get(entry, {"compressor": entry})
         elif isinstance(entry, dict):
             codec = entry.get("compressor", "none")
-            if codec == AUTO or (codec not in COMPRESSORS and codec not in LOW_RANK):
+            if codec == HALVES and len(entry) > 1:
+                raise ValueError(f"compressor 'auto': allowed[{i}] = {entry!r}: {HALVES!r} takes no "
+                                 f"parameters (float16 on the wire, no error feedback)")
+            if codec == AUTO or (codec not in COMPRESSORS and codec not in LOW_RANK and codec != HALVES):
                 raise ValueError(f"compressor 'auto': allowed[{i}] names compressor {codec!r}; accepted: "
-                                 f"{', '.join(sorted(COMPRESSORS) + list(LOW_RANK))}")
+                                 f"{', '.join(sorted(COMPRESSORS) + list(LOW_RANK) + [HALVES])}")
             name = codec if codec not in out else f"{codec}.{i}"
         else:
             raise ValueError(f"compressor 'auto': allowed[{i}] is a {type(entry).__name__}; expected a codec "
                              f"name or a compression_params dict")
         if entry.get("compressor") in LOW_RANK:
             _check_low_rank(i, entry, out)
+            out[name] = dict(entry)
+            continue
+        if raw_halves(entry):
             out[name] = dict(entry)
             continue
         try:
@@ -78,6 +98,11 @@ def options(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
                              f"cannot switch on and off between plans")
         out[name] = dict(entry)
     return out
+
+
+def raw_halves(params: dict[str, Any]) -> bool:
+    """Whether an option is ``fp16_raw``: float16 on the wire, uncompressed (``Compression.fp16``)."""
+    return params.get("compressor") == HALVES
 
 
 def low_rank(options_: dict[str, dict[str, Any]]) -> tuple[str, LowRankParams] | None:

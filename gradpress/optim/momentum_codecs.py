@@ -36,7 +36,8 @@ from ..torch import ops
 # DeepSpeed's 1-bit and 0/1 Adam: scaled sign with the L2 scale ||x||_2 / sqrt(d), error feedback
 DEFAULT_COMPRESSION = {"compressor": "onebit", "scaling": "l2", "ef": "vanilla"}
 # codecs whose D(C(x)) is x in expectation (fp16: to rounding): error feedback is optional
-UNBIASED = ("dithering", "fp16")
+# (auto's fp16_raw, float16 on the wire, has none)
+UNBIASED = ("dithering", "fp16", "fp16_raw")
 
 
 def momentum_codec_problem(params: dict) -> str | None:

@@ -205,7 +205,9 @@ CODECS = {"none": None, "fp16": {"compressor": "fp16"},
           "topk": {"compressor": "topk", "k": 0.01, "ef": "vanilla"},
           "randomk": {"compressor": "randomk", "k": 0.01, "seed": 1, "ef": "vanilla"},
           "dithering": {"compressor": "dithering", "s": 7},
-          "acpsgd": {"compressor": "acpsgd", "rank": 2}, "auto": {"compressor": "auto"}}
+          "acpsgd": {"compressor": "acpsgd", "rank": 2}, "auto": {"compressor": "auto"},
+          # every group as float16 on the wire once planned (Compression.fp16's way, on the plan's buckets)
+          "auto_fp16_raw": {"compressor": "auto", "allowed": ["fp16_raw"]}}
 
 
 def _train(tmp_path, runs, dtypes, env=None):
@@ -252,10 +254,14 @@ def test_the_planner_times_the_codecs_and_copies_on_the_gpu(tmp_path, monkeypatc
     from gradpress.pipeline.planning.gpu_costs import measure_on_device
     from gradpress.planner import calibrate
     monkeypatch.setenv("GRADPRESS_CACHE_DIR", str(tmp_path))
-    options = {"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"}}
+    options = {"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"},
+               "fp16_raw": {"compressor": "fp16_raw"}}
     dev = torch.device("cuda:0")
     costs = calibrate.codec_costs(options, lambda p: measure_on_device(p, dev), torch.cuda.get_device_name(dev))
-    raw, onebit = costs["none"], costs["onebit"]
+    raw, onebit, halves = costs["none"], costs["onebit"], costs["fp16_raw"]
+    # float16 on the wire: the cast and half the copies on the device, the float16 sums on the host
+    assert halves.payload_ratio == 0.5 and halves.compress.per_byte_s > 0 and halves.decompress.per_byte_s > 0
+    assert halves.server_compress is not None and halves.server_compress.per_byte_s > 0
     # the raw path's compress is the copy off the device: it costs something, per byte
     assert raw.compress.per_byte_s > 0 and raw.decompress.per_byte_s > 0
     assert onebit.server_compress is not None  # the servers recompress on the host, not at the card's cost

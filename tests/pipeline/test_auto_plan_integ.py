@@ -1,6 +1,7 @@
 """compressor 'auto' in a real job (gradpress/pipeline/planning, routes/planned.py): every worker
 makes the same plan from rank 0's profile, and the fused groups' results are bit-identical
-to a numpy replay of the same grouping (raw, and onebit with error feedback both ways)."""
+to a numpy replay of the same grouping (raw, float16 on the wire as `fp16_raw`, and onebit with error
+feedback both ways)."""
 from __future__ import annotations
 
 import pytest
@@ -15,11 +16,12 @@ SHAPE = Shape()
 
 
 @pytest.mark.integ
-@pytest.mark.parametrize("auto,force,versions", [({"compressor": "auto", "allowed": ["none"]}, "", 0),
+@pytest.mark.parametrize("auto,force,versions", [({"compressor": "auto", "allowed": ["none", "fp16_raw"]},
+                                                  "GP_DECIDE_ALTERNATE", 0),
                                                  ({"compressor": "auto", "allowed": ["onebit"]}, "", 0),
                                                  ({"compressor": "auto", "allowed": ["onebit"]}, "GP_FORCE_REPLAN", 1),
                                                  ({"compressor": "auto", "allowed": ["onebit"]}, "GP_FORCE_DRIFT", 0)],
-                         ids=["raw", "onebit", "onebit-replanned", "onebit-drift-same-link"])
+                         ids=["raw-and-halves", "onebit", "onebit-replanned", "onebit-drift-same-link"])
 def test_every_worker_plans_alike_and_fused_sums_match_the_replay(cluster, auto, force, versions):
     import json
     env = {"GP_AUTO": json.dumps(auto), "GRADPRESS_PLAN_STEPS": str(SHAPE.plan_steps), "BYTEPS_MIN_COMPRESS_BYTES": "0"}

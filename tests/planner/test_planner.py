@@ -67,6 +67,55 @@ def test_a_gpu_workers_partition_crosses_the_bus_both_ways_and_a_group_gathers_o
     assert Profile.from_json(prof.to_json()).device == "cuda"
 
 
+def test_fp16_raw_sends_half_the_bytes_without_a_codec_and_wins_where_a_codec_costs_the_gpu_more():
+    # Compression.fp16's way: the cast and the copy of the halves off the device, half the
+    # bytes each way, the server's add of each push and its reply rounded once; no codec
+    off, back = LinearCost(1e-5, 2.5e-11), LinearCost(2e-5, 5e-11)
+    add, reply = LinearCost(0.0, 1e-10), LinearCost(0.0, 5e-11)
+    halves = CodecCost(off, back, add, 0.5, server_compress=reply)
+    b, rate, alpha = 2 * MB, 100e6, 1e-4
+    codecs = {"none": CodecCost(LinearCost(1e-5, 5e-11), LinearCost(2e-5, 1e-10), LinearCost(0.0, 2e-10), 1.0),
+              "fp16_raw": halves,
+              # the fp16 codec: the same bytes, its error feedback and encode a kernel per partition
+              "fp16": CodecCost(LinearCost(2e-4, 4e-10), LinearCost(1e-4, 1e-10), add, 0.5)}
+    prof = replace(profile([(MB, 0.05), (MB, 0.1)], codecs=codecs), device="cuda")
+    trip = b / 2 / rate + alpha + add(b) + reply(b) + b / 2 / rate + alpha
+    assert predict(prof, [(0, 1)], ["fp16_raw"]) == pytest.approx(0.1 + off(b) + trip + back(b) + 0.01, rel=1e-12)
+    plan = decide(prof, ["fp16", "fp16_raw", "none"], 0)
+    assert set(plan.options) == {"fp16_raw"}, plan
+    assert plan.predicted_s < min(decide(prof, [o], 0).predicted_s for o in ("fp16", "none"))
+
+
+def test_fp16_raw_is_an_option_of_auto_without_parameters():
+    from gradpress.compressors import auto
+    from gradpress.optim.momentum_codecs import momentum_codec_problem
+    assert auto.options({"compressor": "auto"})["fp16_raw"] == {"compressor": "fp16_raw"}  # a default
+    assert auto.options({"compressor": "auto", "allowed": [{"compressor": "fp16_raw"}, "none"]}) == \
+        {"fp16_raw": {"compressor": "fp16_raw"}, "none": {"compressor": "none"}}
+    with pytest.raises(ValueError, match=r"allowed\[0\].*'fp16_raw' takes no parameters"):
+        auto.options({"compressor": "auto", "allowed": [{"compressor": "fp16_raw", "ef": "vanilla"}]})
+    with pytest.raises(ValueError, match="accepted: .*fp16_raw"):
+        auto.options({"compressor": "auto", "allowed": [{"compressor": "fp32_raw"}]})
+    # the momentum path carries it (to rounding, as fp16 without error feedback)
+    assert momentum_codec_problem({"compressor": "auto", "allowed": ["fp16_raw", "onebit"]}) is None
+
+
+def test_fp16_raw_is_calibrated_as_casts_and_float16_sums(tmp_path, monkeypatch):
+    from gradpress.planner import calibrate
+    monkeypatch.setenv("GRADPRESS_CACHE_DIR", str(tmp_path))
+    options = {"fp16_raw": {"compressor": "fp16_raw"}}
+    costs = calibrate.codec_costs(options)
+    halves, raw = costs["fp16_raw"], costs["none"]
+    assert halves.payload_ratio == 0.5 and not halves.low_rank
+    for cost in (halves.compress, halves.decompress, halves.add, halves.recompress):
+        assert cost.per_byte_s > 0, halves
+    assert halves.recompress is halves.server_compress   # the reply's rounding, not the worker's cast
+    assert raw.compress == LinearCost(0.0, 0.0)           # (the raw path has no cast on a host)
+    # cached: a second call measures nothing
+    monkeypatch.setattr(calibrate, "measure", lambda params: 1 / 0)
+    assert calibrate.codec_costs(options) == costs
+
+
 def test_a_server_that_is_the_bottleneck():
     # 4 workers on one server: its link carries 4 copies of every push and every reply
     b, rate, alpha = MB, 100e6, 0.0

@@ -3,7 +3,8 @@
 ``worker_script(shape)`` is the workers' script: SGD on a stack of Linear layers, each
 worker's data its own, recording every step's fused groups; ``replay`` redoes the same
 training in one process, summing each step's gradients the way that step's plan sent them
-(onebit with error feedback on both sides, residuals handed over at every re-plan), so a
+(onebit with error feedback on both sides, residuals handed over at every re-plan;
+fp16_raw's halves summed in float32), so a
 job's parameters must equal the replay's bit for bit.
 """
 from __future__ import annotations
@@ -52,6 +53,15 @@ if os.environ.get("GP_FORCE_TRIAL"):  # the decision's alternatives: its groups 
             dataclasses.replace(plan, options=("none",) * len(plan.groups)),
             dataclasses.replace(plan, groups=apart, options=plan.options[:1] * len(apart))))
     planning.decide = forced
+if os.environ.get("GP_DECIDE_ALTERNATE"):  # the decision: tensors in pairs, the options in turn, no alternative
+    from gradpress.planner.decide import Plan
+    from gradpress.planner.simulate import predict
+    def alternate(profile, options, min_bytes):
+        n, names = len(profile.tensors), sorted(options)
+        groups = tuple(tuple(range(i, min(i + 2, n))) for i in range(0, n, 2))
+        plan = Plan(groups, tuple(names[g % len(names)] for g in range(len(groups))), 0.0, 0.0)
+        return dataclasses.replace(plan, predicted_s=predict(*plan.simulated(profile)))
+    planning.decide = alternate
 if os.environ.get("GP_DECIDE_ONEBIT"):  # the decision: every tensor in one onebit group, no alternative
     from gradpress.planner.decide import Plan
     from gradpress.planner.simulate import predict
@@ -72,9 +82,10 @@ planner = opt._gradpress.planner
 g = torch.Generator().manual_seed(100 + r)
 planned, step_groups, links, refined, keys = [], [], [], [], {{}}
 names = {{id(p): n for n, p in model.named_parameters()}}
-def groups_now():
-    return [([names[id(p)] for p in grp.members], grp.name, grp.spec.compression_params if grp.spec else None)
-            for grp in planner.route.groups]
+def groups_now():  # each group's members, key and option (the plan's: the replay sends it so)
+    route = planner.route
+    return [([names[id(p)] for p in grp.members], grp.name, None if o == "none" else planner.options[o])
+            for grp, o in zip(route.groups, route.plan.options)]
 for step in range({steps}):
     x, y = torch.randn(8, {width}, generator=g), torch.randn(8, {width}, generator=g)
     planned.append(opt.gradpress_plan is not None)
@@ -166,7 +177,7 @@ def _replay(results: list[dict], workers: int, shape: Shape) -> dict:
 def _hand_over(groups, keys, params, worker_e, server_e, carry) -> None:
     """A re-plan: each compressed group's residuals go to its members' next push (the servers' via rank 0)."""
     for members, group_name, compression in groups:
-        if compression is None:
+        if compression is None or compression["compressor"] == "fp16_raw":  # no residuals
             continue
         tensor_id, parts = keys[group_name]
         for r in range(len(carry)):
@@ -190,6 +201,14 @@ def _group_average(flat: list[np.ndarray], compression: dict | None, key_info: l
         for f in flat[1:]:
             total = total + f
         return total / np.float32(workers)
+    if compression["compressor"] == "fp16_raw":
+        # halves summed in float32 and rounded once (server or machine owner), the average
+        # divided in float32 and rounded to float16, then widened back
+        total = flat[0].astype(np.float16).astype(np.float32)
+        for f in flat[1:]:
+            total = total + f.astype(np.float16).astype(np.float32)
+        average = (total.astype(np.float16).astype(np.float32) / np.float32(workers)).astype(np.float16)
+        return average.astype(np.float32)
     assert compression["compressor"] == "onebit" and compression["scaling"] is True
     tensor_id, parts = key_info
     out, lo = np.empty(flat[0].size, np.float32), 0

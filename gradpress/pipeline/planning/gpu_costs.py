@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ...compressors import build_compressor
+from ...compressors.auto import raw_halves
 from ...kernels.cuda import device as gpu
 from ...planner.calibrate import COLD_BYTES, REPEATS, SIZES, Turns, measure, median_s
 from ...planner.profile import CodecCost, fit_linear
@@ -19,8 +20,10 @@ def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
     there) on CUDA tensors, each call finished on the device before the clock stops. The
     raw path's compress is the DMA copy of the partition into pinned host memory and its
     decompress the copy back with the divide on the device, as ``worker/stages.py`` does
-    them. The servers' side is the host's (``measure``)."""
+    them; ``fp16_raw``'s the same at float16 with the casts on the device. The servers'
+    side is the host's (``measure``)."""
     raw = params.get("compressor", "none") == "none"
+    halves = raw_halves(params)
     host_side = measure(params)
     gen = torch.Generator(device=device).manual_seed(0)
     comp, decomp = [], []
@@ -42,6 +45,17 @@ def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
             hosts = [gpu.pinned_host(n, np.float32) for _ in range(2)]
             comp.append((nbytes, median_s(finished(lambda: gpu.copy_to_host_into(xs[turn()], hosts[turn.now % 2])))))
             decomp.append((nbytes, median_s(finished(lambda: gpu.land_divided(hosts[turn() % 2], outs[turn.now], 2)))))
+            continue
+        if halves:  # Compression.fp16's cast on the card, then the raw path's copies at half the bytes
+            hosts = [gpu.pinned_host(n, np.float16) for _ in range(2)]
+            landed = [torch.empty(n, dtype=torch.float16, device=device) for _ in range(2)]
+
+            def land(j: int) -> None:
+                gpu.land_divided(hosts[j % 2], landed[j % 2], 2)
+                outs[j].copy_(landed[j % 2])
+            comp.append((nbytes, median_s(finished(lambda: gpu.copy_to_host_into(xs[turn()].to(torch.float16),
+                                                                                  hosts[turn.now % 2])))))
+            decomp.append((nbytes, median_s(finished(lambda: land(turn())))))
             continue
         worker = build_compressor(params, "worker")
         for rnd in (0, 1):

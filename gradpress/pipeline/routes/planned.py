@@ -1,5 +1,6 @@
-"""``planned``: the planner's plan applied: fused buckets, each compressed as the plan says,
-and the matrices it factors reduced together.
+"""``planned``: the planner's plan applied: fused buckets, each compressed as the plan says
+(``fp16_raw``: cast to float16 and sent uncompressed, ``Compression.fp16``'s way), and the
+matrices it factors reduced together.
 
 A new plan starts from the residuals of the one it replaces (``carry``): each member's
 share of the old plan's error feedback (this worker's, and on rank 0 the servers') joins
@@ -12,10 +13,12 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ...compressors.auto import raw_halves
 from ...compressors.lowrank import LowRankParams
 from ...compressors.spec import CodecSpec
 from ...planner.decide import Plan
 from ...planner.profile import Profile
+from ...torch.compression import Compression
 from ..comm import Comm
 from ..lowrank import LowRankReducer
 from . import Route
@@ -46,9 +49,11 @@ class PlannedRoute(Route):
         self.groups: list[Bucket] = []
         for g, (members, option) in enumerate(zip(plan.groups, plan.options)):
             group = [by_name[profile.tensors[i].name] for i in members]
-            spec = None if option == "none" else CodecSpec.from_params(options[option])
+            halves = option != "none" and raw_halves(options[option])   # float16 uncompressed
+            spec = None if option == "none" or halves else CodecSpec.from_params(options[option])
             self.groups.append(Bucket(f"Plan{version}.{g}.{names[id(group[0])]}", group, spec,
-                                      max(priority[id(p)] for p in group), comm, lr_of, views, carry=self.carry))
+                                      max(priority[id(p)] for p in group), comm, lr_of, views,
+                                      compression=Compression.fp16 if halves else Compression.none, carry=self.carry))
         self.group_of = {id(p): grp for grp in self.groups for p in grp.members}
         self.factored = [by_name[profile.tensors[i].name] for i in plan.low_rank]
         self.lowrank: LowRankRoute | None = None
