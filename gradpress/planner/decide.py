@@ -29,7 +29,10 @@ MergeComp's fusion (arXiv 2103.15195):
    best uniform plan predicted within ``TRIAL_MARGIN`` of the chosen one, at most
    ``TRIALS`` in all. The simulator bounds an iteration by a shared host's
    CPU but does not see how the codecs' CPU slows backward down, so plans it ranks close
-   together are ranked by measurement instead.
+   together are ranked by measurement instead. Plans predicted alike (every compressed
+   plan that hides behind backward is at the floor) go in the order of the host CPU they
+   take, least first: with more such plans than trials, the CPU-dearest are left out (on
+   a 2-core host, name order had left out random-k, the fastest measured).
 
 The result is a pure function of the profile and the options, so every worker, given
 rank 0's profile, computes the same plan.
@@ -47,7 +50,7 @@ from .simulate import Group, Layout
 
 THRESHOLDS = (0, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 TRIAL_MARGIN = 1.5   # a uniform plan predicted this close to the chosen one is worth measuring
-TRIALS = 4           # at most this many alternatives measured (each costs a few steps): all five default options
+TRIALS = 4           # at most this many alternatives measured (each costs a few steps): 5 plans of 6 default options
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,10 @@ def decide(profile: Profile, options: list[str], min_compress_bytes: int = 65536
                          factored[0])
         plan, other = (factoring, plan) if t < plan.predicted_s else (plan, factoring)
     apart = None if plan.low_rank else _apart(profile, plan, elementwise, min_compress_bytes)
-    alternatives = _alternatives(plan, other, apart, [Plan(g, o, t, 0.0) for t, g, o in uniform])
+    # plans predicted alike (at the floor, every compressed plan can be) in the order of the host
+    # CPU they take: what the simulator leaves out, a codec's CPU slowing backward, is least there
+    uniform = sorted(uniform, key=lambda u: (round(u[0], 9), u[3]))
+    alternatives = _alternatives(plan, other, apart, [Plan(g, o, t, 0.0) for t, g, o, _ in uniform])
     return replace(plan, decision_ms=1e3 * (time.perf_counter() - start), alternatives=alternatives)
 
 
@@ -187,7 +193,7 @@ def _alternatives(plan: Plan, other: Plan | None, apart: Plan | None, uniform: l
     if apart is not None and len(out) < TRIALS and not apart.same_as(plan):
         out.append(apart)
     near = sorted((u for u in uniform if u.predicted_s <= TRIAL_MARGIN * plan.predicted_s),
-                  key=lambda u: u.predicted_s)
+                  key=lambda u: round(u.predicted_s, 9))  # (stable: ties keep their order)
     for u in near:
         if len(out) < TRIALS and not any(u.same_as(p) for p in [plan] + out):
             out.append(u)
@@ -195,11 +201,11 @@ def _alternatives(plan: Plan, other: Plan | None, apart: Plan | None, uniform: l
 
 
 def _decide_elementwise(profile: Profile, options: list[str], min_compress_bytes: int, factors: bool
-                        ) -> tuple[tuple[Group, ...], tuple[str, ...], float, list[tuple[float, tuple[Group, ...],
-                                                                                    tuple[str, ...]]]]:
+                        ) -> tuple[tuple[Group, ...], tuple[str, ...], float,
+                                   list[tuple[float, tuple[Group, ...], tuple[str, ...], float]]]:
     """Steps 1 and 2: groups, each group's option, the simulated time; and each option's
-    best uniform plan (time, groups, options). With ``factors`` the profile's last tensor
-    is the low-rank factors: alone in its group, sent raw."""
+    best uniform plan (time, groups, options, the host CPU it takes: ``Layout.cpu_s``). With
+    ``factors`` the profile's last tensor is the low-rank factors: alone in its group, sent raw."""
     names = sorted(set(options) | {"none"})
     # the option that sends the most first: ties go to it, as it loses the least
     allowed = [names.index(o) for o in sorted(set(options), key=lambda o: (-profile.codecs[o].payload_ratio, o))]
@@ -209,13 +215,13 @@ def _decide_elementwise(profile: Profile, options: list[str], min_compress_bytes
     # each layout's best (ties to the option tried first), then the best layout (ties to the finer)
     best = [_first_best(options_t) for options_t in per_option]
     i = min(range(len(layouts)), key=lambda i: (best[i][0], i))
-    t, assignment = best[i]
-    uniform = [min(((per_option[j][k][0], j, per_option[j][k][1]) for j in range(len(layouts))),
+    t, assignment = best[i][:2]
+    uniform = [min(((per_option[j][k][0], j, per_option[j][k][1], per_option[j][k][2]) for j in range(len(layouts))),
                    key=lambda x: (x[0], x[1])) for k in range(len(allowed))]
     if t > layouts[i].floor_s() + 1e-9:  # at the floor, no plan can be faster
         assignment, t = _greedy(layouts[i], allowed, assignment, min_compress_bytes, pinned)
     return (tuple(layouts[i].groups), tuple(names[a] for a in assignment), t,
-            [(ut, tuple(layouts[ui].groups), tuple(names[a] for a in ua)) for ut, ui, ua in uniform])
+            [(ut, tuple(layouts[ui].groups), tuple(names[a] for a in ua), cpu) for ut, ui, ua, cpu in uniform])
 
 
 def _grouping(profile: Profile, threshold: int, factors: bool) -> list[Group]:
@@ -232,20 +238,21 @@ def _sizes(layout: Layout) -> list[int]:
 
 
 def _uniform(layout: Layout, allowed: list[int], min_compress_bytes: int,
-             pinned: int = -1) -> list[tuple[float, np.ndarray]]:
+             pinned: int = -1) -> list[tuple[float, np.ndarray, float]]:
     """For each option of ``allowed``, the plan that sends every group above
-    ``min_compress_bytes`` that way, and its simulated time; group ``pinned`` is always raw."""
+    ``min_compress_bytes`` that way, its simulated time and host CPU; group ``pinned`` is
+    always raw."""
     sizes = _sizes(layout)
     none = layout.options.index("none")
     out = []
     for o in allowed:
         assignment = np.array([o if b >= min_compress_bytes and g != pinned else none
                                for g, b in enumerate(sizes)], np.int64)
-        out.append((layout.predict(assignment), assignment))
+        out.append((layout.predict(assignment), assignment, layout.cpu_s()))
     return out
 
 
-def _first_best(candidates: list[tuple[float, np.ndarray]]) -> tuple[float, np.ndarray]:
+def _first_best(candidates: list[tuple[float, np.ndarray, float]]) -> tuple[float, np.ndarray, float]:
     """The fastest; a later one only where it is faster by more than rounding."""
     best = candidates[0]
     for c in candidates[1:]:

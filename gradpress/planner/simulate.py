@@ -127,6 +127,11 @@ class Layout:
         work = h.workers * (h.train_cpu_s + comm_s) + h.servers * served_s / prof.servers + sockets
         return work / h.cores
 
+    def cpu_s(self) -> float:
+        """The last ``predict``'s ``host_bound_s``: rank 0's host's CPU work per iteration over
+        its cores (0 where no CPU is shared)."""
+        return self.host_bound_s(self._work[0], self._work[1], self._work[2])
+
     def floor_s(self) -> float:
         """No plan of this grouping is faster: backward and the step (or the host's CPU for
         training alone, where it is shared and that is more)."""

@@ -204,6 +204,29 @@ def test_plans_predicted_close_are_left_to_the_job_to_measure():
     assert "to measure too: near x" in plan.table(prof) or "to measure too: onebit x" in plan.table(prof)
 
 
+def test_plans_predicted_alike_are_measured_least_host_cpu_first():
+    # backward long enough to hide every compressed plan (all at the floor, alike); on a shared
+    # host the job measures first those whose codecs take its CPUs least, whatever their names
+    # or payloads (with more options than trials, the last are left out)
+    def codec(ns_per_byte: float, ratio: float) -> CodecCost:
+        c = LinearCost(0.0, ns_per_byte * 1e-9)
+        return CodecCost(c, c, c, ratio)
+    codecs = {"none": RAW, "a_dear": codec(0.8, 0.05), "b_mid": codec(0.4, 0.05), "c_cheap": codec(0.1, 0.001),
+              "d_dearer": codec(1.6, 0.03), "e_cheaper": codec(0.05, 0.02)}
+    host = HostShare(cores=2.0, workers=2, servers=2, train_cpu_s=0.2, wire_s_per_byte=1e-10)
+    # 20 MB/s: raw misses the floor, every codec hides behind the backward
+    prof = replace(profile([(4 * MB, 0.1 * (i + 1)) for i in range(4)], workers=2, servers=2, rate=20e6, backward=1.0),
+                   codecs=codecs, host=host)
+    options = sorted(codecs)
+    plan = decide(prof, options, 0)
+    uniform = {o: decide(prof, [o], 0).predicted_s for o in options if o != "none"}
+    assert len({round(t, 9) for t in uniform.values()}) == 1, uniform   # alike
+    assert len(plan.alternatives) == TRIALS
+    measured = [a.options[0] for a in plan.alternatives]
+    # the decision itself takes the tie by payload (it loses the least): a_dear; the rest by CPU
+    assert plan.options[0] == "a_dear" and measured == ["e_cheaper", "c_cheap", "b_mid", "d_dearer"], measured
+
+
 def test_a_message_costs_the_communication_thread():
     one = predict(profile([(MB, 0.1)]), [(0,)], ["none"])
     assert predict(profile([(MB, 0.1)], message=1e-3), [(0,)], ["none"]) == pytest.approx(one + 1e-3, rel=1e-12)
