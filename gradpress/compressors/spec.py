@@ -39,6 +39,9 @@ class CodecSpec:
             raise ValueError(f"{where}: expected a dict of compression_params, got "
                              f"{type(compression_params).__name__}")
         codec = compression_params.get("compressor", "none")
+        if codec == auto.HALVES:
+            raise ValueError(f"{where}: {auto.HALVES!r} is an option of compressor 'auto' only; to send "
+                             f"float16 on the wire yourself, pass compression=Compression.fp16")
         try:
             if codec == auto.AUTO:  # the planner picks per tensor among these options
                 auto.options(compression_params)

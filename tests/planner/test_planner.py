@@ -96,6 +96,10 @@ def test_fp16_raw_is_an_option_of_auto_without_parameters():
         auto.options({"compressor": "auto", "allowed": [{"compressor": "fp16_raw", "ef": "vanilla"}]})
     with pytest.raises(ValueError, match="accepted: .*fp16_raw"):
         auto.options({"compressor": "auto", "allowed": [{"compressor": "fp32_raw"}]})
+    # not a codec of its own: as a tensor's compression_params it names what to use instead
+    from gradpress.compressors.spec import CodecSpec
+    with pytest.raises(ValueError, match="option of compressor 'auto' only.*Compression.fp16"):
+        CodecSpec.from_params({"compressor": "fp16_raw"})
     # the momentum path carries it (to rounding, as fp16 without error feedback)
     assert momentum_codec_problem({"compressor": "auto", "allowed": ["fp16_raw", "onebit"]}) is None
 
