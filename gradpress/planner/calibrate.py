@@ -185,7 +185,8 @@ def measure_halves() -> CodecCost:
         decomp.append((nbytes, median_s(lambda: land(turn()))))
         add.append((nbytes, median_s(lambda: server_sum.accumulate(accs[turn()], halves[turn.now], first=False))))
         reply.append((nbytes, median_s(lambda: server_sum.to_half(accs[turn()], landed[turn.now]))))
-    return CodecCost(fit_linear(comp), fit_linear(decomp), fit_linear(add), 0.5, server_compress=fit_linear(reply))
+    return CodecCost(fit_linear(comp), fit_linear(decomp), fit_linear(add), 0.5, server_compress=fit_linear(reply),
+                     uncompressed=True)
 
 
 class Turns:

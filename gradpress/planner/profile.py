@@ -64,6 +64,9 @@ class CodecCost:
     # the server's recompression of a round's aggregate where it differs from ``compress``:
     # random-k without scaling is summed and recompressed as its k values (server/values_sum.py)
     server_compress: LinearCost | None = None
+    # no codec, only the wire's dtype (auto's fp16_raw): where a machine's workers reduce
+    # locally, each hands its payload over as it is (the owner sums payloads), not fp32
+    uncompressed: bool = False
 
     @classmethod
     def from_dict(cls, c: dict) -> "CodecCost":
@@ -72,7 +75,8 @@ class CodecCost:
         server = c.get("server_compress")
         return cls(LinearCost(**c["compress"]), LinearCost(**c["decompress"]), LinearCost(**c["add"]),
                    float(c["payload_ratio"]), int(c.get("rank", 0)), int(c.get("rounds", 0)),
-                   float(c.get("min_rate", 0.0)), None if server is None else LinearCost(**server))
+                   float(c.get("min_rate", 0.0)), None if server is None else LinearCost(**server),
+                   bool(c.get("uncompressed", False)))
 
     @property
     def recompress(self) -> LinearCost:

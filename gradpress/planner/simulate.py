@@ -21,7 +21,9 @@ an iteration, with every resource the way gradpress uses it:
 - where a machine's workers reduce locally (``Profile.local_size`` L > 1,
   docs/local-reduce.md), each worker owns a partition in L: for those it sums L raw
   contributions before compressing, for the others it copies its raw partition into a
-  shared segment; the comm thread's cost per partition is that mix's mean. The machine's
+  shared segment; the comm thread's cost per partition is that mix's mean (an option with
+  no codec, raw or ``fp16_raw``, hands its payload over as it travels and the owner adds
+  the peers' payloads). The machine's
   link carries one copy of each partition (the worker's link above stands for it), and a
   server sums one push per machine;
 - where workers and servers share a host's CPUs (``Profile.host``), an iteration takes at
@@ -95,7 +97,17 @@ class Layout:
             # the raw path's compress: nothing on a host; the copy off the device on a GPU
             compress = 0.0 if raw and prof.device == "cpu" else c.compress.fixed_s + c.compress.per_byte_s * b
             self.tables[0, o] = b if raw else np.maximum(c.payload_ratio * b, 1.0)
-            self.tables[1, o] = compress if L == 1 else (compress + local_s + (L - 1) * handover_s) / L
+            if L == 1:
+                self.tables[1, o] = compress
+            elif raw or c.uncompressed:
+                # every worker's own part goes over as it travels (on a GPU its copy off the
+                # device is the hand-over, on a host a copy into its segment); the owner adds
+                # the L - 1 peers' parts (the servers' add of that payload)
+                ratio = 1.0 if raw else c.payload_ratio
+                peer = handover_s * ratio if prof.device == "cpu" else 0.0
+                self.tables[1, o] = compress + (L - 1) * (c.add.fixed_s + c.add.per_byte_s * b + peer) / L
+            else:  # the owner compresses the machine's sum of raw parts
+                self.tables[1, o] = (compress + local_s + (L - 1) * handover_s) / L
             self.tables[2, o] = c.decompress.fixed_s + c.decompress.per_byte_s * b
             self.tables[3, o] = prof.pushers * (c.add.fixed_s + c.add.per_byte_s * b) + \
                 (0.0 if raw else c.recompress.fixed_s + c.recompress.per_byte_s * b)

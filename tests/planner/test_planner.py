@@ -84,6 +84,21 @@ def test_fp16_raw_sends_half_the_bytes_without_a_codec_and_wins_where_a_codec_co
     plan = decide(prof, ["fp16", "fp16_raw", "none"], 0)
     assert set(plan.options) == {"fp16_raw"}, plan
     assert plan.predicted_s < min(decide(prof, [o], 0).predicted_s for o in ("fp16", "none"))
+    # two workers of one machine reducing locally: each casts and copies its halves off the
+    # card (that copy is the hand-over), the owner of a partition adds its peer's halves;
+    # one push per machine
+    halves_only = replace(halves, uncompressed=True)
+    local = replace(prof, workers=2, local_size=2, codecs={**codecs, "fp16_raw": halves_only})
+    comm = off(b) + add(b) / 2
+    assert predict(local, [(0, 1)], ["fp16_raw"]) == pytest.approx(0.1 + comm + trip + back(b) + 0.01, rel=1e-12)
+    # on a host: the cast, and a copy of the halves into the segment for the peer's part
+    host = replace(local, device="cpu")
+    copy = codecs["none"].decompress
+    comm = off(b) + (add(b) + 0.5 * copy(b)) / 2
+    gather = copy(b)   # the fused group's copy into its buffer, on the training thread
+    assert predict(host, [(0, 1)], ["fp16_raw"]) == \
+        pytest.approx(0.1 + gather + comm + trip + back(b) + 0.01, rel=1e-12)
+    assert Profile.from_json(host.to_json()).codecs["fp16_raw"].uncompressed   # in the broadcast profile
 
 
 def test_fp16_raw_is_an_option_of_auto_without_parameters():

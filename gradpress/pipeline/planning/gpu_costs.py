@@ -69,4 +69,4 @@ def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
                                                                             key=keys, round=0, divisor=2)))))
     return CodecCost(fit_linear(comp), fit_linear(decomp), host_side.add, host_side.payload_ratio,
                      server_compress=host_side.server_compress if host_side.server_compress is not None
-                     else (None if raw else host_side.compress))
+                     else (None if raw else host_side.compress), uncompressed=host_side.uncompressed)
