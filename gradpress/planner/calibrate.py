@@ -30,8 +30,8 @@ import numpy as np
 
 from .. import __version__
 from ..compressors import build_compressor
-from ..compressors.lowrank import CODECS as LOW_RANK
 from ..compressors.auto import HALVES
+from ..compressors.lowrank import CODECS as LOW_RANK
 from ..compressors.lowrank import LowRankParams
 from ..kernels.cpu import fp16, lowrank, server_sum
 from ..server.values_sum import ValuesSum
