@@ -48,6 +48,12 @@ class FP16Compressor(TensorCompressor):
     def decompress(tensor, ctx):
         return tensor if ctx is None else tensor.to(ctx)
 
+    @staticmethod
+    def decompress_into(tensor, ctx, out):
+        """``decompress`` written into ``out`` (of ``ctx``'s dtype): a fused bucket widens its
+        average straight into its own buffer, whose views its members hold, with no new tensor."""
+        return out.copy_(tensor)
+
 
 class Compression:
     none = NoneCompressor

@@ -112,10 +112,9 @@ class Bucket(Route):
         (handle, ctx), self._handle = self._handle, None
         given, self._given = self._given, {}
         result = self.comm.wait(handle)
-        if ctx is not None and self.compression is Compression.fp16 and self.buffer is not None \
-                and not self._in_place:
-            self.buffer.copy_(result)  # widened straight into the buffer: its views stand, no new tensor
-            out = self.buffer
+        into = getattr(self.compression, "decompress_into", None)  # (Compression.fp16's: the cast back)
+        if ctx is not None and into is not None and self.buffer is not None and not self._in_place:
+            out = into(result, ctx, self.buffer)
         else:
             out = self.compression.decompress(result, ctx)
         tensors = [given[id(q)] for q in self.members]
