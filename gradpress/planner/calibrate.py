@@ -97,10 +97,7 @@ def measure(params: dict[str, Any]) -> CodecCost:
     comp, decomp, add, recompress, ratio = [], [], [], [], 1.0
     for n in SIZES:
         nbytes = 4 * n
-        # keys enough that each timed call finds its input, residual and output out of cache
-        keys = max(REPEATS + 2, -(-COLD_BYTES // (3 * nbytes)))
-        base = rng.standard_normal(n).astype(np.float32)
-        xs = [base * np.float32(1 + 1e-3 * j) for j in range(keys)]
+        keys, base, xs = cold_inputs(rng, n)
         outs, accs = [np.zeros_like(base) for _ in range(keys)], [np.zeros_like(base) for _ in range(keys)]
         turn = Turns(keys)
         if raw:
@@ -170,9 +167,7 @@ def measure_halves() -> CodecCost:
     comp, decomp, add, reply = [], [], [], []
     for n in SIZES:
         nbytes = 4 * n
-        keys = max(REPEATS + 2, -(-COLD_BYTES // (3 * nbytes)))
-        base = rng.standard_normal(n).astype(np.float32)
-        xs = [base * np.float32(1 + 1e-3 * j) for j in range(keys)]
+        keys, base, xs = cold_inputs(rng, n)
         halves = [x.astype(np.float16) for x in xs]
         outs, accs = [np.zeros_like(base) for _ in range(keys)], [np.zeros_like(base) for _ in range(keys)]
         landed = [np.empty(n, np.float16) for _ in range(keys)]
@@ -187,6 +182,19 @@ def measure_halves() -> CodecCost:
         reply.append((nbytes, median_s(lambda: server_sum.to_half(accs[turn()], landed[turn.now]))))
     return CodecCost(fit_linear(comp), fit_linear(decomp), fit_linear(add), 0.5, server_compress=fit_linear(reply),
                      uncompressed=True)
+
+
+def cold_keys(nbytes: int) -> int:
+    """How many keys of ``nbytes`` a timing cycles through: enough that each call finds its
+    input, residual and output out of cache, at least the repeats and a spare."""
+    return max(REPEATS + 2, -(-COLD_BYTES // (3 * nbytes)))
+
+
+def cold_inputs(rng: np.random.Generator, n: int) -> tuple[int, np.ndarray, list[np.ndarray]]:
+    """``cold_keys`` of ``n`` float32 elements: their count, the base and each key's input."""
+    keys = cold_keys(4 * n)
+    base = rng.standard_normal(n).astype(np.float32)
+    return keys, base, [base * np.float32(1 + 1e-3 * j) for j in range(keys)]
 
 
 class Turns:

@@ -10,7 +10,7 @@ import torch
 from ...compressors import build_compressor
 from ...compressors.auto import raw_halves
 from ...kernels.cuda import device as gpu
-from ...planner.calibrate import COLD_BYTES, REPEATS, SIZES, Turns, measure, median_s
+from ...planner.calibrate import SIZES, Turns, cold_keys, measure, median_s
 from ...planner.profile import CodecCost, fit_linear
 
 
@@ -29,7 +29,7 @@ def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
     comp, decomp = [], []
     for n in SIZES:
         nbytes = 4 * n
-        keys = max(REPEATS + 2, -(-COLD_BYTES // (3 * nbytes)))  # past the card's L2 cache too
+        keys = cold_keys(nbytes)  # past the card's L2 cache too
         base = torch.randn(n, device=device, generator=gen)
         xs = [base * (1 + 1e-3 * j) for j in range(keys)]
         outs = [torch.zeros_like(base) for _ in range(keys)]
