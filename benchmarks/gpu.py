@@ -343,7 +343,11 @@ if sampler:
 plan = getattr(opt, "gradpress_plan", None)
 busy = {{k: (v - cpu_before.get(k, 0.0)) / iters for k, v in cpu_after.items()}}
 with open(out + f".{{rank}}", "w") as fh:
+    planner = getattr(getattr(opt, "_gradpress", None), "planner", None)
     json.dump({{"s": statistics.median(times[-iters:]), "predicted_s": getattr(plan, "predicted_s", None),
+               "plan": plan.summary() if plan is not None else None,
+               "trials": [f"{{p.summary()}}: {{m:.4f}} s ({{t:.4f}})"
+                          for p, m, t in getattr(planner, "measured_plans", [])] or None,
                "backward_host_s": statistics.median(b[0] for b in backwards[-iters:]),
                "backward_device_s": statistics.median(b[1] for b in backwards[-iters:]),
                "thread_cpu_s": {{k: round(v, 5) for k, v in sorted(busy.items(), key=lambda kv: -kv[1])[:8]
@@ -393,7 +397,8 @@ def run_job(system: str, iters: int, tmp: str, timeout: float) -> dict:
         with open(f"{out}.{r}") as fh:
             records.append(json.load(fh))
     return {"s": max(rec["s"] for rec in records), "predicted_s": records[0]["predicted_s"],
-            **{part: records[0].get(part) for part in ("backward_host_s", "backward_device_s", "thread_cpu_s")}}
+            **{part: records[0].get(part) for part in ("backward_host_s", "backward_device_s", "thread_cpu_s",
+                                                       "plan", "trials")}}
 
 
 def jobs(iters: int, timeout: float, only: list | None) -> dict:
@@ -410,10 +415,12 @@ def jobs(iters: int, timeout: float, only: list | None) -> dict:
                 print(f"{system}: failed: {e}", flush=True)
                 continue
             out[f"tfm_{system}_s_per_iter"] = result["s"]
-            for part in ("predicted_s", "backward_host_s", "backward_device_s", "thread_cpu_s"):
-                if result[part] is not None:  # (worker 0's backward and threads)
+            for part in ("predicted_s", "backward_host_s", "backward_device_s", "thread_cpu_s", "plan", "trials"):
+                if result[part] is not None:  # (worker 0's backward and threads; auto's plan and trials)
                     out[f"tfm_{system}_{part}"] = result[part]
-            print(f"{system:>20}  {result['s']:.4f} s/iter", flush=True)
+            print(f"{system:>20}  {result['s']:.4f} s/iter" + (f"  plan {result['plan']}; trials: "
+                                                               f"{'; '.join(result['trials'] or [])}"
+                                                               if result["plan"] else ""), flush=True)
     compute = out.get("tfm_compute_s_per_iter")
     gp = {k: v for k, v in out.items() if k.startswith("tfm_gp_") and k.endswith("_s_per_iter")}
     if compute:
