@@ -94,6 +94,9 @@ def warm_up_cuda(configs: list[dict] | None = None) -> float:
                 together(x, [1, 2, 3], 300, 0.1, [rnd] * 3)
             header, buffers = c.compress(x[:300], key=4, round=rnd, lr=0.1)
             c.decompress(header, _frames(buffers), out, key=4, round=rnd)
+        if params.get("compressor") == "randomk":  # its indices drawn past one block: two kernels more
+            from ..kernels.cuda import randomk_draws
+            randomk_draws.warm_up()
     cuda.synchronize()
     seconds = time.perf_counter() - start
     log.info("CUDA kernels of %s ready in %.2f s", "every codec" if configs is None else

@@ -254,8 +254,25 @@ def warm_up_cases():
     import gradpress.compressors as compressors
     from gradpress.compressors import warmup
     from gradpress.compressors.spec import CodecSpec
-    warm_up_cuda()
+    from gradpress.kernels.cuda import randomk_draws
+    from numba.cuda.simulator import kernel as simulated
+    launched, launch = set(), simulated.FakeCUDAKernel.__call__
+
+    def noted(self, *args):
+        launched.add((self.fn.__module__, self.fn.__name__))
+        return launch(self, *args)
+    simulated.FakeCUDAKernel.__call__ = noted
+    try:
+        warm_up_cuda()
+    finally:
+        simulated.FakeCUDAKernel.__call__ = launch
     yield "warm-up", ""
+    # a job's large random-k draw must find all its kernels compiled (on an H200 the count and
+    # scan of a draw past one block compiled on the communication thread)
+    draws = {(randomk_draws.__name__, name) for name, k in vars(randomk_draws).items()
+             if isinstance(k, simulated.FakeCUDAKernel) and not k._device}
+    missed = sorted(name for _, name in draws - launched)
+    yield "warm-up/randomk-draws", f"never launched by the warm-up: {missed}" if missed else ""
     built, real = [], compressors.build_compressor
     compressors.build_compressor = lambda params, role: built.append(params["compressor"]) or real(params, role)
     try:

@@ -37,6 +37,7 @@ _below = cuda.jit(device=True)(below_py)
 _EMPTY = np.uint32(0xFFFFFFFF)   # a free slot of the table (no index reaches it)
 _NO_STEP = np.int32(0x7FFFFFFF)  # above every step
 _RUN = 8  # bitmap words a thread counts and writes out, in a row (its output follows the one before)
+_ONE_BLOCK = THREADS * _RUN * 32  # elements whose bitmap one block writes out (no count, no scan)
 
 
 @cuda.jit(device=True)
@@ -203,3 +204,10 @@ def draw(seg_len: int, k_full: int, n_last: int, k_last: int, streams: list, rol
         _scan_blocks[1, THREADS, s](block_offsets)
     _emit[word_blocks, THREADS, s](bitmap, block_offsets, out)
     return out
+
+
+def warm_up() -> None:
+    """Compile every kernel ``draw`` may launch: a draw past one block counts and scans the
+    blocks' words, which the codecs' warm-ups on tiny tensors never reach (on an H200 those
+    two kernels then compiled on the communication thread, at a job's first large draw)."""
+    draw(_ONE_BLOCK + 1, 1, _ONE_BLOCK + 1, 1, [0], "randomk-warm-up")
