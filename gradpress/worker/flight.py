@@ -83,26 +83,57 @@ class PartitionFlight:
             self._queue.release()
             self.relay.contribute(op)
             return
-        if self._together(op):
-            self.stages.compress_tensor(op.job)
-        payload = self._payload(op)
+        rounds = self._together(op)
         wk.next_round += 1
         wk.in_flight = op  # (before the send: a push waiting for its copy checks it is still wanted)
-        self.stages.send(op, payload)
         op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
+        if self.stages.encodes_on_device(op):  # launches and a wait for the payload: off this thread
+            self.stages.host_copies.run(lambda: self._encode(op, rounds), lambda made: self._encoded(op, made))
+            return
+        if rounds is not None:
+            self.stages.compress_tensor(op.job, rounds)
+        self.stages.send(op, self._payload(op))
 
-    def _together(self, op: PartitionOp) -> bool:
+    def _encode(self, op: PartitionOp, rounds: list[int] | None) -> Payload | ValueError | None:
+        """On the host-copies thread: ``op``'s payload (with its tensor's other partitions'
+        where ``rounds``), or the ValueError of a refused round."""
+        if rounds is not None:
+            self.stages.compress_tensor(op.job, rounds)
+        try:
+            return self.stages.compress(op)
+        except ValueError as e:
+            return e
+
+    def _encoded(self, op: PartitionOp, made: Payload | ValueError | None) -> None:
+        """Back on this thread: push ``op``'s payload, unless its round failed meanwhile."""
+        if op.wkey.in_flight is not op:
+            return  # failed meanwhile (its deadline passed): the round never goes out
+        if isinstance(made, ValueError):
+            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {made}"))
+            made = PartitionStages.refusal(str(made))
+        self.stages.send(op, made)
+
+    def _together(self, op: PartitionOp) -> list[int] | None:
         """Whether to compress all of ``op``'s tensor's partitions now, with one set of launches
-        (``GRADPRESS_GROUP_PARTITIONS``): asked once per job, at its first partition sent, and
+        (``GRADPRESS_GROUP_PARTITIONS``; the codec and the tensor must allow it,
+        ``stages.compresses_together``): asked once per job, at its first partition sent, and
         only where no partition of the tensor is busy (in flight, holding ops or an early
-        payload) or goes through a local owner, so that each key's next round is this job's."""
+        payload) or goes through a local owner, so that each key's next round is this job's.
+        If so, the keys' rounds to compress, and each key is marked as this job's now, on
+        this thread, before the compress (which may run on another) makes the payloads: a
+        later job's partition must not take a key's round meanwhile (``dispatch``)."""
         job, t = op.job, op.job.tensor
         if job.compressed is not None:
-            return False
+            return None
         job.compressed = {}
-        return (self.s.group_partitions and len(t.keys) > 1 and t.compressor is not None and t.layout is None
+        if not (self.s.group_partitions and len(t.keys) > 1 and t.compressor is not None and t.layout is None
+                and self.stages.compresses_together(job)
                 and all(k.in_flight is None and not k.held and k.compressed_by is None and k.via is None
-                        and not k.pushers for k in t.keys))
+                        and not k.pushers for k in t.keys)):
+            return None
+        for k in t.keys:
+            k.compressed_by = job
+        return [k.next_round for k in t.keys]
 
     def push_summed(self, op: PartitionOp) -> None:
         """The machine's sum of an owned key's round is in ``op.summed``: compress, push, pull."""

@@ -11,12 +11,19 @@ pull, or the owner's local sum) back to the communication thread, which runs it 
 turn of the loop (``run_finished``), woken through its pipe. One partition's copy overlaps
 the push of the one before, as BytePS's copy and push loops do.
 
+A compressed CUDA chunk's encoder ends in the same wait: its payload's copy to the host,
+whose sizes and NaN flags the host must read before the push. So the whole compress (its
+launches, the copy and that wait) runs on this module's thread too (``run``), in the same
+queue: the communication thread lands and sends meanwhile, and the launches keep the order
+in which the partitions were handed over.
+
 What a step comes to is not this thread's to decide: an operation waits here no longer than
 its deadline allows, after which it is failed (``flight.py``) and its late turn does nothing.
 """
 from __future__ import annotations
 
 import collections
+import functools
 import queue
 import threading
 from typing import Any, Callable
@@ -46,18 +53,34 @@ class HostCopies:
         if query is not None and query():
             then()  # no hand-off through the thread and the pipe: its latency would be all it adds
             return
+        self._put(done, None, then)
+
+    def run(self, work: Callable[[], Any], then: Callable[[Any], None]) -> None:
+        """Call ``work`` on this module's thread, after every copy and work queued before it
+        (a compress of a CUDA chunk: launches on gradpress's stream, then a wait for its
+        payload's copy), and ``then(what it returned)`` on the communication thread. What
+        ``work`` raises is raised there instead."""
+        self._put(None, work, then)
+
+    def _put(self, done: Any, work: Any, then: Callable) -> None:
         if self._thread is None:  # a worker that never copies from a GPU never starts it
             self._thread = threading.Thread(target=self._wait, name="gp-host-copies", daemon=True)
+            # it does GPU work and nothing else: it may keep numba's device and its torch
+            # stream set (``kernels/cuda/streams.py``)
+            self._thread.owns_gpu_work = True
             self._thread.start()
-        self._queued.put((done, then))
+        self._queued.put((done, work, then))
 
     def _wait(self) -> None:
         while (item := self._queued.get()) is not None:
-            done, then = item
+            done, work, then = item
             try:
-                done.synchronize()  # (without the GIL)
-            except Exception as e:  # noqa: BLE001 - a CUDA error: the communication thread raises it
-                then = _raiser(e)
+                if work is None:
+                    done.synchronize()  # (without the GIL)
+                else:
+                    then = functools.partial(then, work())
+            except Exception as e:  # noqa: BLE001 - the communication thread raises it
+                then = _raiser(e) if work is None else functools.partial(_reraise, e)
             self._finished.append(then)
             self._wake()
 
@@ -69,6 +92,10 @@ class HostCopies:
     def close(self) -> None:
         if self._thread is not None:
             self._queued.put(None)
+
+
+def _reraise(error: Exception) -> None:
+    raise error
 
 
 def _raiser(error: Exception) -> Callable[[], None]:

@@ -31,9 +31,10 @@ class PushPull:
         """The payload made early for ``wk``'s ``round`` (None: none), taken; raises the
         ValueError of its refused step."""
         early = self.compressed.pop(wk.key, None) if self.compressed else None
+        if wk.compressed_by is self:  # marked for this job's payloads (flight.py): they are taken, or never came
+            wk.compressed_by = None
         if early is None:
             return None
-        wk.compressed_by = None
         made_for, payload = early
         if made_for != round:  # the flight's held ops rule this out
             raise RuntimeError(f"key {wk.key}: payload made for round {made_for}, sent in round {round}")

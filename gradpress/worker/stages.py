@@ -139,25 +139,37 @@ class PartitionStages:
         self.tracer.add("compress", start, now_us(), key=op.wkey.key, round=op.round)
         return _wire(t, meta, buffers)
 
-    def compress_tensor(self, job) -> None:
-        """Compress all of ``job``'s CUDA tensor's partitions at once where its compressor can
-        (``compress_partitions``), each payload kept in ``job.compressed`` for its turn."""
+    @staticmethod
+    def compresses_together(job) -> bool:
+        """Whether ``job``'s tensor may have its partitions compressed at once: a CUDA tensor
+        whose compressor can (``compress_partitions``)."""
+        return getattr(job.tensor.compressor, "compress_partitions", None) is not None and is_device_array(job.src)
+
+    @staticmethod
+    def encodes_on_device(op: PartitionOp) -> bool:
+        """Whether ``op``'s compress runs an encoder on a GPU (and ends waiting for its
+        payload's copy): a CUDA chunk through a codec, its payload not made already."""
+        job, wk = op.job, op.wkey
+        return (job.tensor.compressor is not None and job.tensor.layout is None and wk.via is None
+                and not (job.compressed and wk.key in job.compressed) and is_device_array(job.src))
+
+    def compress_tensor(self, job, rounds: list[int]) -> None:
+        """Compress all of ``job``'s CUDA tensor's partitions at once (``compresses_together``),
+        key i in round ``rounds[i]``, each payload kept in ``job.compressed`` for its turn. The
+        flight marked every key as this job's (``compressed_by``); where the compressor
+        declines, the keys go key by key, and each is unmarked at its own compress."""
         t = job.tensor
-        together = getattr(t.compressor, "compress_partitions", None)
-        if together is None or not is_device_array(job.src):
-            return
         self.await_source(job)
         start = now_us()
         from ..kernels.cuda.device import working_on
         with working_on(job.src):
-            payloads = together(job.src, [wk.key for wk in t.keys], t.parts[0], lr=job.lr,
-                                rounds=[wk.next_round for wk in t.keys])
+            payloads = t.compressor.compress_partitions(job.src, [wk.key for wk in t.keys], t.parts[0], lr=job.lr,
+                                                        rounds=rounds)
         if payloads is None:
             return
-        self.tracer.add("compress", start, now_us(), key=t.keys[0].key, round=t.keys[0].next_round)
-        for wk, payload in zip(t.keys, payloads):
-            wk.compressed_by = job
-            job.compressed[wk.key] = (wk.next_round, payload if isinstance(payload, ValueError) else _wire(t, *payload))
+        self.tracer.add("compress", start, now_us(), key=t.keys[0].key, round=rounds[0])
+        for wk, made_for, payload in zip(t.keys, rounds, payloads):
+            job.compressed[wk.key] = (made_for, payload if isinstance(payload, ValueError) else _wire(t, *payload))
 
     @staticmethod
     def refusal(reason: str) -> Payload:

@@ -1,7 +1,8 @@
 """Copies off the GPU waited for off the communication thread (``worker/host_copies.py``):
 what follows a copy runs on the thread that calls ``run_finished``, in the order the copies
 were queued, and only once each copy's event has happened; a partition's push and pull go
-out only then, over a real ZeroMQ socket, and not at all for a round failed meanwhile."""
+out only then, over a real ZeroMQ socket, and not at all for a round failed meanwhile; and a
+compress of a CUDA chunk, run on the same thread in the same queue (``run``)."""
 import contextlib
 import threading
 
@@ -90,6 +91,25 @@ def test_a_failed_copy_raises_on_the_caller_and_later_copies_still_come():
         copies.run_finished()
     copies.run_finished()
     assert ran == ["good"]
+    copies.close()
+
+
+def test_work_runs_on_the_thread_behind_earlier_copies_and_its_result_or_error_comes_back_to_the_caller():
+    wakes, ran = Wakes(), []
+    copies = HostCopies(wakes)
+    copy = Copy()
+    copies.after(copy, lambda: ran.append("copied"))
+    copies.run(lambda: threading.current_thread().name, lambda name: ran.append(("encoded on", name)))
+
+    def refuse():
+        raise ValueError("the input holds NaN")
+    copies.run(refuse, lambda _: ran.append("never"))
+    assert not wakes.wait_for(1, 0.3), "work ran before the copy queued ahead of it was done"
+    copy.done.set()
+    assert wakes.wait_for(3)
+    with pytest.raises(ValueError, match="the input holds NaN"):  # its own error, not a copy's
+        copies.run_finished()
+    assert ran == ["copied", ("encoded on", "gp-host-copies")]
     copies.close()
 
 

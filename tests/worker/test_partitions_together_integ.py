@@ -5,8 +5,10 @@ with corrected error feedback (the learning rate changing every step), then rand
 draws depend on each key's round). Every
 round's average must be the replay's bits, key by key with the CPU compressors (each
 worker's partitions, the servers' sums and re-encoding, the decode), and the worker's
-residuals must live in one device array per tensor (the launches were shared). The setting
-off is test_together.py's."""
+residuals must live in one device array per tensor (the launches were shared), and every
+encoder must have run on the host-copies thread, never on the communication thread, which
+goes on landing and sending while an encoder's payload copies back. The setting off is
+test_together.py's."""
 import pytest
 from simulated import JOB_PREAMBLE
 
@@ -19,6 +21,14 @@ from gradpress.compressors import build_compressor
 from gradpress.compressors.spec import CodecSpec
 from gradpress.config import Settings
 from gradpress.worker import WorkerClient
+import threading
+from gradpress.compressors.error_feedback import ErrorFeedback
+encoded_on = set()
+together = ErrorFeedback.compress_partitions
+def compress_partitions(self, *args, **kwargs):
+    encoded_on.add(threading.current_thread().name)
+    return together(self, *args, **kwargs)
+ErrorFeedback.compress_partitions = compress_partitions
 c = WorkerClient(Settings.load(os.environ))
 c.start()
 r, n = c.rank, c.size
@@ -48,6 +58,7 @@ for name, params in (("signs", {"compressor": "onebit", "scaling": True, "ef": "
         got = out.copy_to_host()
         assert got.tobytes() == want.tobytes(), (name, step, np.flatnonzero(got != want)[:5])
     wholes.append(len(c.comm.table.tensors[name].compressor._wholes))
+assert "gp-host-copies" in encoded_on and "gp-worker-comm" not in encoded_on, encoded_on  # (main: the warm-up)
 print(f"OK {r} wholes={wholes}", flush=True)
 c.finish()
 """

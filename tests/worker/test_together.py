@@ -1,16 +1,21 @@
 """When the flight compresses a tensor's partitions together (``PartitionFlight._together``,
 ``GRADPRESS_GROUP_PARTITIONS``), and the rule that keeps a later job's partition from taking
 a key whose next payload an earlier job already made: a real flight and key table, the
-stages replaced by a recorder that makes payloads early as ``compress_tensor`` does."""
+stages replaced by a recorder that makes payloads early as ``compress_tensor`` does; and the
+same with the encoders run on the host-copies thread, as a CUDA tensor's are."""
+import threading
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from gradpress.compressors.spec import CodecSpec
 from gradpress.config import Settings
+from gradpress.errors import JobError
 from gradpress.worker.deadlines import Deadlines
 from gradpress.worker.flight import PartitionFlight
 from gradpress.worker.future import Future
+from gradpress.worker.host_copies import HostCopies
 from gradpress.worker.jobs import PartitionOp, PushPull
 from gradpress.worker.keys import KeyTable, Tensor
 
@@ -29,11 +34,19 @@ class Stages:
     def await_source(self, job):
         pass
 
-    def compress_tensor(self, job):
+    @staticmethod
+    def compresses_together(job):
+        return True
+
+    @staticmethod
+    def encodes_on_device(op):
+        return False
+
+    def compress_tensor(self, job, rounds):
         self.together.append(job)
-        for wk in job.tensor.keys:
-            wk.compressed_by = job
-            job.compressed[wk.key] = (wk.next_round, ({"early": True}, []))
+        assert all(wk.compressed_by is job for wk in job.tensor.keys), "the flight marks the keys first"
+        for wk, made_for in zip(job.tensor.keys, rounds):
+            job.compressed[wk.key] = (made_for, ({"early": True}, []))
 
     def compress(self, op):
         return op.job.early_payload(op.wkey, op.round)
@@ -89,3 +102,75 @@ def test_a_later_jobs_partition_waits_for_the_key_an_earlier_job_made_its_payloa
     assert all(early for *_, early in stages.pushed)
     assert all(wk.compressed_by is None for wk in t.keys)
     assert [k for k in t.keys if k.held], "b's partitions wait for a's rounds to land"
+
+
+class OffThread(Stages):
+    """The encoders run on a real host-copies thread (as a CUDA tensor's do), the first one
+    held until the test lets it go; ``refuse`` makes every key-by-key compress refuse."""
+
+    def __init__(self, refuse: bool = False):
+        super().__init__()
+        self.wakes = threading.Semaphore(0)
+        self.host_copies = HostCopies(self.wakes.release)
+        self.go, self.refuse, self.threads, self.headers = threading.Event(), refuse, set(), []
+
+    @staticmethod
+    def encodes_on_device(op):
+        return not (op.job.compressed and op.wkey.key in op.job.compressed)
+
+    def compress_tensor(self, job, rounds):
+        assert self.go.wait(30), "the test never let the encoder go"
+        super().compress_tensor(job, rounds)
+
+    def compress(self, op):
+        self.threads.add(threading.current_thread().name)
+        early = op.job.early_payload(op.wkey, op.round)
+        if self.refuse and early is None:
+            raise ValueError("the input holds NaN or inf")
+        return early if early is not None else ({"late": True}, [])
+
+    def send(self, op, payload):
+        super().send(op, payload)
+        self.headers.append(payload[0])
+
+    def finished(self, n):
+        assert all(self.wakes.acquire(timeout=30) for _ in range(n)), "an encoder never finished"
+        self.host_copies.run_finished()
+
+
+def test_while_encoders_run_off_this_thread_a_later_job_takes_no_key_and_each_push_follows_its_encoder():
+    flight, _, t = setup()
+    stages = flight.stages = OffThread()
+    a, b = job(t, 0.1), job(t, 0.2)
+    flight.start(a, priority=0)
+    flight._queue.take()
+    flight._queue.release()
+    flight._send(PartitionOp(a, t.keys[0]))
+    flight.start(b, priority=100)  # b first by priority, while a's encoder has not run yet
+    flight.dispatch()
+    assert stages.pushed == [] and stages.together == [], "pushed before its encoder ran"
+    stages.go.set()
+    stages.finished(3)
+    assert sorted(stages.pushed) == [(0, 0, 0.1, True), (1, 0, 0.1, True), (2, 0, 0.1, True)], \
+        f"a key's round 0 went to the later job: {stages.pushed}"
+    assert stages.threads == {"gp-host-copies"}
+    assert all(wk.compressed_by is None for wk in t.keys) and all(wk.held for wk in t.keys)
+    stages.host_copies.close()
+
+
+def test_a_round_refused_off_this_thread_fails_its_job_and_goes_out_refused_and_a_failed_one_never_goes():
+    flight, _, t = setup(parts=(4,))
+    stages = flight.stages = OffThread(refuse=True)
+    a = job(t, 0.1)
+    flight._send(PartitionOp(a, t.keys[0]))
+    stages.finished(1)
+    assert stages.pushed == [(0, 0, 0.1, True)] and stages.headers == [{"refused": "the input holds NaN or inf"}]
+    with pytest.raises(JobError, match="tensor 't': the input holds NaN or inf"):
+        a.future.result(0)
+    t.keys[0].in_flight = None
+    b = job(t, 0.1)
+    flight._send(PartitionOp(b, t.keys[0]))
+    t.keys[0].in_flight = None  # its deadline passed while its encoder ran
+    stages.finished(1)
+    assert stages.pushed == [(0, 0, 0.1, True)], "a failed round went out"
+    stages.host_copies.close()
