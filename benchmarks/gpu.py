@@ -348,6 +348,9 @@ with open(out + f".{{rank}}", "w") as fh:
                "plan": plan.summary() if plan is not None else None,
                "trials": [f"{{p.summary()}}: {{m:.4f}} s ({{t:.4f}})"
                           for p, m, t in getattr(planner, "measured_plans", [])] or None,
+               # the model's cost per partition, and the probe's where it was fitted to the profiled steps
+               "message_ms": [round(1e3 * v, 4) for v in (profile.message_s, profile.notes.get("message_s_probed"))
+                              if v is not None] if (profile := getattr(planner, "profile", None)) else None,
                "backward_host_s": statistics.median(b[0] for b in backwards[-iters:]),
                "backward_device_s": statistics.median(b[1] for b in backwards[-iters:]),
                "thread_cpu_s": {{k: round(v, 5) for k, v in sorted(busy.items(), key=lambda kv: -kv[1])[:8]
@@ -398,7 +401,7 @@ def run_job(system: str, iters: int, tmp: str, timeout: float) -> dict:
             records.append(json.load(fh))
     return {"s": max(rec["s"] for rec in records), "predicted_s": records[0]["predicted_s"],
             **{part: records[0].get(part) for part in ("backward_host_s", "backward_device_s", "thread_cpu_s",
-                                                       "plan", "trials")}}
+                                                       "plan", "trials", "message_ms")}}
 
 
 def jobs(iters: int, timeout: float, only: list | None) -> dict:
@@ -415,7 +418,8 @@ def jobs(iters: int, timeout: float, only: list | None) -> dict:
                 print(f"{system}: failed: {e}", flush=True)
                 continue
             out[f"tfm_{system}_s_per_iter"] = result["s"]
-            for part in ("predicted_s", "backward_host_s", "backward_device_s", "thread_cpu_s", "plan", "trials"):
+            for part in ("predicted_s", "backward_host_s", "backward_device_s", "thread_cpu_s", "plan", "trials",
+                         "message_ms"):
                 if result[part] is not None:  # (worker 0's backward and threads; auto's plan and trials)
                     out[f"tfm_{system}_{part}"] = result[part]
             print(f"{system:>20}  {result['s']:.4f} s/iter" + (f"  plan {result['plan']}; trials: "

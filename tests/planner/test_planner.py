@@ -636,3 +636,34 @@ def test_the_profiled_steps_as_a_plan_keep_their_fused_groups():
     assert plan.groups == ((0,), (1, 3), (2,), (4,)) and plan.options == ("none",) * 4 and measured == 0.2
     assert plan.predicted_s == pytest.approx(predict(prof, list(plan.groups), list(plan.options)))
     assert profiled_plan(prof, {"onebit": {}}, []) is None  # the user asked for codecs only
+
+
+def test_a_gpu_workers_cost_per_partition_is_fitted_to_the_profiled_steps_and_then_plans_fewer_partitions():
+    """``profiling.message_fitted``: on a GPU worker the probe's message cost (tiny host
+    push_pulls) misses what each partition of a CUDA tensor costs; the model is fitted to the
+    profiled steps (every tensor raw, apart) by raising it. Here the steps took what a cost of
+    300 us a partition gives where the probe said 20 us: the fit finds 300 us, and the decision
+    then fuses the halves into fewer groups, which the true cost puts faster than the plan
+    decided on the probe's. Never lowered, and a host's profile is left as it is."""
+    from gradpress.pipeline.planning.profiling import message_fitted, profiled_plan
+    halves = CodecCost(LinearCost(1e-5, 2.5e-11), LinearCost(2e-5, 5e-11), LinearCost(0.0, 1e-10), 0.5,
+                       server_compress=LinearCost(0.0, 5e-11))
+    codecs = {"none": CodecCost(LinearCost(1e-5, 5e-11), LinearCost(2e-5, 1e-10), LinearCost(0.0, 2e-10), 1.0),
+              "fp16_raw": halves}
+    probed = replace(profile([(MB // 4, 0.05 + 1e-4 * i) for i in range(40)], workers=2, servers=2, rate=5e9,
+                             backward=0.054, codecs=codecs, message=20e-6), device="cuda", notes={"profiled_s": 1.0})
+    true = replace(probed, message_s=300e-6)
+    raw_apart, _, _ = profiled_plan(probed, {"none": {}})
+    took = predict(*raw_apart.simulated(true))
+    assert took > 1.1 * predict(*raw_apart.simulated(probed)), "the case must be one the message cost decides"
+    probed = replace(probed, notes={"profiled_s": took})
+    fitted = message_fitted(probed)
+    assert fitted.message_s == pytest.approx(300e-6, rel=1e-6) and fitted.notes["message_s_probed"] == 20e-6
+    assert predict(*raw_apart.simulated(fitted)) == pytest.approx(took, rel=1e-6)
+    on_probe, on_fit = decide(probed, ["fp16_raw", "none"], 0), decide(fitted, ["fp16_raw", "none"], 0)
+    assert len(on_fit.groups) < len(on_probe.groups) == 40
+    assert predict(*on_fit.simulated(true)) < 0.95 * predict(*on_probe.simulated(true))
+    assert message_fitted(replace(probed, notes={"profiled_s": 0.5 * took})) == replace(
+        probed, notes={"profiled_s": 0.5 * took}), "lowered"
+    assert message_fitted(replace(probed, device="cpu")).message_s == 20e-6
+    assert message_fitted(replace(probed, notes={})).message_s == 20e-6  # nothing measured

@@ -168,7 +168,7 @@ class AutoPlanner:
         text = None
         if self.comm.rank() == 0:  # "": nothing left to plan
             text = first_profile(self.clock, planned, self.names, self.priority, self.options, round_trips,
-                                 batches, self.comm, self.params).to_json() if planned else ""
+                                 batches, self.comm, self.params, self.fused).to_json() if planned else ""
         text = self.agreement.broadcast(text, "PlanProfile", self.version)
         if not text:
             self._keep(set())
