@@ -171,7 +171,7 @@ import json, os, threading, torch, gradpress.torch as bps
 from numba.cuda.dispatcher import CUDADispatcher
 on_comm_thread, compile = [], CUDADispatcher.compile
 
-def recorded(self, sig):  # a kernel compiled on the communication thread stops its heartbeats meanwhile
+def recorded(self, sig):  # compiled on the communication or host-copies thread: every push waits meanwhile
     before = len(self.overloads)
     kernel = compile(self, sig)
     if len(self.overloads) > before and getattr(threading.current_thread(), "owns_gpu_work", False):
@@ -197,7 +197,7 @@ for label, params in json.loads(os.environ["GP_RUNS"]).items():
             opt.step()
         results[f"{label}/{dtype}"] = {n: p.detach().float().cpu() for n, p in model.named_parameters()}
 torch.save(results, os.path.join(os.environ["GP_TEST_DIR"], f"w{bps.rank()}.pt"))
-assert not on_comm_thread, f"kernels compiled on the communication thread: {on_comm_thread}"
+assert not on_comm_thread, f"kernels compiled on the worker's GPU threads (communication, host copies): {on_comm_thread}"
 bps.shutdown()
 """
 CODECS = {"none": None, "fp16": {"compressor": "fp16"},
