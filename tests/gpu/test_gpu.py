@@ -197,7 +197,7 @@ for label, params in json.loads(os.environ["GP_RUNS"]).items():
             opt.step()
         results[f"{label}/{dtype}"] = {n: p.detach().float().cpu() for n, p in model.named_parameters()}
 torch.save(results, os.path.join(os.environ["GP_TEST_DIR"], f"w{bps.rank()}.pt"))
-assert not on_comm_thread, f"kernels compiled on the worker's GPU threads (communication, host copies): {on_comm_thread}"
+assert not on_comm_thread, f"kernels compiled on the worker's GPU threads (communication, copies): {on_comm_thread}"
 bps.shutdown()
 """
 CODECS = {"none": None, "fp16": {"compressor": "fp16"},
