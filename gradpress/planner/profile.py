@@ -106,6 +106,7 @@ class TensorProfile:
     ready_s: float            # gradient ready, seconds after the iteration started
     priority: int             # larger goes first (layers the next forward pass needs first)
     rows: int = 1             # a gradient of 2+ dimensions: its first dimension (low-rank options)
+    itemsize: int = 4         # its dtype's bytes an element (nbytes counts float32, as codecs take it)
 
     @property
     def cols(self) -> int:
@@ -170,8 +171,9 @@ class Profile:
         for t in self.tensors:
             check(t.nbytes >= 0 and math.isfinite(t.ready_s) and t.ready_s >= 0,
                   f"tensor {t.name!r}: size {t.nbytes} and ready time {t.ready_s} must be non-negative")
-            check(t.rows >= 1 and (t.nbytes // 4) % t.rows == 0,
-                  f"tensor {t.name!r}: {t.rows} rows do not divide its {t.nbytes // 4} elements")
+            check(t.rows >= 1 and (t.nbytes // 4) % t.rows == 0 and t.itemsize in (2, 4, 8),
+                  f"tensor {t.name!r}: {t.rows} rows must divide its {t.nbytes // 4} elements, and its "
+                  f"itemsize {t.itemsize} be 2, 4 or 8")
         h = self.host
         if h is not None:
             check(h.cores > 0 and 1 <= h.workers <= self.workers and 0 <= h.servers <= self.servers
@@ -217,8 +219,7 @@ class Profile:
                                    f"{PROFILE_VERSION}")
             codecs = {name: CodecCost.from_dict(c) for name, c in d["codecs"].items()}
             tensors = tuple(TensorProfile(str(t["name"]), int(t["nbytes"]), float(t["ready_s"]), int(t["priority"]),
-                                          int(t.get("rows", 1)))
-                            for t in d["tensors"])
+                                          int(t.get("rows", 1)), int(t.get("itemsize", 4))) for t in d["tensors"])
             h = d.get("host")
             host = None if h is None else HostShare(float(h["cores"]), int(h["workers"]), int(h["servers"]),
                                                     float(h["train_cpu_s"]), float(h.get("wire_s_per_byte", 0.0)))

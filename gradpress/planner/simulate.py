@@ -63,23 +63,30 @@ class Layout:
         # a fused group's gather: one memory pass on the host; on a GPU a device copy, noise
         # beside the partitions' trips over the bus
         copy = none.decompress if prof.device == "cpu" else LinearCost(0.0, 0.0)
-        self.group_bytes = []
+        self.group_bytes, raw_ratio = [], []
         for g, members in enumerate(self.groups):
             # a group is ready with its last member (a re-based timeline keeps the decision's
             # order, so "last" is the latest, not the final index)
             nbytes = sum(prof.tensors[i].nbytes for i in members)
             self.group_bytes.append(nbytes)
+            # the raw path sends a group in its members' dtype where they share one (float16:
+            # half of ``nbytes``, which counts float32 as a codec takes them), else in float32
+            sizes_of = {prof.tensors[i].itemsize for i in members}
+            ratio = sizes_of.pop() / 4 if len(sizes_of) == 1 else 1.0
             fused = len(members) > 1
-            at = max(prof.tensors[i].ready_s for i in members) + (copy(nbytes) if fused else 0.0)
+            # (the gather at the raw path's bytes: a codec's float32 buffer of half members
+            # reads those and writes twice as many)
+            at = max(prof.tensors[i].ready_s for i in members) + (copy(nbytes * ratio) if fused else 0.0)
             pr = max(prof.tensors[i].priority for i in members)
             parts = _partitions(nbytes, prof.partition_bytes)
             sizes += parts
+            raw_ratio += [ratio] * len(parts)
             ready += [at] * len(parts)
             prio += [pr] * len(parts)
             group_of += [g] * len(parts)
         self.group_of = np.array(group_of, np.int64)
         self.ready = np.array(ready, np.float64)
-        self.sizes = b = np.array(sizes, np.float64)
+        self.sizes = fp32 = np.array(sizes, np.float64)
         server, engine = np.empty(len(sizes), np.int64), np.empty(len(sizes), np.int64)
         place_partitions(self.sizes, prof.servers, prof.engine_threads, server, engine)
         by_ready = np.argsort(self.ready, kind="stable").astype(np.int64)
@@ -87,13 +94,17 @@ class Layout:
         # payload, compress, decompress, serve; per option and partition
         self.tables = np.empty((4, len(opts), len(sizes)))
         raw_add, L = prof.codecs["none"].add, prof.local_size
-        local_s = (L - 1) * (raw_add.fixed_s + raw_add.per_byte_s * b)   # an owner's sum of its peers' parts
         # a peer's copy into its segment (from the device: the raw path's device-to-host copy)
         handover = none.decompress if prof.device == "cpu" else none.compress
-        handover_s = handover.fixed_s + handover.per_byte_s * b
         for o, name in enumerate(opts):
             c = prof.codecs[name]
             raw = name == "none"
+            # the bytes of a partition as this option takes it: a codec's float32, raw its dtype's
+            # (partitions are cut by the float32 bytes: a float16 group's raw partitions are
+            # counted twice as many as the job sends, each half as large)
+            b = fp32 * np.array(raw_ratio) if raw else fp32
+            local_s = (L - 1) * (raw_add.fixed_s + raw_add.per_byte_s * b)   # an owner's sum of its peers' parts
+            handover_s = handover.fixed_s + handover.per_byte_s * b
             # the raw path's compress: nothing on a host; the copy off the device on a GPU
             compress = 0.0 if raw and prof.device == "cpu" else c.compress.fixed_s + c.compress.per_byte_s * b
             self.tables[0, o] = b if raw else np.maximum(c.payload_ratio * b, 1.0)

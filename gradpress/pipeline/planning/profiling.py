@@ -92,7 +92,7 @@ def tensors(clock: StepClock, params: list[torch.Tensor], names: dict[int, str],
     typical = {id(p): statistics.median(clock.ready[id(p)] or [0.0]) for p in params}
     order = sorted(params, key=lambda p: (typical[id(p)], -priority[id(p)]))
     return tuple(TensorProfile(names[id(p)], 4 * p.numel(), typical[id(p)], priority[id(p)],
-                               p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1) for p in order)
+                               p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1, p.element_size()) for p in order)
 
 
 def host_share(clock: StepClock, comm: Comm, moved_per_step: int) -> HostShare | None:
