@@ -195,8 +195,12 @@ class PartitionFlight:
         if op.wkey.in_flight is not op:
             return  # it landed in time
         missing = self.relay.waiting_for(op) if self.relay is not None and op.wkey.pushers else []
-        where = f"waiting for the local push of worker(s) {missing}" if missing else \
-            f"on {self.describe(self.stages.endpoint(op.wkey))}"
+        if missing:
+            where = f"waiting for the local push of worker(s) {missing}"
+        elif not op.sent_us and not op.wkey.pushers:  # with the host-copies thread: a GPU copy or encoder hangs
+            where = "never sent: its copy off the GPU, or its encoder there, did not finish"
+        else:
+            where = f"on {self.describe(self.stages.endpoint(op.wkey))}"
         message = (f"push_pull of {op.wkey.describe()}, round {op.round}, {where}: "
                    f"no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s")
         if op.wkey.pushers and self.relay is not None:

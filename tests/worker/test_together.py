@@ -11,7 +11,7 @@ import pytest
 
 from gradpress.compressors.spec import CodecSpec
 from gradpress.config import Settings
-from gradpress.errors import JobError
+from gradpress.errors import JobError, OpTimeoutError
 from gradpress.worker.deadlines import Deadlines
 from gradpress.worker.flight import PartitionFlight
 from gradpress.worker.future import Future
@@ -173,4 +173,20 @@ def test_a_round_refused_off_this_thread_fails_its_job_and_goes_out_refused_and_
     t.keys[0].in_flight = None  # its deadline passed while its encoder ran
     stages.finished(1)
     assert stages.pushed == [(0, 0, 0.1, True)], "a failed round went out"
+    stages.host_copies.close()
+
+
+def test_a_round_whose_encoder_never_finishes_fails_at_its_deadline_naming_the_gpu_not_a_server():
+    flight, _, t = setup(parts=(4,))
+    stages = flight.stages = OffThread()
+    stages.compress = lambda op: stages.go.wait(30) and ({"late": True}, [])  # a GPU that hangs
+    a = job(t, 0.1)
+    op = PartitionOp(a, t.keys[0])
+    flight._send(op)
+    flight._expire(op)
+    with pytest.raises(OpTimeoutError, match="round 0, never sent: its copy off the GPU, or its encoder there"):
+        a.future.result(0)
+    stages.go.set()
+    stages.finished(1)
+    assert stages.pushed == [], "a failed round went out"
     stages.host_copies.close()
