@@ -25,9 +25,10 @@ gradient, and the communication thread enters ``working_on`` a few times per par
 a thread remembers the device it launches on (numba's context is switched only when the
 device changes; a driver call each time cost 2 to 4% of the communication thread on an
 H100), events are reused (a fresh ``torch.cuda.Event`` creates a driver event at its first
-record), and the thread that owns the worker's GPU work (a thread whose ``owns_gpu_work``
-attribute is true: the communication thread) keeps numba's device and gradpress's stream as
-its current torch stream instead of switching them at every call.
+record), and the threads that own the worker's GPU work (a thread whose ``owns_gpu_work``
+attribute is true: the communication thread, and the host-copies thread that runs the
+encoders) keep numba's device and gradpress's stream as their current torch stream instead
+of switching them at every call.
 """
 from __future__ import annotations
 
