@@ -87,6 +87,7 @@ class Layout:
         self.group_of = np.array(group_of, np.int64)
         self.ready = np.array(ready, np.float64)
         self.sizes = fp32 = np.array(sizes, np.float64)
+        raw_bytes = fp32 * np.array(raw_ratio)
         server, engine = np.empty(len(sizes), np.int64), np.empty(len(sizes), np.int64)
         place_partitions(self.sizes, prof.servers, prof.engine_threads, server, engine)
         by_ready = np.argsort(self.ready, kind="stable").astype(np.int64)
@@ -102,7 +103,7 @@ class Layout:
             # the bytes of a partition as this option takes it: a codec's float32, raw its dtype's
             # (partitions are cut by the float32 bytes: a float16 group's raw partitions are
             # counted twice as many as the job sends, each half as large)
-            b = fp32 * np.array(raw_ratio) if raw else fp32
+            b = raw_bytes if raw else fp32
             local_s = (L - 1) * (raw_add.fixed_s + raw_add.per_byte_s * b)   # an owner's sum of its peers' parts
             handover_s = handover.fixed_s + handover.per_byte_s * b
             # the raw path's compress: nothing on a host; the copy off the device on a GPU

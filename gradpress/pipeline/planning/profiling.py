@@ -76,9 +76,9 @@ def message_fitted(profile: Profile, fused: Sequence[Sequence[str]] = ()) -> Pro
 
     def predicted(message_s: float) -> float:
         return predict(*plan.simulated(dataclasses.replace(profile, message_s=message_s)))
-    low, high = profile.message_s, profile.message_s + measured  # high: the partitions alone take longer
-    if predicted(low) >= measured:
+    if plan.predicted_s >= measured:  # (predicted on ``profile`` as it is)
         return profile
+    low, high = profile.message_s, profile.message_s + measured  # high: the partitions alone take longer
     for _ in range(40):  # a bisection: the model's time grows with the cost of a message
         middle = (low + high) / 2
         low, high = (middle, high) if predicted(middle) < measured else (low, middle)
