@@ -14,7 +14,13 @@ an iteration, with every resource the way gradpress uses it:
   direction; a server's link carries every worker's copy of a push or reply;
 - a server sums a round's pushes and recompresses the aggregate on the engine thread its
   key is pinned to (least loaded by bytes, as the server pins them), once every push is in;
-- partitions go to servers as the scheduler places them (least loaded by bytes);
+- a group is cut into partitions of ``partition_bytes`` on the wire, as the worker cuts it:
+  a codec's at float32 (it widens half precision), the raw path's at the members' dtype,
+  ``fp16_raw``'s at float16. So the model cuts each group at the finest any option needs
+  (slots) and an option that sends two slots' bytes in one partition takes the pair as one
+  (``merged``);
+- partitions go to servers as the scheduler places them (least loaded by bytes; a merged
+  partition where its first slot was placed);
 - the iteration ends when backward is done and every group has landed, plus the
   optimizer's step (a fused group hands its average back as views of its buffer:
   ``torch/fusion.py``);
@@ -63,7 +69,7 @@ class Layout:
         # a fused group's gather: one memory pass on the host; on a GPU a device copy, noise
         # beside the partitions' trips over the bus
         copy = none.decompress if prof.device == "cpu" else LinearCost(0.0, 0.0)
-        self.group_bytes, raw_ratio = [], []
+        self.group_bytes, raw_ratio, finest, first = [], [], [], []
         for g, members in enumerate(self.groups):
             # a group is ready with its last member (a re-based timeline keeps the decision's
             # order, so "last" is the latest, not the final index)
@@ -78,32 +84,46 @@ class Layout:
             # reads those and writes twice as many)
             at = max(prof.tensors[i].ready_s for i in members) + (copy(nbytes * ratio) if fused else 0.0)
             pr = max(prof.tensors[i].priority for i in members)
-            parts = _partitions(nbytes, prof.partition_bytes)
+            # slots: float32 cuts, or float64's finer ones where the raw path sends 8 bytes
+            finest.append(max(1.0, ratio))
+            parts = _partitions(nbytes, int(prof.partition_bytes / finest[-1]))
+            first.append(len(sizes))
             sizes += parts
-            raw_ratio += [ratio] * len(parts)
+            raw_ratio.append(ratio)
             ready += [at] * len(parts)
             prio += [pr] * len(parts)
             group_of += [g] * len(parts)
         self.group_of = np.array(group_of, np.int64)
         self.ready = np.array(ready, np.float64)
-        self.sizes = fp32 = np.array(sizes, np.float64)
-        raw_bytes = fp32 * np.array(raw_ratio)
-        server, engine = np.empty(len(sizes), np.int64), np.empty(len(sizes), np.int64)
-        place_partitions(self.sizes, prof.servers, prof.engine_threads, server, engine)
+        self.sizes = np.array(sizes, np.float64)
         by_ready = np.argsort(self.ready, kind="stable").astype(np.int64)
-        self.ints = np.stack([self.group_of, np.array(prio, np.int64), server, engine, by_ready])
-        # payload, compress, decompress, serve; per option and partition
-        self.tables = np.empty((4, len(opts), len(sizes)))
+        # group, priority, ready order; then each option's server and engine (filled below)
+        self.ints = np.empty((3 + 2 * len(opts), len(sizes)), np.int64)
+        self.ints[:3] = self.group_of, np.array(prio, np.int64), by_ready
+        # payload, compress, decompress, serve, whether the slot starts a partition of the
+        # option; per option and slot
+        self.tables = np.empty((5, len(opts), len(sizes)))
         raw_add, L = prof.codecs["none"].add, prof.local_size
         # a peer's copy into its segment (from the device: the raw path's device-to-host copy)
         handover = none.decompress if prof.device == "cpu" else none.compress
+        group_ratio, group_finest = np.array(raw_ratio)[self.group_of], np.array(finest)[self.group_of]
+        cuts: dict[object, tuple] = {}   # by the dtype an option's partitions are cut at
         for o, name in enumerate(opts):
             c = prof.codecs[name]
             raw = name == "none"
-            # the bytes of a partition as this option takes it: a codec's float32, raw its dtype's
-            # (partitions are cut by the float32 bytes: a float16 group's raw partitions are
-            # counted twice as many as the job sends, each half as large)
-            b = raw_bytes if raw else fp32
+            # that dtype against float32: the members' on the raw path, float16 for
+            # ``fp16_raw``, float32 for a codec
+            wire = "raw" if raw else (c.payload_ratio if c.uncompressed else 1.0)
+            if wire not in cuts:
+                fp32, starts = merged(self.sizes, self.group_of, np.array(first, np.int64),
+                                      np.rint(group_finest / (group_ratio if raw else wire)).astype(np.int64))
+                # the bytes of a partition as this option takes it: a codec's float32, raw its dtype's
+                b = fp32 * group_ratio if raw else fp32
+                # the scheduler places the partitions as declared: at those bytes
+                placed = np.empty((2, len(sizes)), np.int64)
+                place_partitions(b, prof.servers, prof.engine_threads, placed[0], placed[1])
+                cuts[wire] = b, starts, placed
+            b, starts, self.ints[3 + 2 * o:5 + 2 * o] = cuts[wire]
             local_s = (L - 1) * (raw_add.fixed_s + raw_add.per_byte_s * b)   # an owner's sum of its peers' parts
             handover_s = handover.fixed_s + handover.per_byte_s * b
             # the raw path's compress: nothing on a host; the copy off the device on a GPU
@@ -123,6 +143,8 @@ class Layout:
             self.tables[2, o] = c.decompress.fixed_s + c.decompress.per_byte_s * b
             self.tables[3, o] = prof.pushers * (c.add.fixed_s + c.add.per_byte_s * b) + \
                 (0.0 if raw else c.recompress.fixed_s + c.recompress.per_byte_s * b)
+            self.tables[:4, o] *= starts   # a slot merged into the one before costs nothing
+            self.tables[4, o] = starts
         self.job = np.array([prof.pushers, prof.servers, prof.engine_threads, prof.credit,
                              prof.link.bytes_per_s, prof.link.alpha_s, prof.message_s], np.float64)
         self._land = np.empty(len(sizes))
@@ -165,6 +187,20 @@ class Layout:
     def landings(self) -> np.ndarray:
         """When each group landed in the last ``predict`` (s after the iteration started)."""
         return self._group_land.copy()
+
+
+def merged(sizes: np.ndarray, group_of: np.ndarray, first: np.ndarray, merge: np.ndarray,
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Slots taken ``merge[p]`` at a time within their group (``first[g]``: group g's first
+    slot): (each slot's float32 bytes as the partition it starts, 0 where it starts none;
+    1.0 where it starts one, else 0.0)."""
+    if (merge == 1).all():
+        return sizes, np.ones(len(sizes))
+    k = np.arange(len(sizes)) - first[group_of]                     # the slot's place in its group
+    starts = (k % merge == 0).astype(np.float64)
+    ends = np.minimum(np.arange(len(sizes)) + merge, np.append(first[1:], len(sizes))[group_of])
+    total = np.concatenate(([0.0], np.cumsum(sizes)))
+    return (total[ends] - total[:len(sizes)]) * starts, starts
 
 
 def _partitions(nbytes: int, partition_bytes: int) -> list[int]:

@@ -669,6 +669,39 @@ def test_a_gpu_workers_cost_per_partition_is_fitted_to_the_profiled_steps_and_th
     assert message_fitted(replace(probed, notes={})).message_s == 20e-6  # nothing measured
 
 
+def test_partitions_are_cut_at_the_bytes_each_option_sends():
+    """The worker cuts a tensor into partitions of ``partition_bytes`` of what goes on the
+    wire: a codec's float32 (it widens half precision), the raw path's own dtype,
+    ``fp16_raw``'s float16. Where a message is the only cost, the step counts them."""
+    m = 1e-3
+    zero = CodecCost(ZERO, ZERO, ZERO, 1.0)
+    codecs = {"none": zero, "onebit": replace(zero, payload_ratio=1 / 32),
+              "fp16_raw": replace(zero, payload_ratio=0.5, uncompressed=True)}
+
+    def made(tensors, costs=codecs, **kw):
+        prof = profile([(b, 0.1) for b, _ in tensors], codecs=costs, credit=64, message=m, **kw)
+        return replace(prof, tensors=tuple(replace(t, itemsize=size) for t, (_, size) in zip(prof.tensors, tensors)))
+
+    def partitions(tensors, groups, options):
+        # every partition ready at 0.1 s, the link and the codecs free: a message each
+        return (predict(made(tensors, rate=1e18, alpha=0.0), groups, options) - 0.1 - 0.01) / m
+
+    for size, raw in ((4, 4), (2, 2), (8, 8)):    # float32, float16, float64 (16 MB as float32)
+        assert partitions([(16 * MB, size)], [(0,)], ["none"]) == pytest.approx(raw, abs=1e-6), size
+        assert partitions([(16 * MB, size)], [(0,)], ["onebit"]) == pytest.approx(4, abs=1e-6), size
+        assert partitions([(16 * MB, size)], [(0,)], ["fp16_raw"]) == pytest.approx(2, abs=1e-6), size
+    assert partitions([(20 * MB, 4)], [(0,)], ["fp16_raw"]) == pytest.approx(3, abs=1e-6)  # 4, 4, 2 MB of halves
+    assert partitions([(16 * MB, 4), (6 * MB, 4)], [(0,), (1,)], ["fp16_raw", "none"]) == pytest.approx(4, abs=1e-6)
+    assert partitions([(16 * MB, 4), (6 * MB, 4)], [(0, 1)], ["fp16_raw"]) == pytest.approx(3, abs=1e-6)
+    assert partitions([(16 * MB, 2), (4 * MB, 4)], [(0, 1)], ["none"]) == pytest.approx(5, abs=1e-6)  # as float32
+    # with real costs on a GPU, two workers and two servers: a float16 tensor raw is a float32
+    # one of half the bytes, partition for partition
+    costly = {"none": CodecCost(LinearCost(1e-5, 5e-11), LinearCost(2e-5, 1e-10), LinearCost(0.0, 2e-10), 1.0)}
+    half, as_float32 = (replace(made([(b, size)], costly, workers=2, servers=2), device="cuda")
+                        for b, size in ((16 * MB, 2), (8 * MB, 4)))
+    assert predict(half, [(0,)], ["none"]) == pytest.approx(predict(as_float32, [(0,)], ["none"]), rel=1e-12)
+
+
 def test_a_half_precision_tensor_goes_raw_at_its_own_bytes_and_through_a_codec_as_float32():
     """A float16 or bfloat16 gradient (``itemsize`` 2) travels raw at 2 bytes an element, so
     the model sends it as a float32 tensor of half the bytes; a codec widens it on the device,

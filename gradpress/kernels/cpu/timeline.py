@@ -7,10 +7,12 @@ only walks them.
 
 Arguments are packed into a few arrays (a call with many arrays costs more to dispatch
 than the simulation itself). Per partition p (in declaration order), with its option
-o = opt[group[p]]: ``ints[:, p]`` = group, priority, server, engine, and the partitions in
-order of ready time (``ints[4]``); ``ready[p]`` (s); ``tables[:, o, p]`` = payload (bytes on
-the wire), compress and decompress time on the worker, and the server's work for the round
-(every push summed, the aggregate recompressed). ``job`` = workers, servers, engine
+o = opt[group[p]]: ``ints[:3, p]`` = group, priority, and the partitions in order of ready
+time (``ints[2]``), ``ints[3 + 2 o, p]`` and ``ints[4 + 2 o, p]`` its server and engine
+thread as option o's partitions are placed; ``ready[p]`` (s); ``tables[:, o, p]`` = payload (bytes on
+the wire), compress and decompress time on the worker, the server's work for the round
+(every push summed, the aggregate recompressed), and 1.0 where p is a partition of option o
+(0.0: o sends it in the partition before, as one: nothing to do). ``job`` = workers, servers, engine
 threads, credit, link bytes/s, link latency (s), the communication thread's time per
 message (half when it sends a partition, half when it lands the reply). Workers are symmetric: a server's link
 carries every worker's copy.
@@ -65,8 +67,8 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
     communication thread's busy seconds, every server's CPU summed (its work on the
     rounds, and a message's cost per worker and partition), and the bytes one worker
     pushes (as many come back); returns the last landing."""
-    group, prio, server, engine, by_ready = ints[0], ints[1], ints[2], ints[3], ints[4]
-    payload, comp, decomp, serve = tables[0], tables[1], tables[2], tables[3]
+    group, prio, by_ready = ints[0], ints[1], ints[2]
+    payload, comp, decomp, serve, starts = tables[0], tables[1], tables[2], tables[3], tables[4]
     workers, n_servers, n_engines, credit = job[0], int(job[1]), int(job[2]), job[3]
     bytes_per_s, alpha_s, half_message_s = job[4], job[5], job[6] / 2
     n = ready.shape[0]
@@ -94,8 +96,13 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
     last = 0.0
     while n_landed < n:
         while next_ready < n and ready[by_ready[next_ready]] <= cpu:
-            n_waiting = _push(waiting, n_waiting, by_ready[next_ready], neg_prio, order)
+            p = by_ready[next_ready]
             next_ready += 1
+            if starts[opt[group[p]], p] == 0.0:   # travels in the partition before it
+                out_land[p] = 0.0
+                n_landed += 1
+            else:
+                n_waiting = _push(waiting, n_waiting, p, neg_prio, order)
         while n_flight > 0 and acks[flight[0]] <= cpu:
             _, n_flight = _pop(flight, n_flight, acks, order)
         if n_replies > 0 and land_at[replies[0]] <= cpu:
@@ -120,11 +127,11 @@ def simulate_iteration(opt, ints, ready, tables, job, out_land, out_work):
             pushed += b
             up_start = max(cpu, w_out)
             w_out = up_start + b / bytes_per_s
-            s = server[p]
+            s = ints[3 + 2 * o, p]
             s_in[s] = max(s_in[s], up_start) + workers * b / bytes_per_s
             acks[p] = max(w_out, s_in[s]) + alpha_s
             n_flight = _push(flight, n_flight, p, acks, order)
-            e = engine[p]
+            e = ints[4 + 2 * o, p]
             done = max(acks[p], engines[s, e]) + serve[o, p]
             engines[s, e] = done
             s_out[s] = max(s_out[s], done) + workers * b / bytes_per_s
