@@ -6,8 +6,9 @@ One thread (as every benchmark worker runs). Matrices: the bandwidth benchmark's
 matrices, 25.2M elements) and a transformer's (8 blocks of width 512: 33 matrices).
 
 - orthonormalise: every matrix's factor of one step, Numba (modified Gram-Schmidt over the
-  flat buffer, one call) against torch per matrix (``torch.linalg.qr``, and the same
-  Gram-Schmidt as torch ops, what a GPU worker runs);
+  flat buffer, one call) against torch (``torch.linalg.qr`` per matrix, and the same
+  Gram-Schmidt as torch ops on batches of matrices, what a GPU worker runs), with the torch
+  ops each dispatches that are not views: on a GPU each is a launch and its host cost;
 - a step's compression arithmetic without communication (M + E, products, error update,
   reconstruction), Numba (``NumbaMath``) against torch (``TorchMath``): ACP-SGD's P step and
   Q step, and PowerSGD's two rounds.
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gradpress.pipeline.lowrank_math import NumbaMath, TorchMath  # noqa: E402
@@ -33,6 +35,23 @@ SHAPES = {
     "mlp": [(4096, 1024), (4096, 4096), (1024, 4096)],
     "tfm": [(256, 512)] + [(1536, 512), (512, 512), (2048, 512), (512, 2048)] * 8,
 }
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the torch ops dispatched inside it that are not views (each launches work)."""
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def ops_of(fn) -> int:
+    with _Ops() as ops:
+        fn()
+    return ops.count
 
 
 def median_ms(fn, reps: int) -> float:
@@ -68,7 +87,8 @@ def orth_costs(shapes, rank: int, reps: int) -> dict[str, float]:
             block = flat[int(off):int(off) + n * r].view(n, r)
             block.copy_(torch.linalg.qr(block).Q)
     return {"numba_batched": median_ms(numba, reps), "torch_gram_schmidt": median_ms(torch_gs, reps),
-            "torch_qr": median_ms(torch_qr, reps)}
+            "torch_qr": median_ms(torch_qr, reps),
+            "torch_gram_schmidt_ops": ops_of(torch_gs), "torch_qr_ops": ops_of(torch_qr)}
 
 
 def step_costs(shapes, rank: int, reps: int) -> dict[str, float]:
@@ -116,8 +136,10 @@ def main() -> int:
         for rank in (1, 4):
             costs = {**orth_costs(shapes, rank, args.reps), **step_costs(shapes, rank, args.reps)}
             print(f"{model} ({len(shapes)} matrices, {elements / 1e6:.1f}M elements), rank {rank}: "
-                  + ", ".join(f"{k} {v:.2f} ms" for k, v in costs.items()), flush=True)
-            result.update({f"{model}_r{rank}_{k}_ms": round(v, 3) for k, v in costs.items()})
+                  + ", ".join(f"{k} {v}" if k.endswith("_ops") else f"{k} {v:.2f} ms" for k, v in costs.items()),
+                  flush=True)
+            result.update({f"{model}_r{rank}_{k}" if k.endswith("_ops") else f"{model}_r{rank}_{k}_ms": round(v, 3)
+                           for k, v in costs.items()})
     emit_result("lowrank_kernels", result)
     return 0
 

@@ -226,7 +226,7 @@ def render_fused_copies(r: dict) -> list[str]:
         ["the copy back that the views replace", f(r["tfm_copy_back_ms"], 2)]])
 
 
-LOWRANK_KEY = re.compile(r"(?P<model>[a-z]+)_r(?P<rank>\d+)_(?P<what>.+)_ms")
+LOWRANK_KEY = re.compile(r"(?P<model>[a-z]+)_r(?P<rank>\d+)_(?P<what>.+?)(_ms)?")
 
 
 def render_lowrank_kernels(r: dict) -> list[str]:
@@ -239,11 +239,15 @@ def render_lowrank_kernels(r: dict) -> list[str]:
     for (model, rank), c in cells.items():
         pairs = [f"{f(c.get(f'{step}_numba'), 1)} / {f(c.get(f'{step}_torch'), 1)}"
                  for step in ("acpsgd_p_step", "acpsgd_q_step", "powersgd_step")]
+        def with_ops(what: str) -> str:   # (older records did not count the ops)
+            ops = c.get(f"{what}_ops")
+            return f(c.get(what)) + ("" if ops is None else f" ({ops:.0f} ops)")
         rows.append([MODELS.get(model, model), str(rank), f(c.get("numba_batched")),
-                     f(c.get("torch_gram_schmidt")), f(c.get("torch_qr")), *pairs])
+                     with_ops("torch_gram_schmidt"), with_ops("torch_qr"), *pairs])
     return table(["model", "rank", "orthonormalise: Numba, all matrices", "torch Gram-Schmidt", "torch QR",
                   "ACP-SGD P step: Numba / torch", "ACP-SGD Q step", "PowerSGD step"], rows) + [
-        "", "Milliseconds per step, one thread, medians; the steps without communication."]
+        "", "Milliseconds per step, one thread, medians; the steps without communication; with the torch "
+        "ops dispatched that are not views (on a GPU, a launch each)."]
 
 
 def render_sparse_density(r: dict) -> list[str]:

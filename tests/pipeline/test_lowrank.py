@@ -107,6 +107,32 @@ def test_orthonormalize_zero_rank_deficient_and_full(math, by_rows):
     assert torch.equal(out[2], torch.zeros(2, 30))
 
 
+@pytest.mark.parametrize("by_rows", [True, False])
+def test_torch_orthonormalizes_every_matrix_at_once_as_the_kernel_does_one_by_one(by_rows):
+    """The torch path (a GPU worker's) runs Gram-Schmidt on zero-padded batches of matrices:
+    matrices of different ranks and lengths in one batch, a buffer with room after the
+    matrices, and a NaN that stays in its own matrix, against the kernel matrix by matrix."""
+    shapes = [(4, 300), (2, 260), (4, 511), (1, 257), (3, 40), (4, 33), (2, 2000)]   # (rank, length)
+    g = torch.Generator().manual_seed(3)
+    offsets = np.cumsum([0] + [r * n for r, n in shapes[:-1]]).astype(np.int64)
+    layout = (offsets, np.array([n for _, n in shapes], np.int64), np.array([r for r, _ in shapes], np.int64))
+    used = sum(r * n for r, n in shapes)
+    x = torch.randn(used + 17, generator=g)
+    x[offsets[4] + 5] = float("nan")
+    want, got = x.clone(), x.clone()
+    NumbaMath.orthonormalize(want, layout, by_rows)
+    TorchMath.orthonormalize(got, layout, by_rows)
+    assert torch.equal(got[used:], x[used:]), "past the matrices: untouched"
+    nan = slice(int(offsets[4]), int(offsets[5]))
+    assert got[nan].isnan().any() and want[nan].isnan().any()
+    ok = torch.ones(len(x), dtype=torch.bool)
+    ok[nan] = False
+    assert torch.isfinite(got[ok]).all(), "a NaN left its matrix"
+    assert torch.allclose(got[ok], want[ok], rtol=1e-5, atol=1e-6)
+    TorchMath.orthonormalize(got, layout, by_rows)   # again, with the plan it made: orthonormal stays so
+    assert torch.allclose(got[ok], want[ok], rtol=1e-4, atol=1e-5)
+
+
 def test_kernels_and_torch_ops_agree():
     g = torch.Generator().manual_seed(1)
     m, e0 = torch.randn(37, 23, generator=g), torch.randn(37, 23, generator=g)
