@@ -18,9 +18,9 @@ an iteration, with every resource the way gradpress uses it:
   a codec's at float32 (it widens half precision), the raw path's at the members' dtype,
   ``fp16_raw``'s at float16. So the model cuts each group at the finest any option needs
   (slots) and an option that sends two slots' bytes in one partition takes the pair as one
-  (``merged``);
-- partitions go to servers as the scheduler places them (least loaded by bytes; a merged
-  partition where its first slot was placed);
+  (``_merged``);
+- partitions go to servers as the scheduler places them (least loaded by bytes, at the
+  bytes each option declares);
 - the iteration ends when backward is done and every group has landed, plus the
   optimizer's step (a fused group hands its average back as views of its buffer:
   ``torch/fusion.py``);
@@ -115,7 +115,7 @@ class Layout:
             # ``fp16_raw``, float32 for a codec
             wire = "raw" if raw else (c.payload_ratio if c.uncompressed else 1.0)
             if wire not in cuts:
-                fp32, starts = merged(self.sizes, self.group_of, np.array(first, np.int64),
+                fp32, starts = _merged(self.sizes, self.group_of, np.array(first, np.int64),
                                       np.rint(group_finest / (group_ratio if raw else wire)).astype(np.int64))
                 # the bytes of a partition as this option takes it: a codec's float32, raw its dtype's
                 b = fp32 * group_ratio if raw else fp32
@@ -189,7 +189,7 @@ class Layout:
         return self._group_land.copy()
 
 
-def merged(sizes: np.ndarray, group_of: np.ndarray, first: np.ndarray, merge: np.ndarray,
+def _merged(sizes: np.ndarray, group_of: np.ndarray, first: np.ndarray, merge: np.ndarray,
            ) -> tuple[np.ndarray, np.ndarray]:
     """Slots taken ``merge[p]`` at a time within their group (``first[g]``: group g's first
     slot): (each slot's float32 bytes as the partition it starts, 0 where it starts none;
