@@ -1,6 +1,10 @@
 """What PowerSGD's and ACP-SGD's worker-side steps cost here: Numba kernels against torch ops.
 
     flock /tmp/gp-cpu.lock .venv/bin/python benchmarks/lowrank_kernels.py [--reps 7]
+    python benchmarks/lowrank_kernels.py --device cuda    # the torch columns on a GPU
+
+On a GPU (``--device cuda``) only the torch columns run, timed to the device's end of each
+call (a synchronize), and the record is ``lowrank_kernels_gpu``.
 
 One thread (as every benchmark worker runs). Matrices: the bandwidth benchmark's MLP (3
 matrices, 25.2M elements) and a transformer's (8 blocks of width 512: 33 matrices).
@@ -60,15 +64,17 @@ def median_ms(fn, reps: int) -> float:
     for _ in range(reps):
         t = time.perf_counter()
         fn()
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()   # the device's work is the call's too
         times.append(time.perf_counter() - t)
     return 1e3 * statistics.median(times)
 
 
-def orth_costs(shapes, rank: int, reps: int) -> dict[str, float]:
+def orth_costs(shapes, rank: int, reps: int, device: str) -> dict[str, float]:
     g = torch.Generator().manual_seed(0)
     ranks = [min(rank, n, m) for n, m in shapes]
     sizes = [n * r for (n, _), r in zip(shapes, ranks)]
-    flat0 = torch.randn(sum(sizes), generator=g)
+    flat0 = torch.randn(sum(sizes), generator=g).to(device)
     offsets = np.cumsum([0] + sizes[:-1]).astype(np.int64)
     layout = (offsets, np.array([n for n, _ in shapes], np.int64), np.array(ranks, np.int64))
     flat = flat0.clone()
@@ -86,20 +92,21 @@ def orth_costs(shapes, rank: int, reps: int) -> dict[str, float]:
         for off, (n, _), r in zip(offsets, shapes, ranks):
             block = flat[int(off):int(off) + n * r].view(n, r)
             block.copy_(torch.linalg.qr(block).Q)
-    return {"numba_batched": median_ms(numba, reps), "torch_gram_schmidt": median_ms(torch_gs, reps),
-            "torch_qr": median_ms(torch_qr, reps),
+    out = {"numba_batched": median_ms(numba, reps)} if device == "cpu" else {}
+    return {**out, "torch_gram_schmidt": median_ms(torch_gs, reps), "torch_qr": median_ms(torch_qr, reps),
             "torch_gram_schmidt_ops": ops_of(torch_gs), "torch_qr_ops": ops_of(torch_qr)}
 
 
-def step_costs(shapes, rank: int, reps: int) -> dict[str, float]:
+def step_costs(shapes, rank: int, reps: int, device: str) -> dict[str, float]:
     g = torch.Generator().manual_seed(1)
     mats = []
     for n, m in shapes:
         r = min(rank, n, m)
-        mats.append((torch.randn(n, m, generator=g), torch.zeros(n, m), torch.randn(n, r, generator=g),
-                     torch.randn(r, m, generator=g), torch.empty(n, m)))
+        mats.append(tuple(t.to(device) for t in (
+            torch.randn(n, m, generator=g), torch.zeros(n, m), torch.randn(n, r, generator=g),
+            torch.randn(r, m, generator=g), torch.empty(n, m))))
     out = {}
-    for math in (NumbaMath, TorchMath):
+    for math in (NumbaMath, TorchMath) if device == "cpu" else (TorchMath,):
         def acp_p():
             for grad, e, p, qt, res in mats:
                 math.factor_rows(grad, e, qt, p, True, True)
@@ -128,19 +135,26 @@ def step_costs(shapes, rank: int, reps: int) -> dict[str, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: the torch columns on the GPU")
     args = ap.parse_args()
+    if args.device != "cpu" and not torch.cuda.is_available():
+        print(f"--device {args.device}: torch sees no GPU here; nothing measured")
+        return 2
     torch.set_num_threads(1)
     result = {}
     for model, shapes in SHAPES.items():
         elements = sum(n * m for n, m in shapes)
         for rank in (1, 4):
-            costs = {**orth_costs(shapes, rank, args.reps), **step_costs(shapes, rank, args.reps)}
+            costs = {**orth_costs(shapes, rank, args.reps, args.device),
+                     **step_costs(shapes, rank, args.reps, args.device)}
             print(f"{model} ({len(shapes)} matrices, {elements / 1e6:.1f}M elements), rank {rank}: "
                   + ", ".join(f"{k} {v}" if k.endswith("_ops") else f"{k} {v:.2f} ms" for k, v in costs.items()),
                   flush=True)
             result.update({f"{model}_r{rank}_{k}" if k.endswith("_ops") else f"{model}_r{rank}_{k}_ms": round(v, 3)
                            for k, v in costs.items()})
-    emit_result("lowrank_kernels", result)
+    if args.device != "cpu":
+        result["device"] = torch.cuda.get_device_name()
+    emit_result("lowrank_kernels" if args.device == "cpu" else "lowrank_kernels_gpu", result)
     return 0
 
 
