@@ -61,10 +61,10 @@ class TorchMath:
     def orthonormalize(flat, layout, by_rows: bool) -> None:
         """Modified Gram-Schmidt on every matrix at once, as the kernel does one by one (dots
         and norms in float64, a zero or dependent vector zeroed, a NaN kept). The matrices'
-        vectors are gathered into zero-padded batches of similar lengths, and each step of
-        the method runs on a whole batch. On a GPU every op is a launch and its Python on the
-        step's thread: the benchmark transformer's 33 matrices at rank 4 take 319 ops, where
-        one matrix at a time took 3,433 (``benchmarks/lowrank_kernels.py``). Padding changes
+        vectors are gathered into zero-padded batches (``_batches``), and each step of the
+        method runs on a whole batch. On a GPU every op is a launch and its Python on the
+        step's thread: the benchmark transformer's 33 matrices at rank 4 take 107 ops there,
+        where one matrix at a time took 3,433 (``benchmarks/lowrank_kernels.py``). Padding changes
         nothing: zeros add nothing to a dot or a norm, and a padded vector (a matrix of lower
         rank) stays zero. Every worker runs the same batches, so the factors stay identical
         across them."""
@@ -84,20 +84,31 @@ class TorchMath:
 
 # gather plans by (device, buffer length, by_rows, layout): a reducer asks for the same two every step
 _plans: dict[tuple, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+# Elements a single padded batch of every matrix may hold, by device type (others: GPU_BUDGET).
+# On a GPU each op costs a launch and its Python, and a few million elements cost the card
+# microseconds: one batch. On a host the padding is arithmetic: a batch per power of two.
+GPU_BUDGET = 1 << 22
+PAD_BUDGET = {"cpu": 0}
 
 
 def _batches(flat, layout, by_rows: bool) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per batch of matrices whose vectors' lengths share a power of two (so padding at most
-    doubles a batch): the index into the flat buffer, with a zero past its end, of each
-    (vector, matrix, element) padded to the batch's largest rank and length; the positions in
-    that batch that hold a matrix's element; and those elements' places in the buffer."""
+    """Per batch of matrices (all of them where padded to the longest they fit
+    ``PAD_BUDGET``, else those whose vectors' lengths share a power of two, so that padding
+    at most doubles a batch): the index into the flat buffer, with a zero past its end, of
+    each (vector, matrix, element) padded to the batch's largest rank and length; the
+    positions in that batch that hold a matrix's element; and those elements' places in
+    the buffer."""
     offsets, lengths, ranks = (np.asarray(a, np.int64) for a in layout)
     end = flat.numel()   # the padded buffer's zero
-    key = (str(flat.device), end, by_rows, offsets.tobytes(), lengths.tobytes(), ranks.tobytes())
+    budget = PAD_BUDGET.get(flat.device.type, GPU_BUDGET)
+    key = (str(flat.device), end, by_rows, budget, offsets.tobytes(), lengths.tobytes(), ranks.tobytes())
     plan = _plans.get(key)
     if plan is not None:
         return plan
-    classes = np.ceil(np.log2(np.maximum(lengths, 1))).astype(np.int64)
+    if len(lengths) and len(lengths) * int(ranks.max()) * int(lengths.max()) <= budget:
+        classes = np.zeros(len(lengths), np.int64)
+    else:
+        classes = np.ceil(np.log2(np.maximum(lengths, 1))).astype(np.int64)
     plan = []
     for c in np.unique(classes):
         members = np.flatnonzero(classes == c)

@@ -13,6 +13,7 @@ from gradpress.compressors.spec import CodecSpec
 from gradpress.kernels.cpu import lowrank as kernels
 from fake_comm import FakeComm
 from gradpress.pipeline.lowrank import LowRankReducer
+from gradpress.pipeline import lowrank_math
 from gradpress.pipeline.lowrank_math import NumbaMath, TorchMath
 
 
@@ -107,11 +108,15 @@ def test_orthonormalize_zero_rank_deficient_and_full(math, by_rows):
     assert torch.equal(out[2], torch.zeros(2, 30))
 
 
+@pytest.mark.parametrize("one_batch", [True, False])
 @pytest.mark.parametrize("by_rows", [True, False])
-def test_torch_orthonormalizes_every_matrix_at_once_as_the_kernel_does_one_by_one(by_rows):
-    """The torch path (a GPU worker's) runs Gram-Schmidt on zero-padded batches of matrices:
+def test_torch_orthonormalizes_every_matrix_at_once_as_the_kernel_does_one_by_one(by_rows, one_batch, monkeypatch):
+    """The torch path (a GPU worker's) runs Gram-Schmidt on zero-padded batches of matrices
+    (on a GPU every matrix in one, here by powers of two of the lengths unless told):
     matrices of different ranks and lengths in one batch, a buffer with room after the
     matrices, and a NaN that stays in its own matrix, against the kernel matrix by matrix."""
+    monkeypatch.setitem(lowrank_math.PAD_BUDGET, "cpu", lowrank_math.GPU_BUDGET if one_batch else 0)
+    monkeypatch.setattr(lowrank_math, "_plans", {})
     shapes = [(4, 300), (2, 260), (4, 511), (1, 257), (3, 40), (4, 33), (2, 2000)]   # (rank, length)
     g = torch.Generator().manual_seed(3)
     offsets = np.cumsum([0] + [r * n for r, n in shapes[:-1]]).astype(np.int64)
@@ -131,6 +136,7 @@ def test_torch_orthonormalizes_every_matrix_at_once_as_the_kernel_does_one_by_on
     assert torch.allclose(got[ok], want[ok], rtol=1e-5, atol=1e-6)
     TorchMath.orthonormalize(got, layout, by_rows)   # again, with the plan it made: orthonormal stays so
     assert torch.allclose(got[ok], want[ok], rtol=1e-4, atol=1e-5)
+    assert [len(batch[0][0]) for batch in lowrank_math._plans.popitem()[1]] == ([7] if one_batch else [2, 4, 1])
 
 
 def test_kernels_and_torch_ops_agree():
