@@ -116,29 +116,29 @@ def step_costs(shapes, rank: int, reps: int, device: str) -> dict[str, float]:
             torch.randn(n, m, generator=g), torch.zeros(n, m), torch.randn(n, r, generator=g),
             torch.randn(r, m, generator=g), torch.empty(n, m))))
     out = {}
+    grads, es, ps, qts, outs = (list(column) for column in zip(*mats))
     for math in (NumbaMath, TorchMath) if device == "cpu" else (TorchMath,):
         def acp_p():
-            for grad, e, p, qt, res in mats:
-                math.factor_rows(grad, e, qt, p, True, True)
-                math.reconstruct(p, qt, 0.5, res)
+            math.factor_rows(grads, es, qts, ps, True, True)
+            math.reconstruct(ps, qts, 0.5, outs)
 
         def acp_q():
-            for grad, e, p, qt, res in mats:
-                math.factor_cols(grad, e, p, qt, True)
-                math.subtract_product(grad, e, p, qt, True)
-                math.reconstruct(p, qt, 0.5, res)
+            math.factor_cols(grads, es, ps, qts, True)
+            math.subtract_product(grads, es, ps, qts, True)
+            math.reconstruct(ps, qts, 0.5, outs)
 
         def powersgd():
-            for grad, e, p, qt, res in mats:
-                math.factor_rows(grad, e, qt, p, True, False)
-                math.factor_cols(None, e, p, qt, False)
-                math.subtract_product(None, e, p, qt, False)
-                math.reconstruct(p, qt, 0.5, res)
+            math.factor_rows(grads, es, qts, ps, True, False)
+            math.factor_cols(None, es, ps, qts, False)
+            math.subtract_product(None, es, ps, qts, False)
+            math.reconstruct(ps, qts, 0.5, outs)
         name = "numba" if math is NumbaMath else "torch"
         for what, fn in (("acpsgd_p_step", acp_p), ("acpsgd_q_step", acp_q), ("powersgd_step", powersgd)):
-            for _, e, _, _, _ in mats:
+            for e in es:
                 e.zero_()
             out[f"{what}_{name}"] = median_ms(fn, reps)
+            if math is TorchMath:
+                out[f"{what}_torch_ops"] = ops_of(fn)
     return out
 
 

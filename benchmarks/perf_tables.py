@@ -238,6 +238,7 @@ def render_lowrank_kernels(r: dict) -> list[str]:
     rows = []
     for (model, rank), c in cells.items():
         pairs = [f"{f(c.get(f'{step}_numba'), 1)} / {f(c.get(f'{step}_torch'), 1)}"
+                 + ("" if c.get(f"{step}_torch_ops") is None else f" ({c[f'{step}_torch_ops']:.0f} ops)")
                  for step in ("acpsgd_p_step", "acpsgd_q_step", "powersgd_step")]
         def with_ops(what: str) -> str:   # (older records did not count the ops)
             ops = c.get(f"{what}_ops")

@@ -155,30 +155,28 @@ class LowRankReducer:
         for m in self.matrices:
             if m.error is None:
                 m.error = torch.zeros(m.rows, m.cols, dtype=torch.float32, device=self.device)
+        ms = [grads[m.tensor_id] for m in self.matrices]
+        es = [m.error for m in self.matrices]
+        ps, qts = [self._p(m) for m in self.matrices], [self._qt(m) for m in self.matrices]
         if self.params.method == "powersgd":
-            for m in self.matrices:  # round 1: P_i = X_i Q, and E_i holds X_i until round 2
-                math.factor_rows(grads[m.tensor_id], m.error, self._qt(m), self._p(m), True, False)
+            math.factor_rows(ms, es, qts, ps, True, False)  # round 1: P_i = X_i Q, and E_i holds X_i until round 2
             self._sum(self.p, "P")
             math.orthonormalize(self.p, self._layout(by_rows=False), False)
-            for m in self.matrices:  # round 2: Q_i = X_i^T P, E_i = X_i - P Q_i^T
-                math.factor_cols(None, m.error, self._p(m), self._qt(m), False)
-                math.subtract_product(None, m.error, self._p(m), self._qt(m), False)
+            math.factor_cols(None, es, ps, qts, False)  # round 2: Q_i = X_i^T P, E_i = X_i - P Q_i^T
+            math.subtract_product(None, es, ps, qts, False)
             self._sum(self.q, "Q")
         elif k % 2 == 0:  # ACP-SGD, P step
             math.orthonormalize(self.q, self._layout(by_rows=True), True)
-            for m in self.matrices:
-                math.factor_rows(grads[m.tensor_id], m.error, self._qt(m), self._p(m), True, True)
+            math.factor_rows(ms, es, qts, ps, True, True)
             self._sum(self.p, "P")
         else:  # ACP-SGD, Q step
             math.orthonormalize(self.p, self._layout(by_rows=False), False)
-            for m in self.matrices:
-                math.factor_cols(grads[m.tensor_id], m.error, self._p(m), self._qt(m), True)
-                math.subtract_product(grads[m.tensor_id], m.error, self._p(m), self._qt(m), True)
+            math.factor_cols(ms, es, ps, qts, True)
+            math.subtract_product(ms, es, ps, qts, True)
             self._sum(self.q, "Q")
         rebuild = time.perf_counter()
         with self.comm.span(f"{self.params.method} reconstruct", step=self.step):
-            for m in self.matrices:
-                math.reconstruct(self._p(m), self._qt(m), 1.0 / workers, grads[m.tensor_id])
+            math.reconstruct(ps, qts, 1.0 / workers, ms)
         self.work_s = rebuild - start - self._in_sums
         self.rebuild_s = time.perf_counter() - rebuild
 

@@ -8,23 +8,30 @@ from ..kernels.cpu import lowrank as kernels
 
 
 class NumbaMath:
-    """The steps on CPU tensors, through the Numba kernels (one pass over M and E per product)."""
+    """The steps on CPU tensors, through the Numba kernels (one pass over M and E per product).
+
+    Every step takes lists, one entry per matrix (``ms`` None: no M): M (the gradients), E
+    (the error buffers), P and Q^T (views of the flat factors), the outputs."""
 
     @staticmethod
-    def factor_rows(m, e, qt, p, add_m: bool, subtract: bool) -> None:
-        kernels.factor_rows(_np(m if m is not None else e), _np(e), _np(qt), _np(p), add_m, subtract)
+    def factor_rows(ms, es, qts, ps, add_m: bool, subtract: bool) -> None:
+        for m, e, qt, p in zip(ms or es, es, qts, ps):
+            kernels.factor_rows(_np(m), _np(e), _np(qt), _np(p), add_m, subtract)
 
     @staticmethod
-    def factor_cols(m, e, p, qt, add_m: bool) -> None:
-        kernels.factor_cols(_np(m if m is not None else e), _np(e), _np(p), _np(qt), add_m)
+    def factor_cols(ms, es, ps, qts, add_m: bool) -> None:
+        for m, e, p, qt in zip(ms or es, es, ps, qts):
+            kernels.factor_cols(_np(m), _np(e), _np(p), _np(qt), add_m)
 
     @staticmethod
-    def subtract_product(m, e, p, qt, add_m: bool) -> None:
-        kernels.subtract_product(_np(m if m is not None else e), _np(e), _np(p), _np(qt), add_m)
+    def subtract_product(ms, es, ps, qts, add_m: bool) -> None:
+        for m, e, p, qt in zip(ms or es, es, ps, qts):
+            kernels.subtract_product(_np(m), _np(e), _np(p), _np(qt), add_m)
 
     @staticmethod
-    def reconstruct(p, qt, scale: float, out) -> None:
-        kernels.reconstruct(_np(p), _np(qt), scale, _np(out))
+    def reconstruct(ps, qts, scale: float, outs) -> None:
+        for p, qt, out in zip(ps, qts, outs):
+            kernels.reconstruct(_np(p), _np(qt), scale, _np(out))
 
     @staticmethod
     def orthonormalize(flat, layout, by_rows: bool) -> None:
@@ -32,30 +39,39 @@ class NumbaMath:
 
 
 class TorchMath:
-    """The same steps as torch ops, on the tensors' own device (a GPU worker's)."""
+    """The same steps as torch ops, on the tensors' own device (a GPU worker's). On a GPU each
+    op is a launch and its Python on the step's thread, so what is element-wise goes through
+    torch's multi-tensor ops, one for every matrix (``torch._foreach_*``, the same arithmetic
+    as the op on each)."""
 
     @staticmethod
-    def factor_rows(m, e, qt, p, add_m: bool, subtract: bool) -> None:
-        if add_m:
-            e.add_(m)
-        torch.mm(e, qt.t(), out=p)
-        if subtract:
+    def factor_rows(ms, es, qts, ps, add_m: bool, subtract: bool) -> None:
+        if add_m and es:
+            torch._foreach_add_(es, ms)
+        for e, qt, p in zip(es, qts, ps):
+            torch.mm(e, qt.t(), out=p)
+            if subtract:
+                e.addmm_(p, qt, alpha=-1)
+
+    @staticmethod
+    def factor_cols(ms, es, ps, qts, add_m: bool) -> None:
+        # (X = E + M one matrix at a time: all at once would hold a copy of every gradient)
+        for m, e, p, qt in zip(ms or es, es, ps, qts):
+            torch.mm(p.t(), e + m if add_m else e, out=qt)
+
+    @staticmethod
+    def subtract_product(ms, es, ps, qts, add_m: bool) -> None:
+        if add_m and es:
+            torch._foreach_add_(es, ms)
+        for e, p, qt in zip(es, ps, qts):
             e.addmm_(p, qt, alpha=-1)
 
     @staticmethod
-    def factor_cols(m, e, p, qt, add_m: bool) -> None:
-        torch.mm(p.t(), e + m if add_m else e, out=qt)
-
-    @staticmethod
-    def subtract_product(m, e, p, qt, add_m: bool) -> None:
-        if add_m:
-            e.add_(m)
-        e.addmm_(p, qt, alpha=-1)
-
-    @staticmethod
-    def reconstruct(p, qt, scale: float, out) -> None:
-        torch.mm(p, qt, out=out)
-        out.mul_(scale)
+    def reconstruct(ps, qts, scale: float, outs) -> None:
+        for p, qt, out in zip(ps, qts, outs):
+            torch.mm(p, qt, out=out)
+        if outs:
+            torch._foreach_mul_(outs, scale)
 
     @staticmethod
     def orthonormalize(flat, layout, by_rows: bool) -> None:
