@@ -123,14 +123,12 @@ def step_costs(shapes, rank: int, reps: int, device: str) -> dict[str, float]:
             math.reconstruct(ps, qts, 0.5, outs)
 
         def acp_q():
-            math.factor_cols(grads, es, ps, qts, True)
-            math.subtract_product(grads, es, ps, qts, True)
+            math.factor_cols_subtract(grads, es, ps, qts, True)
             math.reconstruct(ps, qts, 0.5, outs)
 
         def powersgd():
             math.factor_rows(grads, es, qts, ps, True, False)
-            math.factor_cols(None, es, ps, qts, False)
-            math.subtract_product(None, es, ps, qts, False)
+            math.factor_cols_subtract(None, es, ps, qts, False)
             math.reconstruct(ps, qts, 0.5, outs)
         name = "numba" if math is NumbaMath else "torch"
         for what, fn in (("acpsgd_p_step", acp_p), ("acpsgd_q_step", acp_q), ("powersgd_step", powersgd)):

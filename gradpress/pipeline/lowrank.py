@@ -162,8 +162,7 @@ class LowRankReducer:
             math.factor_rows(ms, es, qts, ps, True, False)  # round 1: P_i = X_i Q, and E_i holds X_i until round 2
             self._sum(self.p, "P")
             math.orthonormalize(self.p, self._layout(by_rows=False), False)
-            math.factor_cols(None, es, ps, qts, False)  # round 2: Q_i = X_i^T P, E_i = X_i - P Q_i^T
-            math.subtract_product(None, es, ps, qts, False)
+            math.factor_cols_subtract(None, es, ps, qts, False)  # round 2: Q_i = X_i^T P, E_i = X_i - P Q_i^T
             self._sum(self.q, "Q")
         elif k % 2 == 0:  # ACP-SGD, P step
             math.orthonormalize(self.q, self._layout(by_rows=True), True)
@@ -171,8 +170,7 @@ class LowRankReducer:
             self._sum(self.p, "P")
         else:  # ACP-SGD, Q step
             math.orthonormalize(self.p, self._layout(by_rows=False), False)
-            math.factor_cols(ms, es, ps, qts, True)
-            math.subtract_product(ms, es, ps, qts, True)
+            math.factor_cols_subtract(ms, es, ps, qts, True)
             self._sum(self.q, "Q")
         rebuild = time.perf_counter()
         with self.comm.span(f"{self.params.method} reconstruct", step=self.step):

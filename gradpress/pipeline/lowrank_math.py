@@ -19,13 +19,11 @@ class NumbaMath:
             kernels.factor_rows(_np(m), _np(e), _np(qt), _np(p), add_m, subtract)
 
     @staticmethod
-    def factor_cols(ms, es, ps, qts, add_m: bool) -> None:
+    def factor_cols_subtract(ms, es, ps, qts, add_m: bool) -> None:
+        """Q^T = P^T X, then E = X - P Q^T, for X = E (+ M when ``add_m``): a matrix's two
+        passes one after the other, while it is still in the cache."""
         for m, e, p, qt in zip(ms or es, es, ps, qts):
             kernels.factor_cols(_np(m), _np(e), _np(p), _np(qt), add_m)
-
-    @staticmethod
-    def subtract_product(ms, es, ps, qts, add_m: bool) -> None:
-        for m, e, p, qt in zip(ms or es, es, ps, qts):
             kernels.subtract_product(_np(m), _np(e), _np(p), _np(qt), add_m)
 
     @staticmethod
@@ -54,16 +52,11 @@ class TorchMath:
                 e.addmm_(p, qt, alpha=-1)
 
     @staticmethod
-    def factor_cols(ms, es, ps, qts, add_m: bool) -> None:
-        # (X = E + M one matrix at a time: all at once would hold a copy of every gradient)
-        for m, e, p, qt in zip(ms or es, es, ps, qts):
-            torch.mm(p.t(), e + m if add_m else e, out=qt)
-
-    @staticmethod
-    def subtract_product(ms, es, ps, qts, add_m: bool) -> None:
+    def factor_cols_subtract(ms, es, ps, qts, add_m: bool) -> None:
         if add_m and es:
-            torch._foreach_add_(es, ms)
+            torch._foreach_add_(es, ms)   # E holds X from here on, as it will after
         for e, p, qt in zip(es, ps, qts):
+            torch.mm(p.t(), e, out=qt)
             e.addmm_(p, qt, alpha=-1)
 
     @staticmethod

@@ -147,8 +147,8 @@ def test_kernels_and_torch_ops_agree():
     for math in (NumbaMath, TorchMath):
         e, p, qt, out = e0.clone(), p0.clone(), qt0.clone(), torch.empty(37, 23)
         math.factor_rows([m], [e], [qt], [p], True, True)
-        math.factor_cols([m], [e], [p], [qt], True)
-        math.subtract_product(None, [e], [p], [qt], False)
+        math.factor_cols_subtract([m], [e], [p], [qt], True)
+        math.factor_cols_subtract(None, [e], [p], [qt], False)
         math.reconstruct([p], [qt], 0.5, [out])
         res.append((e, p, qt, out))
     for a, b in zip(*res):  # (the factors are not orthonormal here: values reach 1e5)
