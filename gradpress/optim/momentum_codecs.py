@@ -108,7 +108,9 @@ def floored_denominator(v_hat: torch.Tensor, floor: float, eps: float) -> torch.
     compressed momentum gives coordinates whose variance is ~0 a non-zero value)."""
     root = v_hat.sqrt()
     if floor > 0 and root.numel():
-        torch.clamp_(root, min=float(floor * root.mean()))
+        # the floor stays a tensor on root's device: read on the host (a float) it would
+        # make the step wait for the device at every parameter
+        torch.clamp_(root, min=floor * root.mean())
     return root.add_(eps)
 
 

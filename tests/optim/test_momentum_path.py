@@ -54,6 +54,15 @@ def test_floored_denominator_bounds_the_step():
     floor = 0.25 * float(v.sqrt().mean())
     assert torch.allclose(d, torch.tensor([floor, floor, 2.0, 4.0]) + 1e-8)
     assert torch.equal(floored_denominator(v, 0.0, 1e-8), v.sqrt() + 1e-8), "floor 0 is Adam's denominator"
+    # the floor never reaches the host (on a GPU that read waits for the device, every
+    # parameter of every ZeroOneAdam step): a meta tensor, whose values cannot be read, works
+    assert floored_denominator(torch.empty(10, device="meta"), 0.25, 1e-8).shape == (10,)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):  # the same bits as the floor taken as a host float
+        v = torch.rand(int(torch.randint(1, 3000, (1,), generator=g)), generator=g) ** 4
+        want = v.sqrt()
+        torch.clamp_(want, min=float(0.1 * want.mean()))
+        assert torch.equal(floored_denominator(v, 0.1, 1e-8), want.add_(1e-8))
 
 
 WORKER = """
