@@ -69,7 +69,7 @@ class Layout:
         # a fused group's gather: one memory pass on the host; on a GPU a device copy, noise
         # beside the partitions' trips over the bus
         copy = none.decompress if prof.device == "cpu" else LinearCost(0.0, 0.0)
-        self.group_bytes, raw_ratio, finest, first = [], [], [], []
+        self.group_bytes, raw_ratio, first = [], [], []
         for g, members in enumerate(self.groups):
             # a group is ready with its last member (a re-based timeline keeps the decision's
             # order, so "last" is the latest, not the final index)
@@ -85,8 +85,7 @@ class Layout:
             at = max(prof.tensors[i].ready_s for i in members) + (copy(nbytes * ratio) if fused else 0.0)
             pr = max(prof.tensors[i].priority for i in members)
             # slots: float32 cuts, or float64's finer ones where the raw path sends 8 bytes
-            finest.append(max(1.0, ratio))
-            parts = _partitions(nbytes, int(prof.partition_bytes / finest[-1]))
+            parts = _partitions(nbytes, int(prof.partition_bytes / max(1.0, ratio)))
             first.append(len(sizes))
             sizes += parts
             raw_ratio.append(ratio)
@@ -106,7 +105,8 @@ class Layout:
         raw_add, L = prof.codecs["none"].add, prof.local_size
         # a peer's copy into its segment (from the device: the raw path's device-to-host copy)
         handover = none.decompress if prof.device == "cpu" else none.compress
-        group_ratio, group_finest = np.array(raw_ratio)[self.group_of], np.array(finest)[self.group_of]
+        group_ratio = np.array(raw_ratio)[self.group_of]
+        group_finest, first = np.maximum(1.0, group_ratio), np.array(first, np.int64)
         cuts: dict[object, tuple] = {}   # by the dtype an option's partitions are cut at
         for o, name in enumerate(opts):
             c = prof.codecs[name]
@@ -115,7 +115,7 @@ class Layout:
             # ``fp16_raw``, float32 for a codec
             wire = "raw" if raw else (c.payload_ratio if c.uncompressed else 1.0)
             if wire not in cuts:
-                fp32, starts = _merged(self.sizes, self.group_of, np.array(first, np.int64),
+                fp32, starts = _merged(self.sizes, self.group_of, first,
                                       np.rint(group_finest / (group_ratio if raw else wire)).astype(np.int64))
                 # the bytes of a partition as this option takes it: a codec's float32, raw its dtype's
                 b = fp32 * group_ratio if raw else fp32

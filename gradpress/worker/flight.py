@@ -108,10 +108,7 @@ class PartitionFlight:
         """Back on this thread: push ``op``'s payload, unless its round failed meanwhile."""
         if op.wkey.in_flight is not op:
             return  # failed meanwhile (its deadline passed): the round never goes out
-        if isinstance(made, ValueError):
-            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {made}"))
-            made = PartitionStages.refusal(str(made))
-        self.stages.send(op, made)
+        self.stages.send(op, self._refused(op, made) if isinstance(made, ValueError) else made)
 
     def _together(self, op: PartitionOp) -> list[int] | None:
         """Whether to compress all of ``op``'s tensor's partitions now, with one set of launches
@@ -148,8 +145,12 @@ class PartitionFlight:
         try:
             return self.stages.compress(op)
         except ValueError as e:
-            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {e}"))
-            return PartitionStages.refusal(str(e))
+            return self._refused(op, e)
+
+    def _refused(self, op: PartitionOp, error: ValueError) -> Payload:
+        """``op``'s codec refused its round: its job fails now, and the round goes out refused."""
+        self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {error}"))
+        return PartitionStages.refusal(str(error))
 
     def fail_local(self, op: PartitionOp, message: str) -> None:
         """An owned key's round failed before it reached the server: its job and the peers waiting fail."""
