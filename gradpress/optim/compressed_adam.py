@@ -10,6 +10,7 @@ import torch
 from ..compressors.policy import CompressionPolicy
 from ..pipeline import GradientPipeline, ParameterTable
 from ..pipeline.planning import PlanTuning
+from . import adam_math
 from . import momentum_codecs as mc
 
 
@@ -44,26 +45,37 @@ class CompressedAdam(torch.optim.Optimizer):
     def _index_groups(self) -> None:
         self._groups = {id(p): group for group in self.param_groups for p in group["params"]}
 
-    def _begin(self, closure) -> tuple[object, list[tuple[dict, torch.Tensor]]]:
-        """The closure's loss, and the (group, parameter) pairs to step, each with Adam's state."""
+    def _begin(self, closure) -> tuple[object, list[tuple[dict, list[torch.Tensor]]]]:
+        """The closure's loss, and each group with its parameters to step, each with Adam's state."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        params = [(group, p) for group in self.param_groups for p in group["params"] if p.requires_grad]
+        groups = [(group, [p for p in group["params"] if p.requires_grad]) for group in self.param_groups]
+        groups = [(group, ps) for group, ps in groups if ps]
         known = self._known
-        late = [self._table.names.get(id(p)) or tuple(p.shape) for _, p in params if id(p) not in known]
+        late = [self._table.names.get(id(p)) or tuple(p.shape) for _, ps in groups for p in ps if id(p) not in known]
         if late:  # no pipeline, and no variance to freeze at the same step as the others'
             raise ValueError(f"{type(self).__name__}: {late[:5]} became trainable after the optimizer was built; "
                              f"build it again with them (each worker at the same step)")
-        for _, p in params:
-            mc.ensure_state(self.state[p], p)
-        return loss, params
+        for _, ps in groups:
+            for p in ps:
+                mc.ensure_state(self.state[p], p)
+        return loss, groups
 
-    def _local_momentum(self, group: dict, p: torch.Tensor) -> torch.Tensor:
-        """This worker's momentum ``beta1 * m + (1 - beta1) * g``, in a new tensor (what travels)."""
-        beta1 = group["betas"][0]
-        return torch.mul(self.state[p]["exp_avg"], beta1).add_(p.grad, alpha=1 - beta1)
+    def _states(self, ps: list[torch.Tensor], key: str) -> list[torch.Tensor]:
+        return [self.state[p][key] for p in ps]
+
+    def _local_momenta(self, groups: list[tuple[dict, list[torch.Tensor]]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(parameter, this worker's momentum ``beta1 * m + (1 - beta1) * g`` in a new tensor):
+        what travels."""
+        sent = []
+        for group, ps in groups:
+            for part in adam_math.chunks(ps):
+                chunk = ps[part]
+                sent += zip(chunk, adam_math.momenta(self._states(chunk, "exp_avg"), [p.grad for p in chunk],
+                                                     group["betas"][0]))
+        return sent
 
     @staticmethod
     def _average(pipeline: GradientPipeline, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
@@ -72,13 +84,9 @@ class CompressedAdam(torch.optim.Optimizer):
             pipeline.submit(p, t)
         return pipeline.finish()
 
-    @staticmethod
-    def _apply(group: dict, p: torch.Tensor, st: dict, denom: torch.Tensor, bias1: float) -> None:
-        """``p -= lr * (m / bias1 / denom + weight_decay * p)``."""
-        update = st["exp_avg"] / bias1 / denom
-        if group["weight_decay"]:
-            update.add_(p, alpha=group["weight_decay"])
-        p.add_(update, alpha=-group["lr"])
+    def _apply(self, group: dict, ps: list[torch.Tensor], denoms: list[torch.Tensor], bias1s: list[float]) -> None:
+        """``p -= lr * (m / bias1 / denom + weight_decay * p)`` of each of the group's ``ps``."""
+        adam_math.apply(ps, self._states(ps, "exp_avg"), denoms, bias1s, group["lr"], group["weight_decay"])
 
     def _restore(self, state_dict: dict, extra_key: str) -> dict | None:
         """torch's part of ``state_dict`` loaded; returns this optimizer's own part (or None)."""

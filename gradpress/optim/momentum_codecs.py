@@ -32,6 +32,7 @@ import torch
 from ..compressors import auto
 from ..compressors.policy import CompressionPolicy
 from ..torch import ops
+from . import adam_math
 
 # DeepSpeed's 1-bit and 0/1 Adam: scaled sign with the L2 scale ||x||_2 / sqrt(d), error feedback
 DEFAULT_COMPRESSION = {"compressor": "onebit", "scaling": "l2", "ef": "vanilla"}
@@ -106,12 +107,7 @@ def floored_denominator(v_hat: torch.Tensor, floor: float, eps: float) -> torch.
     """``max(sqrt(v_hat), floor * mean(sqrt(v_hat))) + eps``: Adam's denominator, with no
     coordinate's step amplified more than ``1 / floor`` over the tensor's typical one (a
     compressed momentum gives coordinates whose variance is ~0 a non-zero value)."""
-    root = v_hat.sqrt()
-    if floor > 0 and root.numel():
-        # the floor stays a tensor on root's device: read on the host (a float) it would
-        # make the step wait for the device at every parameter
-        torch.clamp_(root, min=floor * root.mean())
-    return root.add_(eps)
+    return adam_math.floor_(v_hat.sqrt(), floor).add_(eps)
 
 
 def ensure_state(state: dict, p: torch.Tensor) -> None:

@@ -37,6 +37,7 @@ from typing import Iterable
 import torch
 
 from ..pipeline.planning import PlanTuning
+from . import adam_math
 from . import momentum_codecs as mc
 from .compressed_adam import CompressedAdam
 
@@ -84,32 +85,33 @@ class OneBitAdam(CompressedAdam):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss, params = self._begin(closure)
+        loss, groups = self._begin(closure)
         frozen = self.frozen
         if frozen:  # this worker's momentum travels; the average is everyone's
-            sent = [(p, self._local_momentum(group, p)) for group, p in params]
+            sent = self._local_momenta(groups)
         else:  # the gradient itself stays the worker's own
-            sent = [(p, p.grad.detach().clone()) for _, p in params]
+            sent = [(p, p.grad.detach().clone()) for _, ps in groups for p in ps]
         pipeline = self._momenta if frozen else self._grads
         averages = self._average(pipeline, sent)
-        update_s = 0.0
-        for group, p in params:
-            started = time.perf_counter()
-            out = averages[id(p)]
-            st = self.state[p]
-            st["step"] += 1
+        started = time.perf_counter()
+        for group, ps in groups:
             beta1, beta2 = group["betas"]
-            if frozen:
-                st["exp_avg"].copy_(out)  # the average of every worker's momentum
-            else:
-                st["exp_avg"].mul_(beta1).add_(out, alpha=1 - beta1)
-                st["exp_avg_sq"].mul_(beta2).addcmul_(out, out, value=1 - beta2)
-                if st["step"] == self.freeze_step:
-                    self._freeze(st, beta2)
-            self._update(group, p, st, beta1)
-            update_s += time.perf_counter() - started
+            for part in adam_math.chunks(ps):
+                chunk = ps[part]
+                outs, states = [averages[id(p)] for p in chunk], [self.state[p] for p in chunk]
+                for st in states:
+                    st["step"] += 1
+                if frozen:  # the average of every worker's momentum
+                    torch._foreach_copy_(self._states(chunk, "exp_avg"), outs)
+                else:
+                    adam_math.accumulate(self._states(chunk, "exp_avg"), self._states(chunk, "exp_avg_sq"), outs,
+                                         beta1, beta2)
+                    for st in states:
+                        if st["step"] == self.freeze_step:
+                            self._freeze(st, beta2)
+                self._update(group, chunk, states)
         if frozen:
-            pipeline.after_step(update_s)
+            pipeline.after_step(time.perf_counter() - started)
         return loss
 
     @property
@@ -124,13 +126,12 @@ class OneBitAdam(CompressedAdam):
         v.div_(1 - beta2 ** self.freeze_step)
         v.copy_(mc.floored_denominator(v, self.variance_floor, 0.0).square_())
 
-    def _update(self, group: dict, p: torch.Tensor, st: dict, beta1: float) -> None:
-        t = st["step"]
-        if t >= self.freeze_step:
-            denom = st["exp_avg_sq"].sqrt().add_(group["eps"])  # frozen, already bias-corrected
-        else:
-            denom = (st["exp_avg_sq"] / (1 - group["betas"][1] ** t)).sqrt_().add_(group["eps"])
-        self._apply(group, p, st, denom, 1 - beta1 ** t)
+    def _update(self, group: dict, ps: list[torch.Tensor], states: list[dict]) -> None:
+        beta1, beta2 = group["betas"]
+        # after the freeze v is frozen and already bias-corrected
+        bias2s = [None if st["step"] >= self.freeze_step else 1 - beta2 ** st["step"] for st in states]
+        denoms = adam_math.denominators(self._states(ps, "exp_avg_sq"), bias2s, group["eps"])
+        self._apply(group, ps, denoms, [1 - beta1 ** st["step"] for st in states])
 
     # ---- checkpoints ----------------------------------------------------------
 

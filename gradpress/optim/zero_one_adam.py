@@ -44,7 +44,7 @@ import torch
 from ..compressors.policy import CompressionPolicy
 from ..pipeline.planning import PlanTuning
 from ..torch import ops
-from . import momentum_codecs as mc
+from . import adam_math
 from .compressed_adam import CompressedAdam
 from .zero_one_schedule import ZeroOneSchedule
 
@@ -114,76 +114,96 @@ class ZeroOneAdam(CompressedAdam):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss, params = self._begin(closure)
+        loss, groups = self._begin(closure)
         kind = self.schedule.next_kind()
         t = self.schedule.step + 1
         var_updates = self.schedule.var_updates + (kind == "variance")
         if kind in ("variance", "momentum"):
-            self._shared_momentum_step(params, kind, t, var_updates)
+            self._shared_momentum_step(groups, kind, t, var_updates)
         else:
-            self._local_step(params, kind == "sync", t, var_updates)
+            self._local_step(groups, kind == "sync", t, var_updates)
         self.schedule.advance()
         self.last_kind = kind
         return loss
 
-    def _shared_momentum_step(self, params: list, kind: str, t: int, var_updates: int) -> None:
+    def _shared_momentum_step(self, groups: list, kind: str, t: int, var_updates: int) -> None:
         """Variance or momentum step: every worker ends with the same m and parameters."""
         if kind == "variance":  # the gradient itself stays the worker's own
-            pipeline, sent = self._variance, [(p, p.grad.detach().clone()) for _, p in params]
+            pipeline, sent = self._variance, [(p, p.grad.detach().clone()) for _, ps in groups for p in ps]
         else:
-            pipeline = self._momenta
-            sent = [(p, self._local_momentum(group, p)) for group, p in params]
+            pipeline, sent = self._momenta, self._local_momenta(groups)
         averages = self._average(pipeline, sent)
-        for group, p in params:
-            out = averages[id(p)]
-            st = self.state[p]
-            st["step"] += 1
+        for group, ps in groups:
             beta1, beta2 = group["betas"]
-            if kind == "variance":
-                st["exp_avg"].mul_(beta1).add_(out, alpha=1 - beta1)
-                st["exp_avg_sq"].mul_(beta2).addcmul_(out, out, value=1 - beta2)
-            else:
-                st["exp_avg"].copy_(out)  # the average of every worker's momentum
-            self._apply(group, p, st, self._denominator(group, st, var_updates), self._bias1(group, t))
+            for part in adam_math.chunks(ps):
+                chunk = ps[part]
+                outs = [averages[id(p)] for p in chunk]
+                for p in chunk:
+                    self.state[p]["step"] += 1
+                if kind == "variance":
+                    adam_math.accumulate(self._states(chunk, "exp_avg"), self._states(chunk, "exp_avg_sq"), outs,
+                                         beta1, beta2)
+                else:  # the average of every worker's momentum
+                    torch._foreach_copy_(self._states(chunk, "exp_avg"), outs)
+                self._apply(group, chunk, self._denominators(group, chunk, var_updates),
+                            [self._bias1(group, t)] * len(chunk))
         pipeline.after_step(0.0)
 
-    def _local_step(self, params: list, sync: bool, t: int, var_updates: int) -> None:
+    def _local_step(self, groups: list, sync: bool, t: int, var_updates: int) -> None:
         """After the freeze: a local Adam step with the worker's own gradient; on a sync step,
         the update since the last sync is averaged (compressed) and replaces the local one."""
         sent, denoms = [], {}
-        for group, p in params:
-            st = self.state[p]
-            if "anchor" not in st:  # the first step after the freeze: parameters are identical now
-                st["anchor"], st["lrs"] = p.detach().clone(), 0.0
-            st["step"] += 1
-            beta1 = group["betas"][0]
-            st["exp_avg"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
-            st["lrs"] += group["lr"]
-            denom = self._denominator(group, st, var_updates)
-            self._apply(group, p, st, denom, self._bias1(group, t))
-            if sync:
-                denoms[id(p)] = denom
-                sent.append((p, (p.detach() - st["anchor"]).mul_(denom)))  # momentum units, as DeepSpeed sends
+        for group, ps in groups:
+            for p in ps:
+                st = self.state[p]
+                if "anchor" not in st:  # the first step after the freeze: parameters are identical now
+                    st["anchor"], st["lrs"] = p.detach().clone(), 0.0
+                st["step"] += 1
+                st["lrs"] += group["lr"]
+            for part in adam_math.chunks(ps):
+                chunk = ps[part]
+                adam_math.accumulate(self._states(chunk, "exp_avg"), None, [p.grad for p in chunk],
+                                     group["betas"][0], 0.0)
+                chunk_denoms = self._denominators(group, chunk, var_updates)
+                self._apply(group, chunk, chunk_denoms, [self._bias1(group, t)] * len(chunk))
+                if sync:  # the update since the last sync in momentum units, as DeepSpeed sends it
+                    deltas = torch._foreach_sub([p.detach() for p in chunk], self._states(chunk, "anchor"))
+                    torch._foreach_mul_(deltas, chunk_denoms)
+                    sent += zip(chunk, deltas)
+                    denoms.update(zip(map(id, chunk), chunk_denoms))
         if not sync:
             return
         averages = self._average(self._deltas, sent)
-        for group, p in params:
-            avg, st = averages[id(p)], self.state[p]
-            p.copy_(st["anchor"] + avg / denoms[id(p)])
-            m_hat = avg / -st["lrs"] if st["lrs"] > 0 else torch.zeros_like(avg)
-            st["exp_avg"].copy_(m_hat * self._bias1(group, t))
-            st["anchor"].copy_(p)
-            st["lrs"] = 0.0
+        for group, ps in groups:
+            for part in adam_math.chunks(ps):
+                self._land_sync([averages[id(p)] for p in ps[part]], ps[part], denoms, self._bias1(group, t))
         self._deltas.after_step(0.0)
+
+    def _land_sync(self, avgs: list, ps: list, denoms: dict, bias1: float) -> None:
+        """``p = anchor + avg / denom`` and ``m = -avg / lrs * bias1`` (zero without a step
+        since the last sync); the anchor becomes p."""
+        landed = torch._foreach_div(avgs, [denoms[id(p)] for p in ps])
+        torch._foreach_add_(landed, self._states(ps, "anchor"))  # anchor + avg / denom: a sum's order is exact
+        torch._foreach_copy_(ps, landed)
+        stepped = [i for i, p in enumerate(ps) if self.state[p]["lrs"] > 0]
+        if stepped:
+            m_hats = torch._foreach_div([avgs[i] for i in stepped], [-self.state[ps[i]]["lrs"] for i in stepped])
+            torch._foreach_mul_(m_hats, bias1)
+            torch._foreach_copy_([self.state[ps[i]]["exp_avg"] for i in stepped], m_hats)
+        idle = [self.state[p]["exp_avg"] for p in ps if not self.state[p]["lrs"] > 0]
+        if idle:
+            torch._foreach_zero_(idle)
+        torch._foreach_copy_(self._states(ps, "anchor"), ps)
+        for p in ps:
+            self.state[p]["lrs"] = 0.0
 
     def _bias1(self, group: dict, t: int) -> float:
         return 1 - group["betas"][0] ** t if self.bias_correction else 1.0
 
-    def _denominator(self, group: dict, st: dict, var_updates: int) -> torch.Tensor:
-        v_hat = st["exp_avg_sq"]
-        if self.bias_correction:
-            v_hat = v_hat / (1 - group["betas"][1] ** var_updates)
-        return mc.floored_denominator(v_hat, self.variance_floor, group["eps"])
+    def _denominators(self, group: dict, ps: list, var_updates: int) -> list:
+        bias2 = 1 - group["betas"][1] ** var_updates if self.bias_correction else None
+        return adam_math.denominators(self._states(ps, "exp_avg_sq"), [bias2] * len(ps), group["eps"],
+                                      self.variance_floor)
 
     # ---- checkpoints ----------------------------------------------------------
 

@@ -1,0 +1,109 @@
+"""Adam's arithmetic for ``OneBitAdam`` and ``ZeroOneAdam``, over lists of tensors.
+
+Each function takes one parameter group's tensors and runs torch's multi-tensor
+(``_foreach_``) ops: on a GPU one launch for the whole list, where a loop over the
+parameters launched every op once per tensor. A frozen OneBitAdam step took 8 ops a
+parameter, a ZeroOneAdam step 13 or more; for a model of 100 tensors that is 800 to 1,300
+launches and their Python on the training thread, against a few dozen now
+(``benchmarks/adam_ops.py``). On a host the same ops loop over the tensors in C++, each
+tensor through the kernel a single op would use, so the bits are the same as one op at a
+time (tests/optim/test_adam_math.py), on every device as long as every worker runs the
+same code. The variance floor's mean stays one op per tensor: no multi-tensor op takes a
+mean, and a norm would sum in another order.
+
+The callers cut every list into chunks (``chunks``): on a GPU of at most ``CHUNK_BYTES``, as
+the ops that make new tensors hold a chunk's worth at once; on a host of one tensor.
+"""
+from __future__ import annotations
+
+import torch
+
+CHUNK_BYTES = 1 << 28  # temporaries of the multi-tensor ops: at most this many bytes at once
+
+
+def chunks(tensors: list[torch.Tensor], limit: int = CHUNK_BYTES) -> list[slice]:
+    """Consecutive slices of ``tensors`` of at most ``limit`` bytes each (one tensor larger
+    than that is a slice of its own); on a host, one tensor each. There a multi-tensor op is
+    a loop in C++ that saves little, and a tensor's passes one after the other find it in the
+    cache: the transformer's step ran 1.7x to 2.8x slower over the whole list
+    (``benchmarks/adam_ops.py``)."""
+    if any(t.device.type == "cpu" for t in tensors):
+        return [slice(i, i + 1) for i in range(len(tensors))]
+    out, start, size = [], 0, 0
+    for i, t in enumerate(tensors):
+        nbytes = t.numel() * t.element_size()
+        if i > start and size + nbytes > limit:
+            out.append(slice(start, i))
+            start, size = i, 0
+        size += nbytes
+    if start < len(tensors):
+        out.append(slice(start, len(tensors)))
+    return out
+
+
+def momenta(exp_avgs: list[torch.Tensor], grads: list[torch.Tensor], beta1: float) -> list[torch.Tensor]:
+    """``beta1 * m + (1 - beta1) * g`` of each, in new tensors (what a worker sends); ``g`` may be sparse."""
+    if not exp_avgs:
+        return []
+    out = torch._foreach_mul(exp_avgs, beta1)
+    torch._foreach_add_(out, grads, alpha=1 - beta1)
+    return out
+
+
+def accumulate(exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor] | None, grads: list[torch.Tensor],
+               beta1: float, beta2: float) -> None:
+    """In place: ``m = beta1 * m + (1 - beta1) * g`` and, unless ``exp_avg_sqs`` is None,
+    ``v = beta2 * v + (1 - beta2) * g * g``. A sparse ``g`` (an embedding's, averaged as
+    rows) is added to m as it is, and made dense for v: torch has no sparse ``addcmul``."""
+    if not exp_avgs:
+        return
+    torch._foreach_mul_(exp_avgs, beta1)
+    torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
+    if exp_avg_sqs is not None:
+        dense = [g.to_dense() if g.layout != torch.strided else g for g in grads]
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, dense, dense, value=1 - beta2)
+
+
+def denominators(exp_avg_sqs: list[torch.Tensor], bias2s: list[float | None], eps: float,
+                 floor: float = 0.0) -> list[torch.Tensor]:
+    """``sqrt(v / bias2) + eps`` of each v in new tensors (``sqrt(v) + eps`` where its bias2
+    is None), the root floored at ``floor`` times its own mean first where ``floor > 0``."""
+    roots: list = [None] * len(exp_avg_sqs)
+    plain = [i for i, b in enumerate(bias2s) if b is None]
+    scaled = [i for i, b in enumerate(bias2s) if b is not None]
+    if plain:
+        for i, r in zip(plain, torch._foreach_sqrt([exp_avg_sqs[i] for i in plain])):
+            roots[i] = r
+    if scaled:
+        divided = torch._foreach_div([exp_avg_sqs[i] for i in scaled], [bias2s[i] for i in scaled])
+        torch._foreach_sqrt_(divided)
+        for i, r in zip(scaled, divided):
+            roots[i] = r
+    if floor > 0:
+        for r in roots:
+            floor_(r, floor)
+    if roots:
+        torch._foreach_add_(roots, eps)
+    return roots
+
+
+def floor_(root: torch.Tensor, floor: float) -> torch.Tensor:
+    """``root`` raised in place to at least ``floor`` times its mean. The floor stays a
+    tensor on root's device: read on the host (a float) it would make the step wait for the
+    device at every parameter."""
+    if floor > 0 and root.numel():
+        torch.clamp_(root, min=floor * root.mean())
+    return root
+
+
+def apply(params: list[torch.Tensor], exp_avgs: list[torch.Tensor], denoms: list[torch.Tensor],
+          bias1s: list[float], lr: float, weight_decay: float) -> None:
+    """``p -= lr * (m / bias1 / denom + weight_decay * p)`` of each parameter, in place."""
+    if not params:
+        return
+    updates = torch._foreach_div(exp_avgs, bias1s)
+    torch._foreach_div_(updates, denoms)
+    if weight_decay:
+        torch._foreach_add_(updates, params, alpha=weight_decay)
+    torch._foreach_add_(params, updates, alpha=-lr)

@@ -1,0 +1,124 @@
+"""Adam's arithmetic over lists (``optim/adam_math``): the same bits as one tensor at a time,
+in a number of torch ops that does not grow with the number of tensors."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gradpress.optim import adam_math
+from gradpress.optim.momentum_codecs import floored_denominator
+
+B1, B2, EPS, FLOOR = 0.9, 0.999, 1e-8, 0.1
+
+
+class Ops(TorchDispatchMode):
+    """Counts the torch ops run under it (a multi-tensor op counts once, as a GPU launches it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def tensors(seed: int, shapes, positive: bool = False, dtype=torch.float32) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = [torch.randn(s, generator=g) for s in shapes]
+    return [(t.abs() * 1e-3 if positive else t).to(dtype) for t in out]
+
+
+SHAPES = [(7, 5), (33,), (1,), (64, 3), (2, 2, 2)]
+
+
+def test_each_function_gives_the_bits_of_one_tensor_at_a_time():
+    """The references are the per-parameter code the optimizers ran before."""
+    ms, vs, gs, ps = (tensors(s, SHAPES, positive=(s == 2)) for s in range(1, 5))
+    got = adam_math.momenta(ms, gs, B1)
+    assert all(torch.equal(a, torch.mul(m, B1).add_(g, alpha=1 - B1)) for a, m, g in zip(got, ms, gs))
+
+    m2, v2 = [m.clone() for m in ms], [v.clone() for v in vs]
+    adam_math.accumulate(m2, v2, gs, B1, B2)
+    for a, b, m, v, g in zip(m2, v2, ms, vs, gs):
+        assert torch.equal(a, m.clone().mul_(B1).add_(g, alpha=1 - B1))
+        assert torch.equal(b, v.clone().mul_(B2).addcmul_(g, g, value=1 - B2))
+
+    bias2s = [None, 0.3, None, 0.02, 0.5]
+    for floor in (0.0, FLOOR):
+        got = adam_math.denominators(vs, bias2s, EPS, floor)
+        for d, v, b in zip(got, vs, bias2s):
+            root = (v if b is None else v / b).sqrt()
+            if floor:
+                root = torch.maximum(root, floor * root.mean())
+            assert torch.equal(d, root + EPS), (floor, b)
+            assert torch.equal(d, floored_denominator(v if b is None else v / b, floor, EPS))
+            if not floor and b is not None:  # OneBitAdam's warm-up wrote it this way
+                assert torch.equal(d, (v / b).sqrt_().add_(EPS))
+
+    denoms = adam_math.denominators(vs, [None] * 5, EPS)
+    bias1s = [0.1, 0.19, 0.271, 0.5, 1.0]
+    for wd in (0.0, 0.01):
+        p2 = [p.clone() for p in ps]
+        adam_math.apply(p2, ms, denoms, bias1s, 0.003, wd)
+        for a, p, m, d, b in zip(p2, ps, ms, denoms, bias1s):
+            update = m / b / d
+            if wd:
+                update.add_(p, alpha=wd)
+            assert torch.equal(a, p.clone().add_(update, alpha=-0.003)), wd
+
+
+def test_a_sparse_gradient_adds_to_m_as_rows_and_to_v_dense():
+    """An embedding's sparse average in a warm-up or variance step: torch has no sparse
+    addcmul, so v takes it dense (the optimizers failed there before)."""
+    m, v = tensors(5, [(6, 3)]), tensors(6, [(6, 3)], positive=True)
+    rows = torch.sparse_coo_tensor(torch.tensor([[4, 1, 4]]), torch.randn(3, 3), (6, 3), check_invariants=True)
+    m2, v2 = [m[0].clone()], [v[0].clone()]
+    adam_math.accumulate(m2, v2, [rows], B1, B2)
+    dense = rows.to_dense()
+    assert torch.equal(m2[0], m[0].clone().mul_(B1).add_(rows, alpha=1 - B1))
+    assert torch.equal(v2[0], v[0].clone().mul_(B2).addcmul_(dense, dense, value=1 - B2))
+    assert torch.equal(v2[0][0], v[0][0] * B2), "a row with no gradient only decays"
+    (sent,) = adam_math.momenta(m, [rows], B1)
+    assert torch.equal(sent, torch.mul(m[0], B1).add_(rows, alpha=1 - B1))
+
+
+@pytest.mark.parametrize("n", [3, 40])
+def test_the_ops_do_not_grow_with_the_tensors(n):
+    """On a GPU each op is a launch: a step's arithmetic costs the same few for 3 tensors or 40
+    (one op a tensor for the floor's mean is the exception, counted apart)."""
+    shapes = [(5, 4)] * n
+    ms, vs, gs, ps = (tensors(s, shapes, positive=(s == 2)) for s in range(1, 5))
+    counts = {}
+    for name, run in {"momenta": lambda: adam_math.momenta(ms, gs, B1),
+                      "accumulate": lambda: adam_math.accumulate(ms, vs, gs, B1, B2),
+                      "denominators": lambda: adam_math.denominators(vs, [0.5] * n, EPS),
+                      "apply": lambda: adam_math.apply(ps, ms, vs, [0.5] * n, 0.01, 0.01)}.items():
+        with Ops() as ops:
+            run()
+        counts[name] = ops.count
+    assert counts == {"momenta": 2, "accumulate": 4, "denominators": 3, "apply": 4}
+    with Ops() as ops:
+        adam_math.denominators(vs, [0.5] * n, EPS, FLOOR)
+    assert ops.count == 3 + 3 * n  # mean, its product with the floor, the clamp: per tensor
+
+
+def test_chunks_bound_the_bytes_of_each_list_on_a_device_and_are_single_tensors_on_a_host():
+    # meta tensors stand for a GPU's: a device that is not the host
+    ts = [torch.empty(n, device="meta") for n in (10, 10, 30, 5, 100, 1)]  # 40, 40, 120, 20, 400, 4 bytes
+    assert adam_math.chunks(ts, 100) == [slice(0, 2), slice(2, 3), slice(3, 4), slice(4, 5), slice(5, 6)]
+    assert adam_math.chunks(ts, 200) == [slice(0, 3), slice(3, 4), slice(4, 5), slice(5, 6)]
+    assert adam_math.chunks(ts) == [slice(0, 6)]
+    assert adam_math.chunks([]) == []
+    assert [i for part in adam_math.chunks(ts, 1) for i in range(len(ts))[part]] == list(range(6))
+    host = [torch.empty(n) for n in (10, 10, 30)]
+    assert adam_math.chunks(host) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    assert adam_math.chunks(ts[:2] + host[:1]) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+
+
+def test_empty_lists_run_no_op():
+    with Ops() as ops:
+        assert adam_math.momenta([], [], B1) == []
+        adam_math.accumulate([], [], [], B1, B2)
+        assert adam_math.denominators([], [], EPS, FLOOR) == []
+        adam_math.apply([], [], [], [], 0.1, 0.1)
+    assert ops.count == 0

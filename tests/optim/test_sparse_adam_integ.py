@@ -1,0 +1,72 @@
+"""OneBitAdam and ZeroOneAdam with a sparse embedding (``nn.Embedding(sparse=True)``), two real
+workers: every kind of step runs (a warm-up or variance step's average of the rows failed in
+torch's ``addcmul_``, which has no sparse kernel) and ends where the same model with a dense
+embedding ends. The optimizers' multi-tensor path, which only a GPU takes, run here over whole
+lists gives the same bits as the host's one tensor at a time."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.integ
+
+WORKER = """
+import os, torch, gradpress.torch as bps
+from gradpress.optim import adam_math
+per_tensor = adam_math.chunks
+bps.init()
+r = bps.rank()
+out = {}
+for opt_name in ("OneBitAdam", "ZeroOneAdam"):
+    for sparse, whole in ((False, False), (True, False), (True, True)):
+        # whole lists: the chunks a GPU's parameters get, here on the host
+        adam_math.chunks = (lambda ts: [slice(0, len(ts))]) if whole else per_tensor
+        torch.manual_seed(0)
+        emb, head = torch.nn.Embedding(40, 8, sparse=sparse), torch.nn.Linear(8, 4)
+        named = [(f"{opt_name}.{sparse}.{whole}.emb.{n}", p) for n, p in emb.named_parameters()] + \\
+                [(f"{opt_name}.{sparse}.{whole}.head.{n}", p) for n, p in head.named_parameters()]
+        params = [p for _, p in named]
+        if opt_name == "OneBitAdam":
+            opt = bps.OneBitAdam(params, lr=0.01, weight_decay=0.01, freeze_step=2, named_parameters=named)
+        else:
+            opt = bps.ZeroOneAdam(params, lr=0.01, weight_decay=0.01, named_parameters=named, var_freeze_step=3,
+                                  var_update_scaler=1, local_step_scaler=1, local_step_clipper=2)
+        steps, kinds = [], []
+        for step in range(8):
+            g = torch.Generator().manual_seed(100 * step + r)
+            idx, y = torch.randint(0, 40, (16,), generator=g), torch.randn(16, 4, generator=g)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(head(emb(idx)), y).backward()
+            assert emb.weight.grad.is_sparse == sparse
+            phase = "frozen" if getattr(opt, "frozen", False) else "warm-up"
+            opt.step()
+            steps.append([p.detach().clone() for p in params])
+            kinds.append(getattr(opt, "last_kind", phase))
+        out[(opt_name, sparse, whole)] = {"steps": steps, "kinds": kinds}
+torch.save(out, os.path.join(os.environ["GP_TEST_DIR"], f"w{r}.pt"))
+bps.shutdown()
+"""
+
+
+def test_a_sparse_embedding_trains_through_both_optimizers(cluster):
+    c = cluster(workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    c.start(WORKER).assert_success()
+    got = [torch.load(c.tmp / f"w{r}.pt") for r in range(2)]
+    assert got[0][("OneBitAdam", True, False)]["kinds"] == ["warm-up"] * 2 + ["frozen"] * 6
+    kinds = got[0][("ZeroOneAdam", True, False)]["kinds"]
+    assert {"variance", "momentum", "sync", "local"} <= set(kinds), kinds
+    for opt_name in ("OneBitAdam", "ZeroOneAdam"):
+        sparse, dense = got[0][(opt_name, True, False)], got[0][(opt_name, False, False)]
+        for step, kind in enumerate(sparse["kinds"]):
+            if kind != "local":
+                assert all(torch.equal(a, b) for a, b in zip(sparse["steps"][step],
+                                                              got[1][(opt_name, True, False)]["steps"][step])), \
+                    f"{opt_name}: the workers differ after step {step + 1} ({kind})"
+            # the rows' average and the dense one are the same numbers; a sparse add into m
+            # may round differently from a dense one, by an ulp
+            for a, b in zip(sparse["steps"][step], dense["steps"][step]):
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6,
+                                           msg=f"{opt_name}: sparse against dense after step {step + 1} ({kind})")
+        assert not all(torch.equal(a, b) for a, b in zip(sparse["steps"][0], sparse["steps"][-1])), "nothing trained"
+        for r in range(2):
+            whole, each = got[r][(opt_name, True, True)]["steps"], got[r][(opt_name, True, False)]["steps"]
+            assert all(torch.equal(a, b) for x, y in zip(whole, each) for a, b in zip(x, y)), \
+                f"{opt_name}, worker {r}: whole lists differ from one tensor at a time"
