@@ -251,6 +251,21 @@ def render_lowrank_kernels(r: dict) -> list[str]:
         "ops dispatched that are not views (on a GPU, a launch each; Gram-Schmidt's as a GPU batches them)."]
 
 
+ADAM_KINDS = {"onebit_frozen": "OneBitAdam, frozen", "zero_one_momentum": "ZeroOneAdam, momentum step",
+              "zero_one_local": "ZeroOneAdam, local step"}
+
+
+def render_adam_ops(r: dict) -> list[str]:
+    rows = [[label, f"{r[f'{k}_multi_ops']:.0f}", f(r[f"{k}_multi_ms"], 1), f"{r[f'{k}_per_tensor_ops']:.0f}",
+             f(r[f"{k}_per_tensor_ms"], 1), f(r[f"{k}_multi_ms"] / r[f"{k}_per_tensor_ms"], 2) + "x"]
+            for k, label in ADAM_KINDS.items() if f"{k}_multi_ms" in r]
+    return table(["step's arithmetic", "multi-tensor: ops", "ms", "one tensor at a time: ops", "ms",
+                  "multi / one at a time"], rows) + [
+        "", f"{r['tensors']} tensors, {r['elements'] / 1e6:.1f}M parameters, weight decay on, without the push_pull; "
+        "medians, one thread; ops: torch ops dispatched (on a GPU, a launch each)."
+        + (f" On {r['device']}." if "device" in r else "")]
+
+
 def render_sparse_density(r: dict) -> list[str]:
     per = r["per_density"]
     ds = sorted(per, key=float)
@@ -443,7 +458,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "kernels": render_kernels, "messages": render_messages, "server_round": render_server_round,
     "half_average": render_half_average, "fused_copies": render_fused_copies,
     "lowrank_kernels": render_lowrank_kernels, "lowrank_kernels_gpu": render_lowrank_kernels,
-    "sparse_density": render_sparse_density,
+    "sparse_density": render_sparse_density, "adam_ops": render_adam_ops, "adam_ops_gpu": render_adam_ops,
     "host_floor": render_host_floor, "sparse": render_sparse, "cross_barrier": render_cross_barrier,
     "linkrate": render_linkrate, "soak": render_soak, "gpu": render_gpu, "curve_threads": render_curve_threads,
     "curve_threads-lanes": render_curve_threads,

@@ -25,7 +25,7 @@ def chunks(tensors: list[torch.Tensor], limit: int = CHUNK_BYTES) -> list[slice]
     """Consecutive slices of ``tensors`` of at most ``limit`` bytes each (one tensor larger
     than that is a slice of its own); on a host, one tensor each. There a multi-tensor op is
     a loop in C++ that saves little, and a tensor's passes one after the other find it in the
-    cache: the transformer's step ran 1.7x to 2.8x slower over the whole list
+    cache: the transformer's step ran 1.2x to 2.8x slower over the whole list in two runs
     (``benchmarks/adam_ops.py``)."""
     if any(t.device.type == "cpu" for t in tensors):
         return [slice(i, i + 1) for i in range(len(tensors))]
