@@ -1,8 +1,9 @@
 """The CUDA path on a real GPU (``make gpu-check``; skipped where torch sees no GPU): every
 codec's CUDA encoder byte-identical to the CPU kernels at sizes past a partition; a
 gradient produced on a side stream pushed as produced, not as stale memory; float16 and
-bfloat16 CUDA gradients through every codec; a worker on a device other than 0; and a short
-CUDA training job whose workers end identical."""
+bfloat16 CUDA gradients through every codec; a worker on a device other than 0; a short
+CUDA training job whose workers end identical; and OneBitAdam and ZeroOneAdam on CUDA
+parameters, their multi-tensor arithmetic against one tensor at a time."""
 import json
 
 import numpy as np
@@ -268,3 +269,65 @@ def test_the_planner_times_the_codecs_and_copies_on_the_gpu(tmp_path, monkeypatc
     assert 0 < onebit.payload_ratio < 0.05
     # cached per card: a second call reads the same numbers back without measuring
     assert calibrate.codec_costs(options, lambda p: 1 / 0, torch.cuda.get_device_name(dev)) == costs
+
+
+ADAM = """
+import json, os, torch, gradpress.torch as bps
+from gradpress.optim import adam_math
+each_tensor = lambda ts: [slice(i, i + 1) for i in range(len(ts))]
+bps.init()
+device = torch.device(os.environ.get("GP_DEVICE", "cuda:0"))
+results = {}
+for opt_name in ("OneBitAdam", "ZeroOneAdam"):
+    for codec, params in (("none", {"compressor": "none"}), ("onebit", None)):
+        for way in ("lists", "each"):
+            adam_math.chunks = each_tensor if way == "each" else chunks_of_lists
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).to(device)
+            named = [(f"{opt_name}.{codec}.{way}.{n}", p) for n, p in model.named_parameters()]
+            kw = dict(lr=0.01, weight_decay=0.01, named_parameters=named, compression_params=params)
+            if opt_name == "OneBitAdam":
+                opt = bps.OneBitAdam(model.parameters(), freeze_step=2, **kw)
+            else:
+                opt = bps.ZeroOneAdam(model.parameters(), var_freeze_step=3, var_update_scaler=1,
+                                      local_step_scaler=1, local_step_clipper=2, **kw)
+            g = torch.Generator(device=device).manual_seed(bps.rank())
+            steps, losses = [], []
+            for step in range(8):
+                x = torch.randn(32, 64, device=device, generator=g)
+                opt.zero_grad()
+                loss = (model(x) - x[:, :8]).pow(2).mean()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+                synced = getattr(opt, "in_sync", True)
+                steps.append({n: p.detach().cpu() for n, p in model.named_parameters()} if synced else None)
+            results[(opt_name, codec, way)] = {"steps": steps, "losses": losses}
+torch.save(results, os.path.join(os.environ["GP_TEST_DIR"], f"w{bps.rank()}.pt"))
+bps.shutdown()
+""".replace("chunks_of_lists", "adam_math.chunks")
+
+
+@pytest.mark.integ
+def test_onebit_and_zero_one_adam_on_cuda_parameters(tmp_path):
+    """Their arithmetic on a GPU runs multi-tensor ops over whole lists: the workers end each
+    synchronising step identical, and the lists land where one tensor at a time does (to
+    float rounding: on a GPU a multi-tensor divide may round apart from the single op's)."""
+    c = LocalCluster(tmp_path, workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    try:
+        c.start(ADAM).assert_success(300)
+    finally:
+        c.kill()
+    a, b = (torch.load(tmp_path / f"w{r}.pt") for r in range(2))
+    for run, got in a.items():
+        synced = [i for i, s in enumerate(got["steps"]) if s is not None]
+        assert len(synced) >= 5, f"{run}: synchronising steps {synced}"
+        for i in synced:
+            assert all(torch.equal(v, b[run]["steps"][i][n]) for n, v in got["steps"][i].items()), \
+                f"{run}: the workers differ after step {i + 1}"
+        assert got["losses"][-1] < got["losses"][0], f"{run}: the loss did not fall: {got['losses']}"
+        if run[1] == "none" and run[2] == "lists":
+            each = a[(run[0], "none", "each")]["steps"]
+            for i in synced:
+                for n, v in got["steps"][i].items():
+                    torch.testing.assert_close(v, each[i][n], rtol=1e-5, atol=1e-6, msg=f"{run}: {n}, step {i + 1}")
