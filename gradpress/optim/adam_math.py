@@ -8,8 +8,8 @@ launches and their Python on the training thread, against a few dozen now
 (``benchmarks/adam_ops.py``). On a host the same ops loop over the tensors in C++, each
 tensor through the kernel a single op would use, so the bits are the same as one op at a
 time (tests/optim/test_adam_math.py), on every device as long as every worker runs the
-same code. The variance floor's mean stays one op per tensor: no multi-tensor op takes a
-mean, and a norm would sum in another order.
+same code. The variance floor's mean and clamp stay one op each per tensor: no multi-tensor
+op takes either, and a norm would sum in another order than the mean.
 
 The callers cut every list into chunks (``chunks``): on a GPU of at most ``CHUNK_BYTES``, as
 the ops that make new tensors hold a chunk's worth at once; on a host of one tensor.
@@ -81,20 +81,23 @@ def denominators(exp_avg_sqs: list[torch.Tensor], bias2s: list[float | None], ep
         for i, r in zip(scaled, divided):
             roots[i] = r
     if floor > 0:
-        for r in roots:
-            floor_(r, floor)
+        floors_(roots, floor)
     if roots:
         torch._foreach_add_(roots, eps)
     return roots
 
 
-def floor_(root: torch.Tensor, floor: float) -> torch.Tensor:
-    """``root`` raised in place to at least ``floor`` times its mean. The floor stays a
-    tensor on root's device: read on the host (a float) it would make the step wait for the
-    device at every parameter."""
-    if floor > 0 and root.numel():
-        torch.clamp_(root, min=floor * root.mean())
-    return root
+def floors_(roots: list[torch.Tensor], floor: float) -> list[torch.Tensor]:
+    """Each root raised in place to at least ``floor`` times its own mean. The floors stay
+    tensors on the roots' device: read on the host (floats) they would make the step wait
+    for the device at every parameter. A mean and a clamp are one op a tensor (no
+    multi-tensor op takes either); the floors are made from the means in one."""
+    live = [r for r in roots if r.numel()]
+    if floor > 0 and live:
+        floors = torch.stack([r.mean() for r in live]).mul_(floor)
+        for r, f in zip(live, floors):
+            torch.clamp_(r, min=f)
+    return roots
 
 
 def apply(params: list[torch.Tensor], exp_avgs: list[torch.Tensor], denoms: list[torch.Tensor],

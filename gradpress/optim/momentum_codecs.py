@@ -107,7 +107,7 @@ def floored_denominator(v_hat: torch.Tensor, floor: float, eps: float) -> torch.
     """``max(sqrt(v_hat), floor * mean(sqrt(v_hat))) + eps``: Adam's denominator, with no
     coordinate's step amplified more than ``1 / floor`` over the tensor's typical one (a
     compressed momentum gives coordinates whose variance is ~0 a non-zero value)."""
-    return adam_math.floor_(v_hat.sqrt(), floor).add_(eps)
+    return adam_math.floors_([v_hat.sqrt()], floor)[0].add_(eps)
 
 
 def ensure_state(state: dict, p: torch.Tensor) -> None:
