@@ -94,7 +94,9 @@ def floors_(roots: list[torch.Tensor], floor: float) -> list[torch.Tensor]:
     multi-tensor op takes either); the floors are made from the means in one."""
     live = [r for r in roots if r.numel()]
     if floor > 0 and live:
-        floors = torch.stack([r.mean() for r in live]).mul_(floor)
+        means = [r.mean() for r in live]
+        # (one tensor, a host's way: no stack to make and take apart)
+        floors = [means[0].mul_(floor)] if len(live) == 1 else torch.stack(means).mul_(floor)
         for r, f in zip(live, floors):
             torch.clamp_(r, min=f)
     return roots

@@ -100,6 +100,9 @@ def test_the_ops_do_not_grow_with_the_tensors(n):
     with Ops() as ops:
         adam_math.denominators(vs, [0.5] * n, EPS, FLOOR)
     assert ops.count == 6 + 2 * n  # a mean and a clamp per tensor; the floors stacked, scaled, unbound (a view)
+    with Ops() as ops:
+        adam_math.denominators(vs[:1], [0.5], EPS, FLOOR)
+    assert ops.count == 6, "one tensor (a host's way) makes its floor without a stack"
 
 
 def test_chunks_bound_the_bytes_of_each_list_on_a_device_and_are_single_tensors_on_a_host():
