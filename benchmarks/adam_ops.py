@@ -13,7 +13,8 @@ worker's own tensor):
 
 ``multi`` runs ``optim/adam_math`` over the whole list (what the optimizers run);
 ``per tensor`` runs the same functions on one tensor at a time, the ops the optimizers ran
-before, with the same bits. Columns: torch ops dispatched (on a GPU, a launch each) and
+before, with the same bits. Columns: torch ops dispatched that are not views (on a GPU, a
+launch each) and
 milliseconds, medians, one thread; on a GPU each call timed to the device's end.
 Prints a last line ``RESULT {json}``.
 """
@@ -26,24 +27,14 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bandwidth_models  # noqa: E402
 from gradpress.optim import adam_math  # noqa: E402
+from gradpress.testing.torch_ops import ops_of  # noqa: E402
 from results import emit as emit_result  # noqa: E402
 
 B1, B2, EPS, LR, WD, FLOOR, T = 0.9, 0.999, 1e-8, 1e-3, 0.01, 0.1, 20
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def steps(ps, ms, vs, gs) -> dict:
@@ -70,8 +61,7 @@ def steps(ps, ms, vs, gs) -> dict:
 
 
 def measure(fn, reps: int, device: str) -> tuple[int, float]:
-    with _Ops() as ops:
-        fn()
+    ops = ops_of(fn)
     times = []
     for _ in range(reps):
         if device != "cpu":
@@ -81,7 +71,7 @@ def measure(fn, reps: int, device: str) -> tuple[int, float]:
         if device != "cpu":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return ops.count, 1e3 * statistics.median(times)
+    return ops, 1e3 * statistics.median(times)
 
 
 def main() -> int:

@@ -30,34 +30,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gradpress.pipeline import lowrank_math  # noqa: E402
 from gradpress.pipeline.lowrank_math import NumbaMath, TorchMath  # noqa: E402
+from gradpress.testing.torch_ops import ops_of  # noqa: E402
 from results import emit as emit_result  # noqa: E402
 
 SHAPES = {
     "mlp": [(4096, 1024), (4096, 4096), (1024, 4096)],
     "tfm": [(256, 512)] + [(1536, 512), (512, 512), (2048, 512), (512, 2048)] * 8,
 }
-
-
-class _Ops(TorchDispatchMode):
-    """Counts the torch ops dispatched inside it that are not views (each launches work)."""
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += not func.is_view
-        return func(*args, **(kwargs or {}))
-
-
-def ops_of(fn) -> int:
-    with _Ops() as ops:
-        fn()
-    return ops.count
 
 
 def median_ms(fn, reps: int) -> float:

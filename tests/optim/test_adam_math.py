@@ -2,24 +2,12 @@
 in a number of torch ops that does not grow with the number of tensors."""
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from gradpress.optim import adam_math
 from gradpress.optim.momentum_codecs import floored_denominator
+from gradpress.testing.torch_ops import ops_of
 
 B1, B2, EPS, FLOOR = 0.9, 0.999, 1e-8, 0.1
-
-
-class Ops(TorchDispatchMode):
-    """Counts the torch ops run under it (a multi-tensor op counts once, as a GPU launches it)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def tensors(seed: int, shapes, positive: bool = False, dtype=torch.float32) -> list[torch.Tensor]:
@@ -93,16 +81,12 @@ def test_the_ops_do_not_grow_with_the_tensors(n):
                       "accumulate": lambda: adam_math.accumulate(ms, vs, gs, B1, B2),
                       "denominators": lambda: adam_math.denominators(vs, [0.5] * n, EPS),
                       "apply": lambda: adam_math.apply(ps, ms, vs, [0.5] * n, 0.01, 0.01)}.items():
-        with Ops() as ops:
-            run()
-        counts[name] = ops.count
+        counts[name] = ops_of(run)
     assert counts == {"momenta": 2, "accumulate": 4, "denominators": 3, "apply": 4}
-    with Ops() as ops:
-        adam_math.denominators(vs, [0.5] * n, EPS, FLOOR)
-    assert ops.count == 6 + 2 * n  # a mean and a clamp per tensor; the floors stacked, scaled, unbound (a view)
-    with Ops() as ops:
-        adam_math.denominators(vs[:1], [0.5], EPS, FLOOR)
-    assert ops.count == 6, "one tensor (a host's way) makes its floor without a stack"
+    # a mean and a clamp per tensor; the floors stacked and scaled
+    assert ops_of(lambda: adam_math.denominators(vs, [0.5] * n, EPS, FLOOR)) == 5 + 2 * n
+    one = ops_of(lambda: adam_math.denominators(vs[:1], [0.5], EPS, FLOOR))
+    assert one == 6, "one tensor (a host's way) makes its floor without a stack"
 
 
 def test_chunks_bound_the_bytes_of_each_list_on_a_device_and_are_single_tensors_on_a_host():
@@ -119,9 +103,9 @@ def test_chunks_bound_the_bytes_of_each_list_on_a_device_and_are_single_tensors_
 
 
 def test_empty_lists_run_no_op():
-    with Ops() as ops:
+    def run():
         assert adam_math.momenta([], [], B1) == []
         adam_math.accumulate([], [], [], B1, B2)
         assert adam_math.denominators([], [], EPS, FLOOR) == []
         adam_math.apply([], [], [], [], 0.1, 0.1)
-    assert ops.count == 0
+    assert ops_of(run) == 0
