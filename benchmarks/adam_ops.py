@@ -21,9 +21,7 @@ Prints a last line ``RESULT {json}``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -31,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bandwidth_models  # noqa: E402
 from gradpress.optim import adam_math  # noqa: E402
-from gradpress.testing.torch_ops import ops_of  # noqa: E402
+from gradpress.testing.torch_ops import median_ms, ops_of  # noqa: E402
 from results import emit as emit_result  # noqa: E402
 
 B1, B2, EPS, LR, WD, FLOOR, T = 0.9, 0.999, 1e-8, 1e-3, 0.01, 0.1, 20
@@ -60,20 +58,6 @@ def steps(ps, ms, vs, gs) -> dict:
             "zero_one_local": zero_one_local}
 
 
-def measure(fn, reps: int, device: str) -> tuple[int, float]:
-    ops = ops_of(fn)
-    times = []
-    for _ in range(reps):
-        if device != "cpu":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device != "cpu":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return ops, 1e3 * statistics.median(times)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=9)
@@ -96,8 +80,8 @@ def main() -> int:
                 for s in singles:
                     s[kind]()
             for way, fn in (("multi", multi[kind]), ("per_tensor", one_at_a_time)):
-                ops, ms_median = measure(fn, args.reps, args.device)
-                result[f"{kind}_{way}_ops"], result[f"{kind}_{way}_ms"] = ops, round(ms_median, 3)
+                result[f"{kind}_{way}_ops"] = ops_of(fn)
+                result[f"{kind}_{way}_ms"] = round(median_ms(fn, args.reps), 3)
             print(f"{kind}: multi {result[f'{kind}_multi_ops']} ops {result[f'{kind}_multi_ms']:.2f} ms, "
                   f"per tensor {result[f'{kind}_per_tensor_ops']} ops {result[f'{kind}_per_tensor_ms']:.2f} ms",
                   flush=True)

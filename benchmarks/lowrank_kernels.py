@@ -23,9 +23,7 @@ Prints medians in milliseconds and a last line ``RESULT {json}``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,25 +32,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gradpress.pipeline import lowrank_math  # noqa: E402
 from gradpress.pipeline.lowrank_math import NumbaMath, TorchMath  # noqa: E402
-from gradpress.testing.torch_ops import ops_of  # noqa: E402
+from gradpress.testing.torch_ops import median_ms, ops_of  # noqa: E402
 from results import emit as emit_result  # noqa: E402
 
 SHAPES = {
     "mlp": [(4096, 1024), (4096, 4096), (1024, 4096)],
     "tfm": [(256, 512)] + [(1536, 512), (512, 512), (2048, 512), (512, 2048)] * 8,
 }
-
-
-def median_ms(fn, reps: int) -> float:
-    fn()  # compile / first touch
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        if torch.cuda.is_initialized():
-            torch.cuda.synchronize()   # the device's work is the call's too
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
 
 
 def orth_costs(shapes, rank: int, reps: int, device: str) -> dict[str, float]:
