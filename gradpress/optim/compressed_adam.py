@@ -42,6 +42,19 @@ class CompressedAdam(torch.optim.Optimizer):
         return GradientPipeline(self._table.with_policy(policy), prefix, lr_of=lambda p: self._groups[id(p)]["lr"],
                                 tuning=self.plan_tuning, owner=type(self).__name__)
 
+    def _keep_state_dtypes(self, state_dict: dict) -> None:
+        """torch's ``load_state_dict`` casts every floating state tensor to its parameter's
+        dtype: a float16 parameter's float32 state (``momentum_codecs.state_dtype``) is put
+        back from ``state_dict`` as it was saved, bit for bit."""
+        saved = state_dict["state"]
+        for saved_group, group in zip(state_dict["param_groups"], self.param_groups):
+            for index, p in zip(saved_group["params"], group["params"]):
+                if mc.state_dtype(p) == p.dtype or index not in saved:
+                    continue
+                for key, value in saved[index].items():
+                    if torch.is_tensor(value) and value.is_floating_point() and key != "step":
+                        self.state[p][key] = value.to(device=p.device, dtype=mc.state_dtype(p))
+
     def _index_groups(self) -> None:
         self._groups = {id(p): group for group in self.param_groups for p in group["params"]}
 
@@ -93,6 +106,7 @@ class CompressedAdam(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         extra = state_dict.pop(extra_key, None)
         super().load_state_dict(state_dict)
+        self._keep_state_dtypes(state_dict)
         mc.steps_as_ints(self)
         self._index_groups()
         return extra

@@ -110,6 +110,14 @@ def floored_denominator(v_hat: torch.Tensor, floor: float, eps: float) -> torch.
     return adam_math.floors_([v_hat.sqrt()], floor)[0].add_(eps)
 
 
+def state_dtype(p: torch.Tensor) -> torch.dtype:
+    """The dtype of ``p``'s Adam state: float32 for a float16 parameter, else its own. In
+    float16, eps = 1e-8 is 0 and ``g * g`` is 0 for every |g| below 2.4e-4, so a coordinate's
+    denominator is 0 and its step infinite (torch's Adam makes NaN parameters of it
+    silently; the momentum path's error feedback refuses it). bfloat16 has float32's range."""
+    return torch.float32 if p.dtype == torch.float16 else p.dtype
+
+
 def ensure_state(state: dict, p: torch.Tensor) -> None:
     """Adam's per-parameter state (step, m, v), created at a parameter's first step; a
     parameter without a gradient in this backward gets a zero one (every worker must still
@@ -118,8 +126,8 @@ def ensure_state(state: dict, p: torch.Tensor) -> None:
         p.grad = torch.zeros_like(p)
     if not state:
         state["step"] = 0
-        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg"] = torch.zeros_like(p, dtype=state_dtype(p), memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, dtype=state_dtype(p), memory_format=torch.preserve_format)
 
 
 def steps_as_ints(optimizer: torch.optim.Optimizer) -> None:

@@ -157,7 +157,7 @@ class ZeroOneAdam(CompressedAdam):
             for p in ps:
                 st = self.state[p]
                 if "anchor" not in st:  # the first step after the freeze: parameters are identical now
-                    st["anchor"], st["lrs"] = p.detach().clone(), 0.0
+                    st["anchor"], st["lrs"] = p.detach().to(st["exp_avg"].dtype, copy=True), 0.0
                 st["step"] += 1
                 st["lrs"] += group["lr"]
             for part in adam_math.chunks(ps):
