@@ -279,11 +279,14 @@ bps.init()
 device = torch.device(os.environ.get("GP_DEVICE", "cuda:0"))
 results = {}
 for opt_name in ("OneBitAdam", "ZeroOneAdam"):
-    for codec, params in (("none", {"compressor": "none"}), ("onebit", None)):
+    # a float16 model: its Adam state in float32, float16 and float32 tensors in one multi-tensor op
+    for codec, params, dtype in (("none", {"compressor": "none"}, torch.float32), ("onebit", None, torch.float32),
+                                 ("onebit-float16", None, torch.float16)):
         for way in ("lists", "each"):
             adam_math.chunks = each_tensor if way == "each" else chunks_of_lists
             torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).to(device)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+            model = model.to(device, dtype)
             named = [(f"{opt_name}.{codec}.{way}.{n}", p) for n, p in model.named_parameters()]
             kw = dict(lr=0.01, weight_decay=0.01, named_parameters=named, compression_params=params)
             if opt_name == "OneBitAdam":
@@ -294,12 +297,13 @@ for opt_name in ("OneBitAdam", "ZeroOneAdam"):
             g = torch.Generator(device=device).manual_seed(bps.rank())
             steps, losses = [], []
             for step in range(8):
-                x = torch.randn(32, 64, device=device, generator=g)
+                x = torch.randn(32, 64, device=device, generator=g).to(dtype)
                 opt.zero_grad()
                 loss = (model(x) - x[:, :8]).pow(2).mean()
                 loss.backward()
                 opt.step()
                 losses.append(loss.item())
+                assert all(torch.isfinite(p).all() for p in model.parameters()), (opt_name, codec, step)
                 synced = getattr(opt, "in_sync", True)
                 steps.append({n: p.detach().cpu() for n, p in model.named_parameters()} if synced else None)
             results[(opt_name, codec, way)] = {"steps": steps, "losses": losses}
