@@ -41,6 +41,16 @@ def chunks(tensors: list[torch.Tensor], limit: int = CHUNK_BYTES) -> list[slice]
     return out
 
 
+def copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A copy of each, the dense ones in one multi-tensor copy (a launch a chunk on a GPU
+    where ``clone`` was a launch a tensor); a sparse one cloned."""
+    out = [torch.empty_like(t) if t.layout == torch.strided else t.clone() for t in tensors]
+    dense = [i for i, t in enumerate(tensors) if t.layout == torch.strided]
+    if dense:
+        torch._foreach_copy_([out[i] for i in dense], [tensors[i] for i in dense])
+    return out
+
+
 def momenta(exp_avgs: list[torch.Tensor], grads: list[torch.Tensor], beta1: float) -> list[torch.Tensor]:
     """``beta1 * m + (1 - beta1) * g`` of each, in new tensors (what a worker sends); ``g`` may be sparse."""
     if not exp_avgs:

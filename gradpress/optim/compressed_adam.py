@@ -91,6 +91,13 @@ class CompressedAdam(torch.optim.Optimizer):
         return sent
 
     @staticmethod
+    def _gradients(groups: list[tuple[dict, list[torch.Tensor]]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(parameter, a copy of its gradient): what travels where the gradient is averaged
+        (the gradient itself stays the worker's own)."""
+        ps = [p for _, group_ps in groups for p in group_ps]
+        return list(zip(ps, adam_math.copies([p.grad.detach() for p in ps])))
+
+    @staticmethod
     def _average(pipeline: GradientPipeline, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
         """Every worker's average of each (parameter, tensor), by parameter id."""
         for p, t in tensors:

@@ -89,8 +89,8 @@ class OneBitAdam(CompressedAdam):
         frozen = self.frozen
         if frozen:  # this worker's momentum travels; the average is everyone's
             sent = self._local_momenta(groups)
-        else:  # the gradient itself stays the worker's own
-            sent = [(p, p.grad.detach().clone()) for _, ps in groups for p in ps]
+        else:
+            sent = self._gradients(groups)
         pipeline = self._momenta if frozen else self._grads
         averages = self._average(pipeline, sent)
         started = time.perf_counter()

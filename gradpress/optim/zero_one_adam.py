@@ -128,8 +128,8 @@ class ZeroOneAdam(CompressedAdam):
 
     def _shared_momentum_step(self, groups: list, kind: str, t: int, var_updates: int) -> None:
         """Variance or momentum step: every worker ends with the same m and parameters."""
-        if kind == "variance":  # the gradient itself stays the worker's own
-            pipeline, sent = self._variance, [(p, p.grad.detach().clone()) for _, ps in groups for p in ps]
+        if kind == "variance":
+            pipeline, sent = self._variance, self._gradients(groups)
         else:
             pipeline, sent = self._momenta, self._local_momenta(groups)
         averages = self._average(pipeline, sent)

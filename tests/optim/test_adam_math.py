@@ -102,6 +102,23 @@ def test_chunks_bound_the_bytes_of_each_list_on_a_device_and_are_single_tensors_
     assert adam_math.chunks(ts[:2] + host[:1]) == [slice(0, 1), slice(1, 2), slice(2, 3)]
 
 
+def test_copies_are_the_gradients_bits_in_new_tensors_in_one_copy():
+    """What a warm-up or variance step sends: each gradient's copy (a sparse one too), in
+    fresh memory with the gradient's strides, all the dense ones in one op besides their
+    allocations (on a GPU one launch, where a clone each was a launch each)."""
+    gs = tensors(7, SHAPES) + [torch.tensor([-0.0, float("nan"), 1e-40, -float("inf")]), torch.randn(4, 6).t()]
+    rows = torch.sparse_coo_tensor(torch.tensor([[2, 0]]), torch.randn(2, 3), (5, 3), check_invariants=True)
+    got = adam_math.copies(gs + [rows])
+    for a, g in zip(got, gs):
+        assert a.dtype == g.dtype and a.stride() == g.stride() and a.data_ptr() != g.data_ptr()
+        assert a.view(torch.int32).equal(g.view(torch.int32)) if g.is_contiguous() else torch.equal(a, g)
+    assert got[-1].is_sparse and torch.equal(got[-1].to_dense(), rows.to_dense())
+    assert got[-1]._values().data_ptr() != rows._values().data_ptr()
+    allocations = ops_of(lambda: [torch.empty_like(g) for g in gs])
+    assert ops_of(lambda: adam_math.copies(gs)) == allocations + 1
+    assert adam_math.copies([]) == []
+
+
 def test_empty_lists_run_no_op():
     def run():
         assert adam_math.momenta([], [], B1) == []
