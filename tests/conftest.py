@@ -1,9 +1,30 @@
+import os
+import shutil
+import tempfile
+
 import pytest
 
 import process_check
 from cluster import LocalCluster
 
 from gradpress.testing import netns
+
+PTX_COMPILED = "GP_PTX_COMPILED"  # tests/support/ptx_check.py
+
+
+def pytest_configure(config):
+    """One folder for the session (the controller makes it; xdist's workers inherit it) in
+    which the GPU compile check marks each kernel and signature it compiled, so that the
+    simulator scripts' checks do not compile the same kernel again."""
+    if not hasattr(config, "workerinput") and PTX_COMPILED not in os.environ:
+        os.environ[PTX_COMPILED] = config._gp_ptx_compiled = tempfile.mkdtemp(prefix="gp-ptx-")
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_gp_ptx_compiled", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        del os.environ[PTX_COMPILED]
 
 
 @pytest.fixture
