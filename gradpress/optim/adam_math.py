@@ -23,8 +23,9 @@ CHUNK_BYTES = 1 << 28  # temporaries of the multi-tensor ops: at most this many 
 
 def chunks(tensors: list[torch.Tensor], limit: int = CHUNK_BYTES) -> list[slice]:
     """Consecutive slices of ``tensors`` of at most ``limit`` bytes each (one tensor larger
-    than that is a slice of its own); on a host, one tensor each. There a multi-tensor op is
-    a loop in C++ that saves little, and a tensor's passes one after the other find it in the
+    than that is a slice of its own), each on one device (a group may span GPUs: the
+    floors' stack needs one); on a host, one tensor each. There a multi-tensor op is a loop
+    in C++ that saves little, and a tensor's passes one after the other find it in the
     cache: the transformer's step ran 1.2x to 2.8x slower over the whole list in five runs
     (``benchmarks/adam_ops.py``)."""
     if any(t.device.type == "cpu" for t in tensors):
@@ -32,7 +33,7 @@ def chunks(tensors: list[torch.Tensor], limit: int = CHUNK_BYTES) -> list[slice]
     out, start, size = [], 0, 0
     for i, t in enumerate(tensors):
         nbytes = t.numel() * t.element_size()
-        if i > start and size + nbytes > limit:
+        if i > start and (size + nbytes > limit or t.device != tensors[start].device):
             out.append(slice(start, i))
             start, size = i, 0
         size += nbytes

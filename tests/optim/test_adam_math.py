@@ -89,6 +89,13 @@ def test_the_ops_do_not_grow_with_the_tensors(n):
     assert one == 6, "one tensor (a host's way) makes its floor without a stack"
 
 
+class _OnAnotherDevice(torch.Tensor):
+    """A meta tensor that says it is on a second GPU (the host has none)."""
+    @property
+    def device(self):
+        return torch.device("cuda", 1)
+
+
 def test_chunks_bound_the_bytes_of_each_list_on_a_device_and_are_single_tensors_on_a_host():
     # meta tensors stand for a GPU's: a device that is not the host
     ts = [torch.empty(n, device="meta") for n in (10, 10, 30, 5, 100, 1)]  # 40, 40, 120, 20, 400, 4 bytes
@@ -97,6 +104,10 @@ def test_chunks_bound_the_bytes_of_each_list_on_a_device_and_are_single_tensors_
     assert adam_math.chunks(ts) == [slice(0, 6)]
     assert adam_math.chunks([]) == []
     assert [i for part in adam_math.chunks(ts, 1) for i in range(len(ts))[part]] == list(range(6))
+    # a group spread over two devices: a chunk never spans them (meta and a stand-in's)
+    two = [torch.empty(10, device="meta"), torch.empty(10, device="meta")]
+    other = torch.Tensor._make_subclass(_OnAnotherDevice, torch.empty(10, device="meta"))
+    assert adam_math.chunks(two + [other] + two) == [slice(0, 2), slice(2, 3), slice(3, 5)]
     host = [torch.empty(n) for n in (10, 10, 30)]
     assert adam_math.chunks(host) == [slice(0, 1), slice(1, 2), slice(2, 3)]
     assert adam_math.chunks(ts[:2] + host[:1]) == [slice(0, 1), slice(1, 2), slice(2, 3)]
