@@ -20,6 +20,10 @@ class HostOps:
     def empty_like(x: np.ndarray) -> np.ndarray:
         return np.empty_like(x)
 
+    @staticmethod
+    def landed(x: np.ndarray) -> None:
+        """What a decompress wrote into ``x`` may be read: on a host it is there already."""
+
     add_scaled = staticmethod(elementwise.add_scaled)
     subtract = staticmethod(elementwise.subtract)
     all_finite = staticmethod(elementwise.all_finite)

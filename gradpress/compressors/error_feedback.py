@@ -197,6 +197,7 @@ class ErrorFeedback(Wrapper):
             p = p_scratch
         header, buffers = self.inner.compress(p, key, round)
         self.inner.decompress(header, buffers, decoded, key, round)
+        ops.landed(decoded)  # (a GPU decodes on its landing stream; the subtract runs on the push stream)
         ops.subtract(decoded, p, decoded)
         if not ops.all_finite(decoded):
             raise self.refused(key)

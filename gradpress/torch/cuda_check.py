@@ -26,8 +26,9 @@ def gpu_path_in_use() -> bool:
     return bool(config.ENABLE_CUDASIM) or torch.cuda.is_available()
 
 
-def check() -> None:
-    """Compile and run the onebit encoder on a tiny device array.
+def check(local_rank: int = 0) -> None:
+    """Compile and run the onebit encoder on a tiny device array, on the GPU this worker
+    will likely use (``device_for_check``).
 
     Raises:
         CudaPathBroken: naming numba, numba-cuda, numpy and torch's versions, what failed,
@@ -39,10 +40,25 @@ def check() -> None:
         from numba import cuda
 
         from ..compressors.registry import build_compressor
+        from ..kernels.cuda.streams import on_device
         codec = build_compressor({"compressor": "onebit", "scaling": True}, "worker")
-        codec.compress(cuda.to_device(np.linspace(-1.0, 1.0, 64, dtype=np.float32)), key=0, round=0)
+        with on_device(device_for_check(local_rank)):
+            codec.compress(cuda.to_device(np.linspace(-1.0, 1.0, 64, dtype=np.float32)), key=0, round=0)
     except Exception as e:  # whatever numba raises: the message must name it
         raise CudaPathBroken(describe(e)) from e
+
+
+def device_for_check(local_rank: int) -> int:
+    """The GPU to run the check on: torch's current one where the program already chose
+    it (``torch.cuda.set_device`` initialises CUDA), else the one BytePS's examples choose
+    right after ``init()``, the local rank's. A check on GPU 0 would give every worker of
+    the machine a CUDA context there, hundreds of MB each, and fail outright where GPUs
+    are in exclusive-process mode."""
+    import torch
+    if torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    count = torch.cuda.device_count()
+    return local_rank % count if count else 0
 
 
 def describe(error: BaseException) -> str:

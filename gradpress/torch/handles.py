@@ -18,6 +18,9 @@ class Pending:
     future: Future
     output: torch.Tensor
     finish: Callable[[], None] | None  # lands the result in output (a staging copy back, a sparse union)
+    # what a failed push_pull leaves to undo once it is over: the consumer's stream waits for
+    # the worker's GPU work on the tensors, a staging buffer is given back
+    abandon: Callable[[], None] | None = None
 
     def then(self, output: torch.Tensor, land: Callable[[], None] | None) -> None:
         """The push_pull's result is ``output`` (a tensor it travelled for), landed there by
@@ -44,7 +47,14 @@ def wait(handle: int, timeout_s: float) -> torch.Tensor:
     """Wait up to ``timeout_s`` for the push_pull behind ``handle``; its output tensor."""
     pending = lookup(handle)
     try:
-        pending.future.result(timeout_s)
+        try:
+            pending.future.result(timeout_s)
+        except BaseException:
+            # failed: the program may go on (an elastic restart) and free the tensors. Not
+            # where only this wait ran out: the push_pull may still write into them.
+            if pending.future.done() and pending.abandon is not None:
+                pending.abandon()
+            raise
         if pending.finish is not None:
             pending.finish()
         return pending.output

@@ -9,6 +9,7 @@ as its real view.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from typing import Callable
@@ -59,7 +60,7 @@ def init(lazy: bool = True) -> None:
         gil.configure(settings)
         try:
             modes.check(settings)
-            cuda_check.check()  # before registering: a broken GPU path stops the job now, not at a step
+            cuda_check.check(settings.local_rank)  # before registering: a broken GPU path stops the job now
             client = WorkerClient(settings)
             client.start()
         except RegistrationRefused as e:  # the others would wait GRADPRESS_CONNECT_TIMEOUT_S for this worker
@@ -135,12 +136,8 @@ def settings() -> Settings:
 
 
 def declare(name: str, **_ignored) -> int:
-    """Announce a tensor name, as byteps.torch does.
-
-    Keys do not depend on declaration order here (the scheduler assigns them), so
-    there is nothing to do: the tensor is declared to the job at its first push_pull.
-    Returns 0, as BytePS's does.
-    """
+    """Announce a tensor name, as byteps.torch does. Keys do not depend on declaration order
+    here (the scheduler assigns them at a tensor's first push_pull): nothing to do. Returns 0."""
     return 0
 
 
@@ -244,6 +241,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
     direct = (tensor.device.type == "cpu" and output.device.type == "cpu" and wire_dtype(tensor.dtype) == tensor.dtype
               and contiguous)
     finish: Callable[[], None] | None = None
+    abandon = None  # (what a failed one leaves to undo: handles.Pending)
     if on_gpu:  # CUDA kernels compress, or the DMA copies read, straight from device memory
         src = tensor.detach().reshape(-1)
         out = src if output is tensor else output.detach().reshape(-1)
@@ -252,6 +250,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
 
         def finish(src=src) -> None:  # holds src too: the worker's stream may read it until this wait
             staging.before_consumer(output, future.device_event)
+        abandon = functools.partial(staging.after_failure, output, src)  # failed: all the worker queued so far
     elif direct:  # numpy's reshape of a contiguous array is a view, without torch's dispatch
         src = tensor.detach().numpy().reshape(-1)
         out = src if output is tensor else output.detach().numpy().reshape(-1)
@@ -275,7 +274,8 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
             finally:
                 _staging.done(name, buffer)
         finish = copy_back
-    return handles.register(handles.Pending(future, output, finish))
+        abandon = functools.partial(_staging.done, name, buffer)  # failed: nothing more lands in it
+    return handles.register(handles.Pending(future, output, finish, abandon))
 
 
 def push_pull_rows_async_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,

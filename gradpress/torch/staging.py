@@ -85,3 +85,13 @@ def before_consumer(tensor: torch.Tensor, done: torch.cuda.Event | None) -> None
         from ..kernels.cuda import streams
         torch.cuda.current_stream(tensor.device).wait_event(done)
         streams.recycle(done, tensor.device.index)
+
+
+def after_failure(tensor: torch.Tensor, *held: torch.Tensor) -> None:
+    """A failed push_pull of a CUDA tensor: the consumer's stream waits on the device for
+    everything gradpress's streams there hold so far (its copies, kernels and landings), so
+    that memory the program frees after catching the error is not handed out while they
+    still read or write it (``held``: tensors kept alive until this call, like ``tensor``). A
+    job's failure records no event after its last landing."""
+    from ..kernels.cuda import streams
+    streams.settle(tensor, torch.cuda.current_stream(tensor.device))

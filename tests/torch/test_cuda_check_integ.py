@@ -51,3 +51,19 @@ def test_a_working_numba_cuda_passes_the_check(tmp_path):
         c.start(WORKER, worker_env={"GP_BREAK": "0"}).assert_success(120)
     finally:
         c.kill()
+
+
+@pytest.mark.parametrize("initialised, current, count, local_rank, expected", [
+    (False, None, 4, 0, 0), (False, None, 4, 3, 3), (False, None, 2, 3, 1),   # the local rank's GPU
+    (False, None, 1, 5, 0),                 # CUDA_VISIBLE_DEVICES gave each worker its own one
+    (True, 2, 4, 0, 2),                     # torch.cuda.set_device(2) before init(): that one
+])
+def test_the_check_runs_on_the_gpu_the_worker_will_use_not_always_gpu_0(monkeypatch, initialised, current, count,
+                                                                         local_rank, expected):
+    import torch
+
+    from gradpress.torch import cuda_check
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialised)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    assert cuda_check.device_for_check(local_rank) == expected

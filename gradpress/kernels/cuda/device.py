@@ -96,9 +96,10 @@ def to_host(x: Any) -> np.ndarray:
     if hasattr(x, "cpu") and hasattr(x, "numpy"):
         x = x.detach()
         return (x.float() if str(x.dtype) == "torch.bfloat16" else x).cpu().numpy()
-    s = stream()
-    host = as_device(x).copy_to_host(stream=s)
-    s.synchronize()
+    with working_on(x):  # on the array's own device (``streams._index_of``), from any thread
+        s = stream()
+        host = as_device(x).copy_to_host(stream=s)
+        s.synchronize()
     return host
 
 

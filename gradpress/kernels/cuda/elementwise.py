@@ -34,6 +34,12 @@ class DeviceOps:
         return device.empty(x.shape[0], np.float32)
 
     @staticmethod
+    def landed(x: Any) -> None:
+        """What a decompress queued into ``x`` on the landing stream comes before what the
+        push stream queues next (a wait on the device, not the host)."""
+        device.wait_for(device.finished(x), x)
+
+    @staticmethod
     def add_scaled(out: Any, a: Any, alpha: float, b: Any) -> None:
         _add_scaled[blocks(out.shape[0]), THREADS, device.stream()](out, a, np.float32(alpha), b)
 

@@ -80,13 +80,17 @@ def current_lane() -> int:
 
 
 def _index_of(x: Any) -> int:
-    """The device index of ``x``: a torch CUDA tensor's own (no driver call); numba's
-    current device for anything else; 0 under the simulator."""
+    """The device index of ``x``: a torch CUDA tensor's own (no driver call), a numba
+    device array's (its memory's context); numba's current device for anything else; 0
+    under the simulator."""
     if config.ENABLE_CUDASIM:
         return 0
     device = getattr(x, "device", None)
     if getattr(device, "type", None) == "cuda" and device.index is not None:
         return device.index
+    owner = getattr(getattr(getattr(x, "gpu_data", None), "context", None), "device", None)
+    if owner is not None:  # e.g. a residual read for a checkpoint on the training thread
+        return owner.id
     current = getattr(_local, "device", None)
     return current if current is not None else cuda.get_current_device().id
 
@@ -159,10 +163,16 @@ def working_on(x: Any, landing: bool = False):
                 yield
             elif _owned():
                 current = _local.__dict__.setdefault("torch_current", {})
-                if current.get(index) is not torch_made:  # only this thread changes it
+                outer = current.get(index)
+                if outer is not torch_made:  # only this thread changes it
                     _torch().cuda.set_stream(torch_made)
                     current[index] = torch_made
-                yield
+                try:
+                    yield
+                finally:
+                    if before[0] is not None and outer is not None and outer is not torch_made:
+                        _torch().cuda.set_stream(outer)  # nested in the other lane's block: its stream again
+                        current[index] = outer
             else:
                 with _torch().cuda.stream(torch_made):
                     yield
@@ -200,6 +210,18 @@ def wait_for(ready: Any, x: Any) -> None:
     if made is not None and ready is not None:
         made.wait_event(ready)
         recycle(ready, _index_of(x))
+
+
+def settle(x: Any, consumer: Any) -> None:
+    """``consumer`` (a torch stream on ``x``'s device) waits on the device for all that
+    both of gradpress's streams there hold so far."""
+    if _torch() is None:
+        return
+    index = _index_of(x)
+    for lane in (PUSH, LANDING):
+        made = _pairs.get((index, lane))
+        if made is not None:
+            consumer.wait_stream(made[1])
 
 
 def finished(x: Any) -> Any:

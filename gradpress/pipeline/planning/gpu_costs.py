@@ -33,6 +33,8 @@ def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
         base = torch.randn(n, device=device, generator=gen)
         xs = [base * (1 + 1e-3 * j) for j in range(keys)]
         outs = [torch.zeros_like(base) for _ in range(keys)]
+        # made on this thread's stream, read on gradpress's, which does not wait for it
+        torch.cuda.synchronize(device)
         turn = Turns(keys)
 
         def finished(fn):
@@ -49,6 +51,7 @@ def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
         if halves:  # Compression.fp16's cast on the card, then the raw path's copies at half the bytes
             hosts = [gpu.pinned_host(n, np.float16) for _ in range(2)]
             landed = [torch.empty(n, dtype=torch.float16, device=device) for _ in range(2)]
+            torch.cuda.synchronize(device)
 
             def land(j: int) -> None:
                 gpu.land_divided(hosts[j % 2], landed[j % 2], 2)
@@ -63,7 +66,8 @@ def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
                 finished(lambda: worker.compress(xs[j], key=j, round=rnd, lr=0.1))()
         comp.append((nbytes, median_s(finished(lambda: worker.compress(xs[turn()], key=turn.now,
                                                                         round=2 + turn.calls, lr=0.1)))))
-        header, buffers = worker.compress(base, key=keys, round=0, lr=0.1)
+        with gpu.working_on(base):  # on base's device and gradpress's stream, as every call above
+            header, buffers = worker.compress(base, key=keys, round=0, lr=0.1)
         frames = [bytes(memoryview(np.ascontiguousarray(b)).cast("B")) for b in buffers]
         decomp.append((nbytes, median_s(finished(lambda: worker.decompress(header, frames, outs[turn()],
                                                                             key=keys, round=0, divisor=2)))))
