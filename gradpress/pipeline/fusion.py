@@ -42,6 +42,12 @@ def runs(params: list[torch.Tensor], cap: float, same: Same) -> list[list[torch.
     return out
 
 
+def alike(p: torch.Tensor, q: torch.Tensor) -> bool:
+    """Whether two tensors may share a bucket: one dtype, and one device (a model placed
+    across GPUs in one process has a bucket per device; a buffer lives on one)."""
+    return p.dtype == q.dtype and p.device == q.device
+
+
 def crc(table: ParameterTable, members: list[torch.Tensor]) -> str:
     """A group's name from its members' (the same in every worker and every resumed job)."""
     return f"{zlib.crc32(','.join(table.names[id(p)] for p in members).encode()):08x}"
@@ -61,7 +67,7 @@ class Fusion:
     def ddp(self, params: list[torch.Tensor], cap: float) -> list[Bucket]:
         """DDP's buckets: neighbours of one spec and dtype, up to ``cap`` bytes."""
         spec = self.table.spec
-        cut = runs(params, cap, lambda p, q: spec[id(p)] == spec[id(q)] and p.dtype == q.dtype)
+        cut = runs(params, cap, lambda p, q: spec[id(p)] == spec[id(q)] and alike(p, q))
         return [Bucket(f"{self.prefix}bucket.{i}", run, spec[id(run[0])], self.priority(run), self.comm, self.lr_of,
                        compression=self.compression) for i, run in enumerate(cut) if len(run) > 1]
 
@@ -74,7 +80,7 @@ class Fusion:
         into its own tensor (``p.grad`` stays the tensor it was, as in BytePS)."""
         spec = self.table.spec
         small = [p for p in params if 0 < p.numel() * p.element_size() < below and p.dim() == 1 and spec[id(p)] is None]
-        cut = runs(small, self.comm.settings.partition_bytes, lambda p, q: p.dtype == q.dtype)
+        cut = runs(small, self.comm.settings.partition_bytes, alike)
         return [Bucket(f"{self.prefix}small-fused.{crc(self.table, run)}", run, None, self.priority(run), self.comm,
                        compression=self.compression) for run in cut if len(run) > 1]
 
@@ -91,6 +97,6 @@ class Fusion:
         coded = [p for p in params if spec[id(p)] is not None and p.numel() * p.element_size() < cap]
         # one learning rate too: a compressed push carries its bucket's first member's, by
         # which corrected error feedback scales the whole bucket's residual
-        cut = runs(coded, cap, lambda p, q: spec[id(p)] == spec[id(q)] and p.dtype == q.dtype and lr(p) == lr(q))
+        cut = runs(coded, cap, lambda p, q: spec[id(p)] == spec[id(q)] and alike(p, q) and lr(p) == lr(q))
         return [Bucket(f"{self.prefix}fused.{crc(self.table, run)}", run, spec[id(run[0])], self.priority(run),
                        self.comm, self.lr_of, compression=self.compression) for run in cut if len(run) > 1]

@@ -87,6 +87,10 @@ class LowRankReducer:
                                  f"with a rule "
                                  f"{{'compressor': 'none'}})")
             device = device or t.device
+            if t.device != device:  # one set of flat factors and products: one device's tensors
+                raise ValueError(f"compressor {params.method!r}: {name!r} is on {t.device}, the tensors before it on "
+                                 f"{device}; low-rank compression takes one device's tensors (one GPU per "
+                                 f"worker process, as BytePS runs; or exempt the others with a rule)")
             rows, cols = (t.shape[0], t.numel() // t.shape[0]) if t.dim() >= 2 else (1, t.numel())
             if t.dim() >= 2 and params.compresses(rows, cols) and 4 * t.numel() >= min_bytes:
                 r = params.rank_for(rows, cols)

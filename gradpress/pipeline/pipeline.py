@@ -151,6 +151,10 @@ class GradientPipeline(PipelineState):
             return None
         spec = self._shared_spec(params, "compressor 'auto' (one plan for every tensor it manages)",
                                  "'auto' plans each tensor's compression itself")
+        devices = sorted({str(p.device) for p in params})
+        if len(devices) > 1:  # its groups are fused into one buffer each, on one device
+            raise ValueError(f"{self.owner}: compressor 'auto' plans one device's tensors; these are on {devices} "
+                             f"(one GPU per worker process, as BytePS runs; or rules giving the others a codec)")
         return AutoPlanner(params, self.names, self.table.priority, self.lr_of, spec.compression_params,
                            self._install, leave_out=lambda p: self._route[id(p)] is self._rows, views=views,
                            tuning=tuning, comm=self.comm, matrix_names=self.table.names, fused=fused)

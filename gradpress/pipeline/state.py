@@ -112,4 +112,5 @@ def to_numpy(state):
         return {k: to_numpy(v) for k, v in state.items()}
     if isinstance(state, (tuple, list)):
         return tuple(to_numpy(v) for v in state)
-    return state.numpy() if torch.is_tensor(state) else state
+    # (a checkpoint loaded with map_location="cuda:..." brings its residuals to the GPU)
+    return state.detach().cpu().numpy() if torch.is_tensor(state) else state

@@ -20,8 +20,8 @@ def model():
     return torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 300), torch.nn.Linear(300, 4))
 
 
-def routes(params=None, rules=None, min_bytes=4096, **kwargs):
-    m = model()
+def routes(params=None, rules=None, min_bytes=4096, m_given=None, **kwargs):
+    m = m_given if m_given is not None else model()
     table = ParameterTable(list(m.parameters()), list(m.named_parameters()),
                            CompressionPolicy(params, rules, min_bytes))
     pipe = GradientPipeline(table, comm=FakeComm(), **kwargs)
@@ -161,6 +161,22 @@ def test_fusion_stops_where_the_dtype_changes():
     table = ParameterTable(list(m.parameters()), list(m.named_parameters()), CompressionPolicy(None, None, 4096))
     pipe = GradientPipeline(table, comm=FakeComm(), fuse_below=65536)
     assert pipe.route_of(m[1].bias) == pipe.route_of(m[2].bias) == "direct"
+
+
+def test_fusion_stops_where_the_device_changes_and_auto_and_low_rank_refuse_two_devices():
+    """A model placed across GPUs in one process: a bucket's buffer lives on one device (meta
+    stands in for a second one here), and the low-rank factors and the planner's groups would
+    mix them: those say so, by name, when the pipeline is built."""
+    m = model()
+    m[1].bias = torch.nn.Parameter(m[1].bias.detach().to("meta"))
+    table = ParameterTable(list(m.parameters()), list(m.named_parameters()), CompressionPolicy(None, None, 4096))
+    pipe = GradientPipeline(table, comm=FakeComm(), fuse_below=65536)
+    assert pipe.route_of(m[1].bias) == pipe.route_of(m[2].bias) == "direct"
+    m[1].weight = torch.nn.Parameter(m[1].weight.detach().to("meta"))
+    with pytest.raises(ValueError, match=r"'1.weight' is on meta, the tensors before it on cpu; low-rank"):
+        routes({"compressor": "acpsgd"}, m_given=m)
+    with pytest.raises(ValueError, match=r"'auto' plans one device's tensors; these are on \['cpu', 'meta'\]"):
+        routes({"compressor": "auto"}, m_given=m)
 
 
 TOPK = {"compressor": "topk", "k": 0.1, "ef": "vanilla"}

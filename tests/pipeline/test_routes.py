@@ -96,6 +96,45 @@ def test_tensors_left_in_their_views_are_not_copied_in(monkeypatch):
     bucket.finish()
 
 
+def test_tensors_some_left_in_their_views_some_new_go_into_the_buffer_each_once():
+    """``zero_grad(set_to_none=False)`` left the views, but one gradient was replaced (a new
+    tensor; ``backward(create_graph=True)`` makes one): a cat into the buffer would read
+    the buffer itself (torch refuses it for float64, as for a GPU's tensors)."""
+    comm = FakeComm()
+    members = [torch.nn.Parameter(torch.zeros(n, dtype=torch.float64)) for n in (12, 5, 7)]
+    bucket = Bucket("g", members, None, 0, comm, views=True)
+    for p in members:
+        bucket.submit(p, torch.ones(p.shape, dtype=torch.float64))
+    views = bucket.finish()
+    given = [views[id(members[0])].fill_(3.0), torch.full((5,), 4.0, dtype=torch.float64),
+             views[id(members[2])].fill_(5.0)]
+    given[2] = given[2].flip(0)  # a member's view in reverse: another tensor over the buffer's memory
+    for p, t in zip(members, given):
+        bucket.submit(p, t)
+    want = torch.cat([torch.full((12,), 3.0), torch.full((5,), 4.0), torch.full((7,), 5.0)]).double()
+    assert torch.equal(comm.sent[1].tensor, want)
+    bucket.finish()
+
+
+def test_the_copies_out_of_a_group_go_one_call_per_dtype_and_device(monkeypatch):
+    """A group buffer of float32 copied out to float32 and bfloat16 members: CUDA's multi-
+    tensor copy took its kernel from the first target's dtype in some torch releases."""
+    from gradpress.pipeline.routes import bucket as bucket_module
+    calls = []
+    real = torch._foreach_copy_
+
+    def one_kind(targets, sources):
+        calls.append({(t.dtype, t.device) for t in targets})
+        return real(targets, sources)
+    monkeypatch.setattr(torch, "_foreach_copy_", one_kind)
+    half = torch.bfloat16
+    targets = [torch.zeros(3), torch.zeros(2, dtype=half), torch.zeros(4), torch.zeros(1, dtype=half)]
+    sources = [torch.full((n,), float(i + 1)) for i, n in enumerate((3, 2, 4, 1))]
+    bucket_module._copy_all(targets, sources)
+    assert sorted(len(c) for c in calls) == [1, 1] and len(calls) == 2
+    assert all(torch.equal(t.float(), s) for t, s in zip(targets, sources))
+
+
 def test_a_bucket_of_one_sends_its_tensor_in_place_with_its_codec_and_lr():
     comm = FakeComm()
     p = torch.nn.Parameter(torch.zeros(40000))

@@ -100,6 +100,13 @@ class Bucket(Route):
                                       device=tensors[0].device)
         if self.views and self._in_views(tensors):
             return self.buffer  # backward accumulated into the buffer itself
+        if self.views and any(_shares_memory(t, self.buffer) for t in tensors):
+            # some still its slice, some new (a p.grad replaced, create_graph): the others
+            # go into their slices (a cat into the buffer must not read the buffer)
+            kept = [(t, part) for t, part in zip(tensors, self.split(self.buffer)) if t.data_ptr() != part.data_ptr()
+                    or t.dtype != part.dtype or not t.is_contiguous()]
+            _copy_all([part for _, part in kept], [t.clone() if _shares_memory(t, self.buffer) else t for t, _ in kept])
+            return self.buffer
         if _host_float32(tensors) and self.buffer.device.type == "cpu":
             np.concatenate([t.numpy().reshape(-1) for t in tensors], out=self.buffer.numpy())
         else:  # one batched copy (on a GPU one launch for the group, not one per member)
@@ -157,14 +164,26 @@ class Bucket(Route):
 
 def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     """``targets[i][:] = sources[i]`` for all i: torch's multi-tensor copy where there is one
-    (a few launches for a whole group on a GPU; per-tensor copies where dtypes or layouts
-    differ, as torch itself falls back)."""
+    (a few launches for a whole group on a GPU), one call per dtype and device of the
+    targets. CUDA's multi-tensor copy took its kernel from the first target's dtype in some
+    torch releases (pytorch#173531): a float32 group buffer copied out to float32 and
+    bfloat16 members together would write 4-byte values into the bfloat16 ones."""
     copy_all = getattr(torch, "_foreach_copy_", None)
-    if copy_all is not None:
-        copy_all(targets, sources)
+    if copy_all is None:
+        for t, part in zip(targets, sources):
+            t.copy_(part)
         return
+    kinds: dict = {}
     for t, part in zip(targets, sources):
-        t.copy_(part)
+        pair = kinds.setdefault((t.dtype, t.device), ([], []))
+        pair[0].append(t)
+        pair[1].append(part)
+    for ts, parts in kinds.values():
+        copy_all(ts, parts)
+
+
+def _shares_memory(t: torch.Tensor, buffer: torch.Tensor) -> bool:
+    return t.device == buffer.device and t.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
 
 
 def _host_float32(tensors: list[torch.Tensor]) -> bool:
