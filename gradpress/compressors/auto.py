@@ -100,6 +100,18 @@ def options(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def for_dtypes(options_: dict[str, dict[str, Any]], dtypes: set[str]) -> dict[str, dict[str, Any]]:
+    """``options_`` for tensors of ``dtypes`` (``str`` of torch's): ``fp16_raw`` left out where none of
+    them would travel as float16 by it. ``Compression.fp16`` keeps bfloat16 (float16 would
+    overflow it), which travels widened to float32 as it does raw: there the option is no
+    codec at all, while the planner's model would count it at two bytes an element
+    (``none`` stands in where it was the only option)."""
+    if {d.removeprefix("torch.") for d in dtypes} != {"bfloat16"} or not any(map(raw_halves, options_.values())):
+        return options_
+    kept = {name: o for name, o in options_.items() if not raw_halves(o)}
+    return kept or {"none": {"compressor": "none"}}
+
+
 def raw_halves(params: dict[str, Any]) -> bool:
     """Whether an option is ``fp16_raw``: float16 on the wire, uncompressed (``Compression.fp16``)."""
     return params.get("compressor") == HALVES

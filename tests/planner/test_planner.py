@@ -101,6 +101,28 @@ def test_fp16_raw_sends_half_the_bytes_without_a_codec_and_wins_where_a_codec_co
     assert Profile.from_json(host.to_json()).codecs["fp16_raw"].uncompressed   # in the broadcast profile
 
 
+def test_a_bfloat16_model_is_planned_as_its_bytes_travel():
+    """bfloat16 travels widened to float32, raw or under ``Compression.fp16`` (float16 would
+    overflow it): the profile counts its raw path at 4 bytes an element, and ``fp16_raw``,
+    no codec at all for it, is no option where every tensor is bfloat16."""
+    import torch
+
+    from gradpress.compressors import auto
+    from gradpress.pipeline.planning.clock import StepClock
+    from gradpress.pipeline.planning.profiling import tensors
+    params = [torch.zeros(8, 4, dtype=dtype) for dtype in (torch.bfloat16, torch.float16, torch.float32)]
+    clock = StepClock([id(p) for p in params])
+    profiled = tensors(clock, params, {id(p): f"t{i}" for i, p in enumerate(params)}, {id(p): 0 for p in params})
+    assert [(t.name, t.nbytes, t.itemsize) for t in profiled] == [("t0", 128, 4), ("t1", 128, 2), ("t2", 128, 4)]
+    every = auto.options({"compressor": "auto"})
+    assert "fp16_raw" not in auto.for_dtypes(every, {"torch.bfloat16"})
+    assert auto.for_dtypes(every, {"torch.bfloat16"}) == {k: v for k, v in every.items() if k != "fp16_raw"}
+    assert auto.for_dtypes(every, {"torch.bfloat16", "torch.float32"}) == every   # float32's halve
+    assert auto.for_dtypes(every, {"torch.float16"}) == every
+    only = auto.options({"compressor": "auto", "allowed": ["fp16_raw"]})
+    assert auto.for_dtypes(only, {"torch.bfloat16"}) == {"none": {"compressor": "none"}}
+
+
 def test_fp16_raw_is_an_option_of_auto_without_parameters():
     from gradpress.compressors import auto
     from gradpress.optim.momentum_codecs import momentum_codec_problem

@@ -76,7 +76,7 @@ class AutoPlanner:
         self.install, self.leave_out, self.views, self.matrix_names = install, leave_out, views, matrix_names
         self.fused = [tuple(names) for names in fused]
         self.tuning, self.comm = tuning or PlanTuning(), comm
-        self.options = auto.options(compression_params)
+        self.options = auto.for_dtypes(auto.options(compression_params), {str(p.dtype) for p in params})
         self.label = names[id(params[0])]
         self.stage = PlanStage.PROFILING
         self.plan: Plan | None = None

@@ -91,8 +91,14 @@ def tensors(clock: StepClock, params: list[torch.Tensor], names: dict[int, str],
     an evaluation say, is one step's outlier)."""
     typical = {id(p): statistics.median(clock.ready[id(p)] or [0.0]) for p in params}
     order = sorted(params, key=lambda p: (typical[id(p)], -priority[id(p)]))
+    # the itemsize is the raw path's on the wire: bfloat16 travels widened to float32
     return tuple(TensorProfile(names[id(p)], 4 * p.numel(), typical[id(p)], priority[id(p)],
-                               p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1, p.element_size()) for p in order)
+                               p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1, _wire_itemsize(p))
+                 for p in order)
+
+
+def _wire_itemsize(p: torch.Tensor) -> int:
+    return 4 if p.dtype == torch.bfloat16 else p.element_size()
 
 
 def host_share(clock: StepClock, comm: Comm, moved_per_step: int) -> HostShare | None:
