@@ -272,7 +272,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
                         summed = torch.floor_divide(summed, floor_by)
                     output.copy_(summed, non_blocking=output.is_cuda and buffer.is_pinned())
             finally:
-                _staging.done(name, buffer)
+                _staging.done(name, buffer, output.device)
         finish = copy_back
         abandon = functools.partial(_staging.done, name, buffer)  # failed: nothing more lands in it
     return handles.register(handles.Pending(future, output, finish, abandon))

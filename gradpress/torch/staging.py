@@ -25,6 +25,10 @@ class HostStaging:
     def __init__(self):
         self._buffers: dict[str, torch.Tensor] = {}   # pinned, by tensor name
         self._busy: set[str] = set()
+        # by name: the event after the last copy out of its buffer onto a GPU (a non-blocking
+        # copy reads the pinned buffer later, on the consumer's stream); the next copy into
+        # it, perhaps on another stream, waits for it on the device
+        self._read: dict[str, torch.cuda.Event] = {}
 
     def stage(self, name: str, tensor: torch.Tensor, wire: torch.dtype) -> tuple[torch.Tensor, object | None]:
         """``tensor`` flat in host memory as ``wire``; for a CUDA tensor also the event the
@@ -38,6 +42,9 @@ class HostStaging:
         if source.dtype != wire:
             source = source.to(wire)  # widened on the device (bfloat16 -> float32, exactly)
         buffer = self._take(name, source.numel(), wire)
+        read = self._read.pop(name, None) if buffer is self._buffers.get(name) else None
+        if read is not None:
+            torch.cuda.current_stream(tensor.device).wait_event(read)
         buffer.copy_(source, non_blocking=True)
         copied = torch.cuda.Event()
         copied.record(torch.cuda.current_stream(tensor.device))
@@ -60,9 +67,13 @@ class HostStaging:
         self._busy.add(name)
         return buffer
 
-    def done(self, name: str, buffer: torch.Tensor) -> None:
-        """``buffer`` (``stage``'s) may be reused: its average has been copied out."""
+    def done(self, name: str, buffer: torch.Tensor, read_on: torch.device | None = None) -> None:
+        """``buffer`` (``stage``'s) may be reused: its average has been copied out (onto GPU
+        ``read_on`` by a copy queued on its current stream, which the next copy in waits for)."""
         if self._buffers.get(name) is buffer:
+            if read_on is not None and read_on.type == "cuda":
+                read = self._read[name] = torch.cuda.Event()
+                read.record(torch.cuda.current_stream(read_on))
             self._busy.discard(name)
 
 
