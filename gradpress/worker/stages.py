@@ -13,6 +13,8 @@ copies off a GPU happen elsewhere (``host_copies.py``).
 """
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,8 @@ from .jobs import PartitionOp
 from .keys import WorkerKey
 
 Payload = tuple[dict[str, Any], list[Any]]  # header fields and data buffers of a PUSH
+log = logging.getLogger(__name__)
+DRAIN_S = 10.0  # at the job's end, how long the GPU's queued copies may take to end
 
 
 class PartitionStages:
@@ -278,6 +282,10 @@ class PartitionStages:
 
     def close(self) -> None:
         self.host_copies.close()
+        streams = sys.modules.get("gradpress.kernels.cuda.streams")  # (a worker that used a GPU)
+        if streams is not None and not streams.drain(DRAIN_S):
+            log.warning("the GPU's copies had not ended %g s after the job: its registered host memory is "
+                        "unmapped under them", DRAIN_S)
         self.push_arena.close()  # the memory itself goes with the last mapping
         for arena in self.device_arenas.values():
             arena.close()

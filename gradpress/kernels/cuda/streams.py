@@ -36,6 +36,7 @@ import collections
 import contextlib
 import sys
 import threading
+import time
 from typing import Any
 
 from numba import config, cuda
@@ -234,3 +235,24 @@ def finished(x: Any) -> Any:
     done = event(index)
     done.record(_pair(index, LANDING)[1])
     return done
+
+
+def drain(timeout_s: float) -> bool:
+    """Wait on the host, at most ``timeout_s``, for all that gradpress's streams hold: before
+    the worker unmaps the host memory it registered with the driver, which their copies may
+    still read or write (a consumer waited for the last landing on the device, not the host).
+    Whether they ended in time."""
+    torch = _torch()
+    if torch is None:
+        return True
+    marks = []
+    for _, made in list(_pairs.values()):
+        mark = torch.cuda.Event()
+        mark.record(made)
+        marks.append(mark)
+    deadline = time.monotonic() + timeout_s
+    while not all(mark.query() for mark in marks):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
