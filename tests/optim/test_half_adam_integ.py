@@ -8,29 +8,20 @@ the model trains, the workers agree, and a checkpoint keeps the float32 state bi
 path a GPU takes, run here over whole lists, gives the same bits."""
 import pytest
 import torch
+from adam_jobs import PREAMBLE
 
 pytestmark = pytest.mark.integ
 
-WORKER = """
-import io, os, torch, gradpress.torch as bps
-from gradpress.optim import adam_math
-per_tensor = adam_math.chunks
-bps.init()
-r = bps.rank()
-out = {}
+WORKER = PREAMBLE + """
 for opt_name in ("OneBitAdam", "ZeroOneAdam"):
     for reload, whole in ((False, False), (True, False), (False, True)):
         # whole lists: the chunks a GPU's parameters get (float16 and float32 tensors in one op)
-        adam_math.chunks = (lambda ts: [slice(0, len(ts))]) if whole else per_tensor
+        lists(whole)
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).half()
         named = [(f"{opt_name}.{reload}.{whole}.{n}", p) for n, p in model.named_parameters()]
         params = [p for _, p in named]
-        if opt_name == "OneBitAdam":
-            opt = bps.OneBitAdam(params, lr=0.01, weight_decay=0.01, freeze_step=3, named_parameters=named)
-        else:
-            opt = bps.ZeroOneAdam(params, lr=0.01, weight_decay=0.01, named_parameters=named, var_freeze_step=4,
-                                  var_update_scaler=1, local_step_scaler=1, local_step_clipper=2)
+        opt = build(opt_name, params, named, 3)
         g = torch.Generator().manual_seed(7)
         x_eval = torch.randn(64, 16, generator=g).half()
         y_eval = torch.tanh(x_eval.float() @ torch.randn(16, 4, generator=g))

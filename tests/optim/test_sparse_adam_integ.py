@@ -5,30 +5,21 @@ embedding ends. The optimizers' multi-tensor path, which only a GPU takes, run h
 lists gives the same bits as the host's one tensor at a time."""
 import pytest
 import torch
+from adam_jobs import PREAMBLE
 
 pytestmark = pytest.mark.integ
 
-WORKER = """
-import os, torch, gradpress.torch as bps
-from gradpress.optim import adam_math
-per_tensor = adam_math.chunks
-bps.init()
-r = bps.rank()
-out = {}
+WORKER = PREAMBLE + """
 for opt_name in ("OneBitAdam", "ZeroOneAdam"):
     for sparse, whole in ((False, False), (True, False), (True, True)):
         # whole lists: the chunks a GPU's parameters get, here on the host
-        adam_math.chunks = (lambda ts: [slice(0, len(ts))]) if whole else per_tensor
+        lists(whole)
         torch.manual_seed(0)
         emb, head = torch.nn.Embedding(40, 8, sparse=sparse), torch.nn.Linear(8, 4)
         named = [(f"{opt_name}.{sparse}.{whole}.emb.{n}", p) for n, p in emb.named_parameters()] + \\
                 [(f"{opt_name}.{sparse}.{whole}.head.{n}", p) for n, p in head.named_parameters()]
         params = [p for _, p in named]
-        if opt_name == "OneBitAdam":
-            opt = bps.OneBitAdam(params, lr=0.01, weight_decay=0.01, freeze_step=2, named_parameters=named)
-        else:
-            opt = bps.ZeroOneAdam(params, lr=0.01, weight_decay=0.01, named_parameters=named, var_freeze_step=3,
-                                  var_update_scaler=1, local_step_scaler=1, local_step_clipper=2)
+        opt = build(opt_name, params, named, 2)
         steps, kinds = [], []
         for step in range(8):
             g = torch.Generator().manual_seed(100 * step + r)

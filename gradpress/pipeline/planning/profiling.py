@@ -15,6 +15,7 @@ from ...planner.decide import Plan
 from ...planner.profile import HostShare, Profile, TensorProfile, fit_link, fit_message
 from ...planner.simulate import predict
 from ...server.engine import engine_count, local_engine_count
+from ...torch.dtypes import wire_dtype
 from ..comm import Comm
 from .clock import StepClock
 
@@ -91,14 +92,10 @@ def tensors(clock: StepClock, params: list[torch.Tensor], names: dict[int, str],
     an evaluation say, is one step's outlier)."""
     typical = {id(p): statistics.median(clock.ready[id(p)] or [0.0]) for p in params}
     order = sorted(params, key=lambda p: (typical[id(p)], -priority[id(p)]))
-    # the itemsize is the raw path's on the wire: bfloat16 travels widened to float32
+    # the itemsize is the raw path's on the wire (``torch.dtypes.WIRE``: bfloat16 as float32)
     return tuple(TensorProfile(names[id(p)], 4 * p.numel(), typical[id(p)], priority[id(p)],
-                               p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1, _wire_itemsize(p))
-                 for p in order)
-
-
-def _wire_itemsize(p: torch.Tensor) -> int:
-    return 4 if p.dtype == torch.bfloat16 else p.element_size()
+                               p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1,
+                               (wire_dtype(p.dtype) or p.dtype).itemsize) for p in order)
 
 
 def host_share(clock: StepClock, comm: Comm, moved_per_step: int) -> HostShare | None:
