@@ -203,3 +203,7 @@ class PeerChunks:
         if offset + nbytes > chunk.nbytes:
             raise ValueError(f"bytes {offset}..{offset + nbytes} lie past the end of a {chunk.nbytes}-byte chunk")
         return Region(chunk, offset, nbytes)
+
+    def mapped(self) -> list[Chunk]:
+        """Every peer chunk this process has mapped."""
+        return list(self._chunks.values())

@@ -286,6 +286,10 @@ class PartitionStages:
         if streams is not None and not streams.drain(DRAIN_S):
             log.warning("the GPU's copies had not ended %g s after the job: its registered host memory is "
                         "unmapped under them", DRAIN_S)
+        elif streams is not None:  # the copies ended: give the driver its registrations back, each on its device
+            for chunk in [c for a in self.device_arenas.values() for c in a.chunks] + self.peer_chunks.mapped():
+                if chunk.pinned:
+                    chunk.pinned.release()
         self.push_arena.close()  # the memory itself goes with the last mapping
         for arena in self.device_arenas.values():
             arena.close()

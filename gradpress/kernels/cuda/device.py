@@ -209,17 +209,36 @@ def _divide(x, d):
         x[i] = x[i] / d
 
 
-def pin_host(buffer: Any, nbytes: int) -> Any:
+class HostRegistration:
+    """Host memory registered with the CUDA driver (``pin_host``), on the device whose
+    context registered it. ``release`` unregisters it there. Why not leave it to numba: its
+    object unregisters from a finalizer on whichever thread collects it, where that context
+    may not be current (the call then fails, and the pages stay locked), and possibly after
+    the memory was unmapped."""
+
+    def __init__(self, pinned: Any, index: int):
+        self._pinned, self.index = pinned, index
+
+    def release(self) -> None:
+        """Unregister now (once; the copies that use the memory must have ended)."""
+        if self._pinned is not None:
+            with on_device(self.index):
+                self._pinned = None  # its last reference: numba's finalizer unregisters it here, now
+
+
+def pin_host(buffer: Any, nbytes: int) -> HostRegistration | None:
     """Register ``nbytes`` of host memory at ``buffer`` (an mmap or array) with the CUDA
-    driver, so copies to and from it are DMA at the bus's speed rather than staged through
-    the driver's own bounce buffers. The returned object keeps it registered while it
-    lives; None where it cannot be (the simulator, no GPU, a driver refusal): copies then
-    still work, staged."""
+    driver of the current device, so copies to and from it are DMA at the bus's speed rather
+    than staged through the driver's own bounce buffers. It stays registered until released
+    (or collected); None where it cannot be (the simulator, no GPU, a driver refusal): copies
+    then still work, staged."""
     if config.ENABLE_CUDASIM:
         return None
     try:
         from numba.cuda.cudadrv import driver
-        return cuda.current_context().mempin(buffer, driver.host_pointer(buffer), nbytes, mapped=False)
+        context = cuda.current_context()
+        pinned = context.mempin(buffer, driver.host_pointer(buffer), nbytes, mapped=False)
+        return HostRegistration(pinned, context.device.id)
     except Exception as e:  # noqa: BLE001 - any refusal leaves the memory usable, only slower
         if not _refusals:
             log.warning("the CUDA driver refused to register %d bytes of host memory for DMA (%s: %s): "
