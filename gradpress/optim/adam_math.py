@@ -11,8 +11,10 @@ ops loop over the tensors in C++, each through the kernel the single op uses, so
 are those of one op at a time (tests/optim/test_adam_math.py); on a GPU a multi-tensor
 kernel may round a division apart from the single op's, the same on every worker.
 
-The callers cut every list into chunks (``chunks``): on a GPU of at most ``CHUNK_BYTES``, as
-the ops that make new tensors hold a chunk's worth at once; on a host of one tensor.
+The callers cut every list into chunks (``chunks``): on a GPU of one device and dtype and at
+most ``CHUNK_BYTES``, as the ops that make new tensors hold a chunk's worth at once; on a
+host of one tensor. A float16 parameter's ops that pair it with its float32 state take
+torch's per-tensor path even so: the fast one needs a single dtype across the lists.
 """
 from __future__ import annotations
 
@@ -21,33 +23,44 @@ import torch
 CHUNK_BYTES = 1 << 28  # temporaries of the multi-tensor ops: at most this many bytes at once
 
 
-def chunks(tensors: list[torch.Tensor], limit: int = CHUNK_BYTES) -> list[slice]:
-    """Consecutive slices of ``tensors`` of at most ``limit`` bytes each (one tensor larger
-    than that is a slice of its own), each on one device (a group may span GPUs: the
-    floors' stack needs one); on a host, one tensor each. There a multi-tensor op is a loop
-    in C++ that saves little, and a tensor's passes one after the other find it in the
-    cache: the transformer's step ran 1.2x to 2.8x slower over the whole list in five runs
+def chunks(tensors: list[torch.Tensor], limit: int = CHUNK_BYTES) -> list[list[torch.Tensor]]:
+    """``tensors`` in chunks of one device and one dtype each, at most ``limit`` bytes (one
+    tensor larger than that is a chunk of its own), in their order within each (device,
+    dtype); on a host, one tensor each. Why one dtype: CUDA's ``_foreach_copy_`` took its
+    kernel from the first target's dtype in some torch releases (pytorch#173383), and the
+    multi-tensor kernels take their fast path only over lists of one dtype; why one device:
+    the floors' stack needs one. On a host a multi-tensor op is a loop in C++ that saves
+    little, and a tensor's passes one after the other find it in the cache: the
+    transformer's step ran 1.2x to 2.8x slower over the whole list in five runs
     (``benchmarks/adam_ops.py``)."""
     if any(t.device.type == "cpu" for t in tensors):
-        return [slice(i, i + 1) for i in range(len(tensors))]
-    out, start, size = [], 0, 0
-    for i, t in enumerate(tensors):
-        nbytes = t.numel() * t.element_size()
-        if i > start and (size + nbytes > limit or t.device != tensors[start].device):
-            out.append(slice(start, i))
-            start, size = i, 0
-        size += nbytes
-    if start < len(tensors):
-        out.append(slice(start, len(tensors)))
+        return [[t] for t in tensors]
+    kinds: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        kinds.setdefault((t.device, t.dtype), []).append(t)
+    out = []
+    for same in kinds.values():
+        start, size = 0, 0
+        for i, t in enumerate(same):
+            nbytes = t.numel() * t.element_size()
+            if i > start and size + nbytes > limit:
+                out.append(same[start:i])
+                start, size = i, 0
+            size += nbytes
+        out.append(same[start:])
     return out
 
 
 def copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """A copy of each, the dense ones in one multi-tensor copy (a launch a chunk on a GPU
-    where ``clone`` was a launch a tensor); a sparse one cloned."""
+    """A copy of each, the dense ones in one multi-tensor copy per (device, dtype) (a launch
+    each on a GPU, where ``clone`` was a launch a tensor; one dtype a call: ``chunks``); a
+    sparse one cloned."""
     out = [torch.empty_like(t) if t.layout == torch.strided else t.clone() for t in tensors]
-    dense = [i for i, t in enumerate(tensors) if t.layout == torch.strided]
-    if dense:
+    kinds: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t.layout == torch.strided:
+            kinds.setdefault((t.device, t.dtype), []).append(i)
+    for dense in kinds.values():
         torch._foreach_copy_([out[i] for i in dense], [tensors[i] for i in dense])
     return out
 

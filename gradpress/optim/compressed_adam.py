@@ -84,8 +84,7 @@ class CompressedAdam(torch.optim.Optimizer):
         what travels."""
         sent = []
         for group, ps in groups:
-            for part in adam_math.chunks(ps):
-                chunk = ps[part]
+            for chunk in adam_math.chunks(ps):
                 sent += zip(chunk, adam_math.momenta(self._states(chunk, "exp_avg"), [p.grad for p in chunk],
                                                      group["betas"][0]))
         return sent

@@ -96,8 +96,7 @@ class OneBitAdam(CompressedAdam):
         started = time.perf_counter()
         for group, ps in groups:
             beta1, beta2 = group["betas"]
-            for part in adam_math.chunks(ps):
-                chunk = ps[part]
+            for chunk in adam_math.chunks(ps):
                 outs, states = [averages[id(p)] for p in chunk], [self.state[p] for p in chunk]
                 for st in states:
                     st["step"] += 1

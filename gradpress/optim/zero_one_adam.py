@@ -135,8 +135,7 @@ class ZeroOneAdam(CompressedAdam):
         averages = self._average(pipeline, sent)
         for group, ps in groups:
             beta1, beta2 = group["betas"]
-            for part in adam_math.chunks(ps):
-                chunk = ps[part]
+            for chunk in adam_math.chunks(ps):
                 outs = [averages[id(p)] for p in chunk]
                 for p in chunk:
                     self.state[p]["step"] += 1
@@ -160,8 +159,7 @@ class ZeroOneAdam(CompressedAdam):
                     st["anchor"], st["lrs"] = p.detach().to(st["exp_avg"].dtype, copy=True), 0.0
                 st["step"] += 1
                 st["lrs"] += group["lr"]
-            for part in adam_math.chunks(ps):
-                chunk = ps[part]
+            for chunk in adam_math.chunks(ps):
                 adam_math.accumulate(self._states(chunk, "exp_avg"), None, [p.grad for p in chunk],
                                      group["betas"][0], 0.0)
                 chunk_denoms = self._denominators(group, chunk, var_updates)
@@ -175,8 +173,8 @@ class ZeroOneAdam(CompressedAdam):
             return
         averages = self._average(self._deltas, sent)
         for group, ps in groups:
-            for part in adam_math.chunks(ps):
-                self._land_sync([averages[id(p)] for p in ps[part]], ps[part], denoms, self._bias1(group, t))
+            for chunk in adam_math.chunks(ps):
+                self._land_sync([averages[id(p)] for p in chunk], chunk, denoms, self._bias1(group, t))
         self._deltas.after_step(0.0)
 
     def _land_sync(self, avgs: list, ps: list, denoms: dict, bias1: float) -> None:

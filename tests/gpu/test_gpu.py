@@ -274,12 +274,19 @@ def test_the_planner_times_the_codecs_and_copies_on_the_gpu(tmp_path, monkeypatc
 ADAM = """
 import json, os, torch, gradpress.torch as bps
 from gradpress.optim import adam_math
-each_tensor = lambda ts: [slice(i, i + 1) for i in range(len(ts))]
+each_tensor = lambda ts: [[t] for t in ts]
+class Scale(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.s = torch.nn.Parameter(torch.ones(n))
+    def forward(self, x):
+        return x * self.s.to(x.dtype)
 bps.init()
 device = torch.device(os.environ.get("GP_DEVICE", "cuda:0"))
 results = {}
 for opt_name in ("OneBitAdam", "ZeroOneAdam"):
-    # a float16 model: its Adam state in float32, float16 and float32 tensors in one multi-tensor op
+    # a float16 model and a float32 parameter: the Adam state float32, float16 and float32 tensors in one
+    # multi-tensor op
     for codec, params, dtype in (("none", {"compressor": "none"}, torch.float32), ("onebit", None, torch.float32),
                                  ("onebit-float16", None, torch.float16)):
         for way in ("lists", "each"):
@@ -287,6 +294,8 @@ for opt_name in ("OneBitAdam", "ZeroOneAdam"):
             torch.manual_seed(0)
             model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
             model = model.to(device, dtype)
+            if dtype == torch.float16:  # one float32 parameter amid them: a list per dtype
+                model.insert(2, Scale(128).to(device))
             named = [(f"{opt_name}.{codec}.{way}.{n}", p) for n, p in model.named_parameters()]
             kw = dict(lr=0.01, weight_decay=0.01, named_parameters=named, compression_params=params)
             if opt_name == "OneBitAdam":

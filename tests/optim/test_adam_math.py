@@ -96,21 +96,37 @@ class _OnAnotherDevice(torch.Tensor):
         return torch.device("cuda", 1)
 
 
+def _places(parts: list[list[torch.Tensor]], ts: list[torch.Tensor]) -> list[list[int]]:
+    where = {id(t): i for i, t in enumerate(ts)}
+    return [[where[id(t)] for t in part] for part in parts]
+
+
 def test_chunks_bound_the_bytes_of_each_list_on_a_device_and_are_single_tensors_on_a_host():
     # meta tensors stand for a GPU's: a device that is not the host
     ts = [torch.empty(n, device="meta") for n in (10, 10, 30, 5, 100, 1)]  # 40, 40, 120, 20, 400, 4 bytes
-    assert adam_math.chunks(ts, 100) == [slice(0, 2), slice(2, 3), slice(3, 4), slice(4, 5), slice(5, 6)]
-    assert adam_math.chunks(ts, 200) == [slice(0, 3), slice(3, 4), slice(4, 5), slice(5, 6)]
-    assert adam_math.chunks(ts) == [slice(0, 6)]
+    assert _places(adam_math.chunks(ts, 100), ts) == [[0, 1], [2], [3], [4], [5]]
+    assert _places(adam_math.chunks(ts, 200), ts) == [[0, 1, 2], [3], [4], [5]]
+    assert _places(adam_math.chunks(ts), ts) == [list(range(6))]
     assert adam_math.chunks([]) == []
-    assert [i for part in adam_math.chunks(ts, 1) for i in range(len(ts))[part]] == list(range(6))
+    assert sorted(i for part in _places(adam_math.chunks(ts, 1), ts) for i in part) == list(range(6))
     # a group spread over two devices: a chunk never spans them (meta and a stand-in's)
     two = [torch.empty(10, device="meta"), torch.empty(10, device="meta")]
     other = torch.Tensor._make_subclass(_OnAnotherDevice, torch.empty(10, device="meta"))
-    assert adam_math.chunks(two + [other] + two) == [slice(0, 2), slice(2, 3), slice(3, 5)]
+    spread = two + [other, torch.empty(10, device="meta")]
+    assert _places(adam_math.chunks(spread), spread) == [[0, 1, 3], [2]]
     host = [torch.empty(n) for n in (10, 10, 30)]
-    assert adam_math.chunks(host) == [slice(0, 1), slice(1, 2), slice(2, 3)]
-    assert adam_math.chunks(ts[:2] + host[:1]) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    assert _places(adam_math.chunks(host), host) == [[0], [1], [2]]
+    mixed = ts[:2] + host[:1]
+    assert _places(adam_math.chunks(mixed), mixed) == [[0], [1], [2]]
+
+
+def test_chunks_hold_one_dtype_each_in_the_order_of_each_dtype():
+    """A half model with float32 norms: CUDA's ``_foreach_copy_`` took its kernel from the
+    first target's dtype in some torch releases, and a parameter gets its update copied in."""
+    kinds = [torch.float16, torch.float32, torch.float16, torch.bfloat16, torch.float32, torch.float16]
+    ts = [torch.empty(10, dtype=k, device="meta") for k in kinds]
+    assert _places(adam_math.chunks(ts), ts) == [[0, 2, 5], [1, 4], [3]]
+    assert _places(adam_math.chunks(ts, 40), ts) == [[0, 2], [5], [1], [4], [3]]
 
 
 def test_copies_are_the_gradients_bits_in_new_tensors_in_one_copy():
@@ -128,6 +144,21 @@ def test_copies_are_the_gradients_bits_in_new_tensors_in_one_copy():
     allocations = ops_of(lambda: [torch.empty_like(g) for g in gs])
     assert ops_of(lambda: adam_math.copies(gs)) == allocations + 1
     assert adam_math.copies([]) == []
+
+
+def test_copies_go_one_multi_tensor_copy_per_dtype(monkeypatch):
+    gs = [torch.randn(5).to(k) for k in (torch.float16, torch.float32, torch.float16, torch.bfloat16)]
+    calls = []
+    real = torch._foreach_copy_
+
+    def recorded(dst, src):
+        calls.append(([t.dtype for t in dst], [t.dtype for t in src]))
+        return real(dst, src)
+    monkeypatch.setattr(torch, "_foreach_copy_", recorded)
+    got = adam_math.copies(gs)
+    assert calls == [([torch.float16] * 2, [torch.float16] * 2), ([torch.float32], [torch.float32]),
+                     ([torch.bfloat16], [torch.bfloat16])]
+    assert all(a.dtype == g.dtype and torch.equal(a, g) for a, g in zip(got, gs))
 
 
 def test_empty_lists_run_no_op():

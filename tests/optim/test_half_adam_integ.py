@@ -1,11 +1,12 @@
-"""OneBitAdam and ZeroOneAdam on a float16 model (its parameters float16, not AMP), two real
-workers. Adam's state in float16 does not work: eps = 1e-8 is 0 there and ``g * g`` is 0 for
-every |g| below 2.4e-4, so a coordinate gets an infinite step and the first compressed
-momentum is refused ("error feedback met NaN/inf"). The optimizers keep a float16
-parameter's state in float32, as 1-bit Adam's float32 optimizer state does in DeepSpeed;
-the model trains, the workers agree, and a checkpoint keeps the float32 state bit for bit
-(torch's ``load_state_dict`` would cast it to the parameter's float16). The multi-tensor
-path a GPU takes, run here over whole lists, gives the same bits."""
+"""OneBitAdam and ZeroOneAdam on a float16 model (its parameters float16, not AMP, but for
+one float32 parameter amid them), two real workers. Adam's state in float16 does not work:
+eps = 1e-8 is 0 there and ``g * g`` is 0 for every |g| below 2.4e-4, so a coordinate gets
+an infinite step and the first compressed momentum is refused ("error feedback met
+NaN/inf"). The optimizers keep a float16 parameter's state in float32, as 1-bit Adam's
+float32 optimizer state does in DeepSpeed; the model trains, the workers agree, and a
+checkpoint keeps the float32 state bit for bit (torch's ``load_state_dict`` would cast it
+to the parameter's float16). The multi-tensor path a GPU takes, run here over a list per
+dtype (the float32 parameter's list after the float16 ones'), gives the same bits."""
 import pytest
 import torch
 from adam_jobs import PREAMBLE
@@ -13,12 +14,19 @@ from adam_jobs import PREAMBLE
 pytestmark = pytest.mark.integ
 
 WORKER = PREAMBLE + """
+class Scale(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.s = torch.nn.Parameter(torch.ones(n))
+    def forward(self, x):
+        return x * self.s.to(x.dtype)
 for opt_name in ("OneBitAdam", "ZeroOneAdam"):
     for reload, whole in ((False, False), (True, False), (False, True)):
-        # whole lists: the chunks a GPU's parameters get (float16 and float32 tensors in one op)
+        # whole lists: the chunks a GPU's parameters get (float16 parameters, float32 state, in one op)
         lists(whole)
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).half()
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), Scale(32), torch.nn.Linear(32, 4)).half()
+        model[2].s = torch.nn.Parameter(torch.ones(32))  # one float32 parameter amid float16 ones
         named = [(f"{opt_name}.{reload}.{whole}.{n}", p) for n, p in model.named_parameters()]
         params = [p for _, p in named]
         opt = build(opt_name, params, named, 3)
@@ -59,7 +67,8 @@ def test_a_float16_model_trains_through_both_optimizers(cluster):
     for opt_name in ("OneBitAdam", "ZeroOneAdam"):
         run = got[0][(opt_name, False, False)]
         assert set(run["dtypes"].values()) == {torch.float32}, (opt_name, run["dtypes"])
-        assert all(p.dtype == torch.float16 and torch.isfinite(p).all() for p in run["steps"][-1])
+        assert [p.dtype for p in run["steps"][-1]] == [torch.float16] * 2 + [torch.float32] + [torch.float16] * 2
+        assert all(torch.isfinite(p).all() for p in run["steps"][-1])
         assert run["losses"][-1] < 0.7 * run["losses"][0], (opt_name, run["losses"])
         other = got[1][(opt_name, False, False)]["steps"]
         for step, kind in enumerate(run["kinds"]):

@@ -1,5 +1,5 @@
 """What the workers of the OneBitAdam/ZeroOneAdam integration tests share (``PREAMBLE``, put
-before each script): ``lists(whole)`` sets the chunks a GPU's parameters get (whole lists)
+before each script): ``lists(whole)`` sets the chunks a GPU's parameters get (a list per dtype)
 or the host's (one tensor each), and ``build(opt_name, params, named, freeze)`` makes either
 optimizer as those tests run it: OneBitAdam frozen after ``freeze`` steps, ZeroOneAdam's
 variance frozen at step ``freeze + 1`` with every kind of step soon after."""
@@ -8,8 +8,9 @@ PREAMBLE = """
 import io, os, torch, gradpress.torch as bps
 from gradpress.optim import adam_math
 per_tensor = adam_math.chunks
-def lists(whole):
-    adam_math.chunks = (lambda ts: [slice(0, len(ts))]) if whole else per_tensor
+def lists(whole):  # whole: a list per dtype, as on a GPU
+    adam_math.chunks = (lambda ts: [[t for t in ts if t.dtype == d] for d in dict.fromkeys(t.dtype for t in ts)]
+                        ) if whole else per_tensor
 def build(opt_name, params, named, freeze):
     if opt_name == "OneBitAdam":
         return bps.OneBitAdam(params, lr=0.01, weight_decay=0.01, freeze_step=freeze, named_parameters=named)
