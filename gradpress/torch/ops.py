@@ -274,7 +274,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
             finally:
                 _staging.done(name, buffer, output.device)
         finish = copy_back
-        abandon = functools.partial(_staging.done, name, buffer)  # failed: nothing more lands in it
+        abandon = functools.partial(_staging.failed, name, buffer)
     return handles.register(handles.Pending(future, output, finish, abandon))
 
 

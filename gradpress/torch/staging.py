@@ -76,6 +76,15 @@ class HostStaging:
                 read.record(torch.cuda.current_stream(read_on))
             self._busy.discard(name)
 
+    def failed(self, name: str, buffer: torch.Tensor) -> None:
+        """``buffer``'s push_pull failed: the next call of ``name`` gets a new one. Why not reuse
+        it: the failed job's other partitions may still be sent, read from it (the job keeps
+        its memory alive), and a copy of the next gradient into it would go out in their rounds."""
+        if self._buffers.get(name) is buffer:
+            del self._buffers[name]
+            self._read.pop(name, None)
+            self._busy.discard(name)
+
 
 def produced(tensor: torch.Tensor) -> torch.cuda.Event:
     """An event recorded on torch's current stream when ``tensor`` is handed over: the

@@ -24,9 +24,14 @@ from __future__ import annotations
 
 import collections
 import functools
+import logging
 import queue
+import sys
 import threading
+import time
 from typing import Any, Callable
+
+log = logging.getLogger(__name__)
 
 
 class HostCopies:
@@ -35,6 +40,7 @@ class HostCopies:
         self._queued: queue.SimpleQueue = queue.SimpleQueue()
         self._finished: collections.deque = collections.deque()
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def copy(self, chunk: Any, host: Any, then: Callable[[], None]) -> None:
         """Queue ``host[:] = chunk`` (a CUDA chunk, on gradpress's stream of its device) and
@@ -73,6 +79,8 @@ class HostCopies:
 
     def _wait(self) -> None:
         while (item := self._queued.get()) is not None:
+            if self._closed:
+                continue  # the job is over: what is still queued is dropped
             done, work, then = item
             try:
                 if work is None:
@@ -89,9 +97,36 @@ class HostCopies:
         while self._finished:
             self._finished.popleft()()
 
-    def close(self) -> None:
-        if self._thread is not None:
-            self._queued.put(None)
+    def close(self, timeout_s: float) -> bool:
+        """Stop the thread, dropping what is still queued (the job is over), and wait for it
+        at most ``timeout_s``: whether it ended."""
+        if self._thread is None:
+            return True
+        self._closed = True
+        self._queued.put(None)
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+
+def end_gpu_work(copies: HostCopies, registered: list, timeout_s: float) -> None:
+    """At a worker's end, before it unmaps the host memory its GPU copies use: stop
+    ``copies``' thread (an encoder may be running there), wait on the host for all that
+    gradpress's CUDA streams hold, then give the driver back the registrations of
+    ``registered`` (chunks), each on its device; at most ``timeout_s`` in all (a warning,
+    and the memory stays registered, where it ran out). Whatever a CUDA error raises here (a
+    sticky one fails every later call) is logged: the caller still closes the rest."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        stopped = copies.close(timeout_s)
+        streams = sys.modules.get("gradpress.kernels.cuda.streams")  # (a worker that used a GPU)
+        if not (stopped and (streams is None or streams.drain(max(0.0, deadline - time.monotonic())))):
+            log.warning("the GPU's copies had not ended %g s after the job: its registered host memory is "
+                        "unmapped under them", timeout_s)
+            return
+        for chunk in registered:
+            chunk.pinned.release()
+    except Exception:  # noqa: BLE001 - the worker's sockets and memory must still be closed
+        log.exception("the worker's GPU work did not end cleanly")
 
 
 def _reraise(error: Exception) -> None:

@@ -13,8 +13,6 @@ copies off a GPU happen elsewhere (``host_copies.py``).
 """
 from __future__ import annotations
 
-import logging
-import sys
 from typing import Any
 
 import numpy as np
@@ -25,13 +23,12 @@ from ..net import shm, transport
 from ..net.protocol import Op
 from ..trace import Tracer, now_us
 from . import raw_results, sparse
-from .host_copies import HostCopies
+from .host_copies import HostCopies, end_gpu_work
 from .jobs import PartitionOp
 from .keys import WorkerKey
 
 Payload = tuple[dict[str, Any], list[Any]]  # header fields and data buffers of a PUSH
-log = logging.getLogger(__name__)
-DRAIN_S = 10.0  # at the job's end, how long the GPU's queued copies may take to end
+DRAIN_S = 4.0  # at the job's end, how long the GPU's queued work may take (the client joins this thread 5 s)
 
 
 class PartitionStages:
@@ -281,15 +278,8 @@ class PartitionStages:
         return buffer
 
     def close(self) -> None:
-        self.host_copies.close()
-        streams = sys.modules.get("gradpress.kernels.cuda.streams")  # (a worker that used a GPU)
-        if streams is not None and not streams.drain(DRAIN_S):
-            log.warning("the GPU's copies had not ended %g s after the job: its registered host memory is "
-                        "unmapped under them", DRAIN_S)
-        elif streams is not None:  # the copies ended: give the driver its registrations back, each on its device
-            for chunk in [c for a in self.device_arenas.values() for c in a.chunks] + self.peer_chunks.mapped():
-                if chunk.pinned:
-                    chunk.pinned.release()
+        chunks = [c for a in self.device_arenas.values() for c in a.chunks] + self.peer_chunks.mapped()
+        end_gpu_work(self.host_copies, [c for c in chunks if c.pinned], DRAIN_S)
         self.push_arena.close()  # the memory itself goes with the last mapping
         for arena in self.device_arenas.values():
             arena.close()

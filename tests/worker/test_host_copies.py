@@ -66,7 +66,7 @@ def test_each_copys_turn_runs_on_the_caller_in_queued_order_once_its_event_happe
     assert wakes.wait_for(2)
     copies.run_finished()
     assert ran == [("first", threading.get_ident()), ("second", threading.get_ident())]
-    copies.close()
+    assert copies.close(5)
 
 
 def test_a_copy_done_when_queued_is_followed_at_once_without_the_thread():
@@ -91,7 +91,7 @@ def test_a_failed_copy_raises_on_the_caller_and_later_copies_still_come():
         copies.run_finished()
     copies.run_finished()
     assert ran == ["good"]
-    copies.close()
+    assert copies.close(5)
 
 
 def test_work_runs_on_the_thread_behind_earlier_copies_and_its_result_or_error_comes_back_to_the_caller():
@@ -110,7 +110,38 @@ def test_work_runs_on_the_thread_behind_earlier_copies_and_its_result_or_error_c
     with pytest.raises(ValueError, match="the input holds NaN"):  # its own error, not a copy's
         copies.run_finished()
     assert ran == ["copied", ("encoded on", "gp-host-copies")]
-    copies.close()
+    assert copies.close(5)
+
+
+def test_closing_drops_what_is_still_queued_and_waits_for_the_work_running():
+    """At the worker's end nothing queued starts any more (an encoder would launch after the
+    streams were drained), the work running ends first, and a thread stuck in its copy is
+    left at the deadline."""
+    wakes, ran = Wakes(), []
+    copies = HostCopies(wakes)
+    started, release = threading.Event(), threading.Event()
+
+    def encoding():
+        started.set()
+        assert release.wait(10)
+        ran.append("encoded")
+    copies.run(encoding, lambda _: None)
+    copies.run(lambda: ran.append("queued behind it"), lambda _: None)
+    assert started.wait(10)
+    threading.Timer(0.2, release.set).start()
+    assert copies.close(10)
+    assert ran == ["encoded"]
+    entered = threading.Event()
+
+    class Stuck(Copy):
+        def synchronize(self):
+            entered.set()
+            super().synchronize()
+    stuck, copy = HostCopies(wakes), Stuck()
+    stuck.after(copy, lambda: None)
+    assert entered.wait(10)
+    assert not stuck.close(0.1), "it waited past its deadline for a copy that had not ended"
+    copy.done.set()
 
 
 class OnGpu:

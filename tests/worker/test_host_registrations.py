@@ -44,8 +44,8 @@ def test_a_registration_is_dropped_on_the_device_that_made_it_once(monkeypatch):
 
 
 class _HostCopies:
-    def close(self) -> None:
-        pass
+    def close(self, timeout_s: float) -> bool:
+        return True
 
 
 def _stages_holding(registrations: list, dropped: list, current: list) -> PartitionStages:
@@ -78,3 +78,18 @@ def test_copies_still_queued_at_the_deadline_keep_the_memory_registered(monkeypa
     stages = _stages_holding(list(held), dropped, current)
     stages.close()
     assert dropped == [], "unregistered under copies the device may still be making"
+
+
+class _Refused:
+    def release(self) -> None:
+        raise RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS")   # a sticky error fails every later call
+
+
+def test_a_cuda_error_at_the_end_is_logged_and_the_rest_still_closes(monkeypatch, caplog):
+    monkeypatch.setattr(streams, "drain", lambda timeout_s: True)
+    stages = _stages_holding([_Refused(), _Refused()], [], [])
+    closed = []
+    monkeypatch.setattr(shm.Arena, "close", lambda arena: closed.append(arena))
+    stages.close()
+    assert len(closed) == 2, "the push arena and the device arena"
+    assert "did not end cleanly" in caplog.text

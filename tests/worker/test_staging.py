@@ -43,3 +43,25 @@ def test_without_a_ready_event_nothing_is_waited_for():
     job = SimpleNamespace(ready=None, tensor=SimpleNamespace(layout=None, compressor=None), lr=None)
     op = SimpleNamespace(job=job, chunk=np.zeros(4, np.float32), wkey=SimpleNamespace(key=0), round=0)
     assert PartitionStages.compress(SimpleNamespace(await_source=PartitionStages.await_source), op) is None
+
+
+def test_a_failed_push_pulls_buffer_is_never_reused():
+    """A CUDA tensor's pinned staging buffer (torch/staging.py): where its push_pull failed,
+    the job's other partitions may still be sent from it, so the next call of that name must
+    not copy its gradient into it; where it succeeded, the buffer is the name's again."""
+    import torch
+
+    from gradpress.torch.staging import HostStaging
+    staging = HostStaging()
+    for outcome in ("done", "failed"):
+        buffer = torch.empty(4)  # (a host tensor stands in for a pinned one: this host has no GPU)
+        staging._buffers["w"] = buffer
+        staging._busy.add("w")
+        getattr(staging, outcome)("w", buffer)
+        assert "w" not in staging._busy
+        assert (staging._buffers.get("w") is buffer) == (outcome == "done"), outcome
+    other = torch.empty(4)   # the second of one name in flight at once: not the name's buffer
+    staging._buffers["w"] = kept = torch.empty(4)
+    staging._busy.add("w")
+    staging.failed("w", other)
+    assert staging._buffers["w"] is kept and "w" in staging._busy

@@ -155,6 +155,7 @@ def working_on(x: Any, landing: bool = False):
     GPU, on gradpress's push stream there, or its landing stream where ``landing``."""
     index = _index_of(x)
     lane = LANDING if landing else PUSH
+    device_before = getattr(_local, "device", None)
     with on_device(index):
         made, torch_made = _pair(index, lane)
         before = getattr(_local, "stream", None), getattr(_local, "lane", PUSH)
@@ -179,6 +180,17 @@ def working_on(x: Any, landing: bool = False):
                     yield
         finally:
             _local.stream, _local.lane = before
+            if before[0] is not None and device_before not in (None, index) and _owned():
+                _back_to(device_before)  # nested in another GPU's block: that GPU again
+
+
+def _back_to(index: int) -> None:
+    """An owning thread's numba device and torch stream (and torch's device with it) are
+    those of GPU ``index`` again."""
+    on_device(index)
+    back = getattr(_local, "torch_current", {}).get(index)
+    if back is not None:
+        _torch().cuda.set_stream(back)
 
 
 def event(index: int) -> Any:
