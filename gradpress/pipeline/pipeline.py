@@ -195,7 +195,7 @@ class GradientPipeline(PipelineState):
         if self.listener is not None:
             self.listener(p)
         if self.planner is not None and self.planner.manages(p):
-            self.planner.on_submit(p)
+            self.planner.on_submit(p, tensor)
         route.submit(p, tensor)
 
     def submitted(self) -> list[torch.Tensor]:

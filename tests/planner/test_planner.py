@@ -104,7 +104,8 @@ def test_fp16_raw_sends_half_the_bytes_without_a_codec_and_wins_where_a_codec_co
 def test_a_bfloat16_model_is_planned_as_its_bytes_travel():
     """bfloat16 travels widened to float32, raw or under ``Compression.fp16`` (float16 would
     overflow it): the profile counts its raw path at 4 bytes an element, and ``fp16_raw``,
-    no codec at all for it, is no option where every tensor is bfloat16."""
+    no codec at all for it, is no option where every tensor is bfloat16. The dtype is the one
+    the tensors come in, not always their parameter's."""
     import torch
 
     from gradpress.compressors import auto
@@ -114,6 +115,11 @@ def test_a_bfloat16_model_is_planned_as_its_bytes_travel():
     clock = StepClock([id(p) for p in params])
     profiled = tensors(clock, params, {id(p): f"t{i}" for i, p in enumerate(params)}, {id(p): 0 for p in params})
     assert [(t.name, t.nbytes, t.itemsize) for t in profiled] == [("t0", 128, 4), ("t1", 128, 2), ("t2", 128, 4)]
+    # an optimizer's float32 momentum of a float16 parameter travels as the float32 it is
+    for p in params:
+        clock.mark_ready(id(p), torch.float32 if p.dtype == torch.float16 else p.dtype)
+    profiled = tensors(clock, params, {id(p): f"t{i}" for i, p in enumerate(params)}, {id(p): 0 for p in params})
+    assert [t.itemsize for t in profiled] == [4, 4, 4]
     every = auto.options({"compressor": "auto"})
     assert "fp16_raw" not in auto.for_dtypes(every, {"torch.bfloat16"})
     assert auto.for_dtypes(every, {"torch.bfloat16"}) == {k: v for k, v in every.items() if k != "fp16_raw"}

@@ -101,9 +101,9 @@ class AutoPlanner:
     def manages(self, p: torch.Tensor) -> bool:
         return id(p) in self.clock.ready
 
-    def on_submit(self, p: torch.Tensor) -> None:
+    def on_submit(self, p: torch.Tensor, tensor: torch.Tensor) -> None:
         if self.stage in (PlanStage.PROFILING, PlanStage.TRIALS):
-            self.clock.mark_ready(id(p))
+            self.clock.mark_ready(id(p), tensor.dtype)
 
     def on_flush(self) -> None:
         self.clock.mark_backward_end()

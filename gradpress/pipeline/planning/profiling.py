@@ -39,7 +39,7 @@ def first_profile(clock: StepClock, params: list[torch.Tensor], names: dict[int,
     message_s = fit_message(batches)
     link = fit_link(round_trips, comm.size(), costs["none"].add, message_s)
     s = comm.settings
-    moved = 2 * sum(p.numel() * p.element_size() for p in given)
+    moved = 2 * sum(p.numel() * clock.dtypes.get(id(p), p.dtype).itemsize for p in given)
     profile = Profile(comm.size(), len(comm.client.book.servers), tensors(clock, params, names, priority),
                       statistics.median(b for b, _ in clock.timeline),
                       statistics.median(t for _, t in clock.timeline), costs, link, message_s,
@@ -92,10 +92,12 @@ def tensors(clock: StepClock, params: list[torch.Tensor], names: dict[int, str],
     an evaluation say, is one step's outlier)."""
     typical = {id(p): statistics.median(clock.ready[id(p)] or [0.0]) for p in params}
     order = sorted(params, key=lambda p: (typical[id(p)], -priority[id(p)]))
-    # the itemsize is the raw path's on the wire (``torch.dtypes.WIRE``: bfloat16 as float32)
+    # the itemsize is the raw path's on the wire (``torch.dtypes.WIRE``: bfloat16 as float32),
+    # of the dtype the tensors came in (an optimizer's float32 state of a float16 parameter)
+    dtypes = [clock.dtypes.get(id(p), p.dtype) for p in order]
     return tuple(TensorProfile(names[id(p)], 4 * p.numel(), typical[id(p)], priority[id(p)],
                                p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1,
-                               (wire_dtype(p.dtype) or p.dtype).itemsize) for p in order)
+                               (wire_dtype(d) or d).itemsize) for p, d in zip(order, dtypes))
 
 
 def host_share(clock: StepClock, comm: Comm, moved_per_step: int) -> HostShare | None:
