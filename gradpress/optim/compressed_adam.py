@@ -37,9 +37,11 @@ class CompressedAdam(torch.optim.Optimizer):
         self._known = {id(p) for p in self._table.trainable}
         self._index_groups()
 
-    def _pipeline(self, prefix: str, policy: CompressionPolicy | None) -> GradientPipeline:
-        """A pipeline of every trainable parameter, named ``prefix + name``, under ``policy``."""
-        return GradientPipeline(self._table.with_policy(policy), prefix, lr_of=lambda p: self._groups[id(p)]["lr"],
+    def _pipeline(self, prefix: str, policy: CompressionPolicy | None, state: bool = False) -> GradientPipeline:
+        """A pipeline of every trainable parameter, named ``prefix + name``, under ``policy``;
+        where ``state``, of tensors in the dtype of Adam's state (``momentum_codecs.state_dtype``)."""
+        table = self._table.with_policy(policy, mc.state_dtype if state else None)
+        return GradientPipeline(table, prefix, lr_of=lambda p: self._groups[id(p)]["lr"],
                                 tuning=self.plan_tuning, owner=type(self).__name__)
 
     def _keep_state_dtypes(self, state_dict: dict) -> None:

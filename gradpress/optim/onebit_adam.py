@@ -79,7 +79,7 @@ class OneBitAdam(CompressedAdam):
                          compression_rules, named_parameters, plan_tuning)
         self.freeze_step = freeze_step
         self._grads = self._pipeline(GRAD_PREFIX, None)
-        self._momenta = self._pipeline(MOMENTUM_PREFIX, self.momentum_policy)
+        self._momenta = self._pipeline(MOMENTUM_PREFIX, self.momentum_policy, state=True)
 
     # ---- the step -----------------------------------------------------------
 

@@ -102,8 +102,8 @@ class ZeroOneAdam(CompressedAdam):
         # the job file's rules are for the momentum path: the variance's codec is this argument alone
         self._variance = self._pipeline(GRAD_PREFIX, CompressionPolicy(
             variance_compression_params, None, ops.settings().min_compress_bytes))
-        self._momenta = self._pipeline(MOMENTUM_PREFIX, self.momentum_policy)
-        self._deltas = self._pipeline(DELTA_PREFIX, self.momentum_policy)
+        self._momenta = self._pipeline(MOMENTUM_PREFIX, self.momentum_policy, state=True)
+        self._deltas = self._pipeline(DELTA_PREFIX, self.momentum_policy, state=True)
 
     @property
     def in_sync(self) -> bool:

@@ -6,7 +6,7 @@ so names, priorities and the checks on ``named_parameters`` live here alone.
 from __future__ import annotations
 
 import copy
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -48,6 +48,9 @@ class ParameterTable:
             by_id = {id(p): f"param.{i}" for i, p in enumerate(params)}
         self.params = list(params)
         self.trainable = [p for p in params if p.requires_grad]
+        # the dtype each parameter's tensor travels in: its own, or an optimizer's state's
+        # (``with_policy``); BYTEPS_MIN_COMPRESS_BYTES is compared with those bytes
+        self.sent_dtype: Callable[[torch.Tensor], torch.dtype] = _own_dtype
         self.given = by_id  # every name named_parameters gave, the optimizer's parameter or not
         self.names = {id(p): by_id.get(id(p), f"frozen.{i}") for i, p in enumerate(params)}
         self.priority = {id(p): -i for i, p in enumerate(params)}
@@ -59,13 +62,19 @@ class ParameterTable:
         # the rule that names a parameter (auto and low-rank take every tensor it names, small
         # ones included: they fuse those), and the codec its tensor gets on its own
         self.rule: dict[int, CodecSpec | None] = {id(p): policy.rule_for(self.names[id(p)]) for p in params}
-        self.spec: dict[int, CodecSpec | None] = {
-            id(p): policy.for_tensor(self.names[id(p)], p.numel() * p.element_size(), dtype_name(p.dtype))
-            for p in params}
+        self.spec: dict[int, CodecSpec | None] = {id(p): self._spec_for(p, self.names[id(p)]) for p in params}
 
-    def with_policy(self, policy: CompressionPolicy | None) -> "ParameterTable":
-        """The same parameters and names under another policy (an optimizer's second path)."""
+    def _spec_for(self, p: torch.Tensor, name: str) -> CodecSpec | None:
+        dtype = self.sent_dtype(p)
+        return self.policy.for_tensor(name, p.numel() * dtype.itemsize, dtype_name(dtype))
+
+    def with_policy(self, policy: CompressionPolicy | None,
+                    sent_dtype: Callable[[torch.Tensor], torch.dtype] | None = None) -> "ParameterTable":
+        """The same parameters and names under another policy (an optimizer's second path),
+        whose tensors travel in ``sent_dtype(p)`` where given (OneBitAdam's float32 momentum of
+        a float16 parameter)."""
         other = copy.copy(self)
+        other.sent_dtype = sent_dtype or self.sent_dtype
         # each pipeline adopts late parameters into its own table (``adopt``)
         other.params, other.trainable = list(self.params), list(self.trainable)
         other.names, other.priority = dict(self.names), dict(self.priority)
@@ -84,8 +93,7 @@ class ParameterTable:
         self.trainable.append(p)
         rule = self.policy.rule_for(name)
         self.rule[id(p)] = None if rule is not None and (rule.is_lowrank or rule.is_auto) else rule
-        self.spec[id(p)] = None if self.rule[id(p)] is None else \
-            self.policy.for_tensor(name, p.numel() * p.element_size(), dtype_name(p.dtype))
+        self.spec[id(p)] = None if self.rule[id(p)] is None else self._spec_for(p, name)
 
     def lowrank(self) -> list[torch.Tensor]:
         """The trainable parameters a powersgd / acpsgd rule names (reduced together)."""
@@ -96,3 +104,7 @@ class ParameterTable:
         float64 travels uncompressed on its own, half precision widened in the plan's buckets)."""
         return [p for p in self.trainable if p.dtype in (torch.float32, torch.float16, torch.bfloat16)
                 and (r := self.rule[id(p)]) is not None and r.is_auto]
+
+
+def _own_dtype(p: torch.Tensor) -> torch.dtype:
+    return p.dtype

@@ -152,3 +152,19 @@ def test_only_trainable_parameters_need_a_name():
         ParameterTable([frozen, a, b], [("a", a)], CompressionPolicy())
     with pytest.raises(ValueError, match="parameter names must be unique"):
         ParameterTable([frozen, a, b], [("a", a), ("a", b)], CompressionPolicy())
+
+
+def test_a_float16_parameters_momentum_is_compressed_by_its_float32_bytes():
+    """BYTEPS_MIN_COMPRESS_BYTES is compared with the bytes a tensor travels in: a float16
+    parameter's gradient at 2 bytes an element, its OneBitAdam momentum (float32 state) at 4."""
+    from gradpress.compressors.policy import CompressionPolicy
+    from gradpress.optim.momentum_codecs import state_dtype
+    from gradpress.pipeline import ParameterTable
+    half, late = (torch.nn.Parameter(torch.zeros(1000, dtype=torch.float16)) for _ in range(2))
+    policy = CompressionPolicy({"compressor": "onebit", "ef": "vanilla"}, min_bytes=3000)   # 2000 < 3000 < 4000
+    grads = ParameterTable([half], [("h", half)], policy)
+    momenta = grads.with_policy(policy, state_dtype)
+    assert grads.spec[id(half)] is None and momenta.spec[id(half)] is not None
+    momenta.adopt(late, "late")   # unfrozen after the optimizer was built
+    assert momenta.spec[id(late)] is not None
+    assert grads.with_policy(policy).spec[id(half)] is None
