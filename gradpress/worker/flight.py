@@ -74,8 +74,11 @@ class PartitionFlight:
         wk = op.wkey
         self.stages.introduce(wk, op.job.src)
         op.round = wk.next_round
-        self.stages.await_source(op.job)
-        if wk.pushers and self.relay is not None:  # ours to sum for the machine: the peers' pushes first
+        relayed = wk.pushers and self.relay is not None
+        filling = None if relayed else _filling(op.job)
+        if filling is None:
+            self.stages.await_source(op.job)
+        if relayed:  # ours to sum for the machine: the peers' pushes first
             wk.next_round += 1
             wk.in_flight = op
             op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
@@ -87,6 +90,9 @@ class PartitionFlight:
         wk.next_round += 1
         wk.in_flight = op  # (before the send: a push waiting for its copy checks it is still wanted)
         op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
+        if filling is not None:  # its source is still being copied off the GPU: waited for off this thread
+            self.stages.host_copies.after(filling, lambda: self._filled(op, rounds))
+            return
         if self.stages.encodes_on_device(op):  # launches and a wait for the payload: off this thread
             self.stages.host_copies.run(lambda: self._encode(op, rounds), lambda made: self._encoded(op, made))
             return
@@ -109,6 +115,16 @@ class PartitionFlight:
         if op.wkey.in_flight is not op:
             return  # failed meanwhile (its deadline passed): the round never goes out
         self.stages.send(op, self._refused(op, made) if isinstance(made, ValueError) else made)
+
+    def _filled(self, op: PartitionOp, rounds: list[int] | None) -> None:
+        """``op``'s source has been copied into: compress and push it, unless its round
+        failed meanwhile."""
+        if op.wkey.in_flight is not op:
+            return  # failed meanwhile (its deadline passed): the round never goes out
+        self.stages.await_source(op.job)  # (done: no wait)
+        if rounds is not None:
+            self.stages.compress_tensor(op.job, rounds)
+        self.stages.send(op, self._payload(op))
 
     def _together(self, op: PartitionOp) -> list[int] | None:
         """Whether to compress all of ``op``'s tensor's partitions now, with one set of launches
@@ -265,3 +281,13 @@ class PartitionFlight:
             self._leave_flight(op)
             self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {who}: "
                                         f"{h['message']}"))
+
+
+def _filling(job: PushPull) -> object | None:
+    """The event of the asynchronous copy still filling ``job``'s host source (a CUDA tensor
+    staged through pinned memory, ``torch/staging.py``), or None: there is none, it is done,
+    or the source is on the device (its wait is queued there, ``await_source``)."""
+    ready = job.ready
+    if ready is None or is_device_array(job.src) or not hasattr(ready, "query") or ready.query():
+        return None
+    return ready

@@ -15,7 +15,10 @@ A compressed CUDA chunk's encoder ends in the same wait: its payload's copy to t
 whose sizes and NaN flags the host must read before the push. So the whole compress (its
 launches, the copy and that wait) runs on this module's thread too (``run``), in the same
 queue: the communication thread lands and sends meanwhile, and the launches keep the order
-in which the partitions were handed over.
+in which the partitions were handed over. A partition whose source is a pinned host buffer
+that an asynchronous copy off the GPU is still filling (``torch/staging.py``: bfloat16,
+integer and non-contiguous CUDA tensors) waits here for that copy's event too (``after``),
+where the communication thread used to block in it.
 
 What a step comes to is not this thread's to decide: an operation waits here no longer than
 its deadline allows, after which it is failed (``flight.py``) and its late turn does nothing.

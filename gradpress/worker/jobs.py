@@ -19,8 +19,8 @@ class PushPull:
     future: Future
     remaining: int
     lr: float | None = None
-    # waited for (its ``synchronize()``) on the communication thread before src is read: a
-    # CUDA event after the asynchronous copy that fills src (the caller never blocks on it)
+    # waited for before src is read: a CUDA event after the asynchronous copy that fills src
+    # (the caller never blocks on it; the host-copies thread waits for it, flight._filling)
     ready: Any = None
     # payloads of its partitions compressed together with the first one sent (stages.py,
     # ``compress_tensor``), by key: (round, payload or the ValueError of a refused step);

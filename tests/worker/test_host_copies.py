@@ -202,3 +202,69 @@ def test_a_partitions_push_and_pull_wait_for_its_copy_and_a_round_failed_meanwhi
         got.append((h["op"], h["key"], h.get("pull"), [np.frombuffer(f.buffer, np.float32).tolist() for f in frames]))
     assert got == [(Op.PUSH, t.keys[0].key, True, [values[:4].tolist()])]
     stages.close()
+
+
+class StagedStages:
+    """The flight's stages, recording: a source staged through pinned host memory (a CUDA
+    tensor's asynchronous copy, torch/staging.py) is read only by ``await_source`` and ``send``."""
+
+    def __init__(self, copies):
+        self.host_copies, self.pushed, self.waited = copies, [], []
+
+    def introduce(self, wk, src):
+        pass
+
+    def await_source(self, job):
+        if job.ready is not None:
+            job.ready.synchronize()
+            self.waited.append(threading.get_ident())
+            job.ready = None
+
+    @staticmethod
+    def encodes_on_device(op):
+        return False
+
+    def compress(self, op):
+        return None
+
+    def send(self, op, payload):
+        self.pushed.append((op.wkey.index, op.job.src[:2].tolist()))
+
+
+def test_a_staged_source_still_being_copied_is_waited_for_off_the_communication_thread():
+    """The communication thread no longer blocks in the copy's event (it went on landing and
+    sending nothing meanwhile): the partitions go once the copy is done, in order, and a
+    round failed meanwhile never goes."""
+    from dataclasses import replace
+
+    from gradpress.config import Settings
+    from gradpress.worker.deadlines import Deadlines
+    from gradpress.worker.flight import PartitionFlight
+    wakes = Wakes()
+    stages = StagedStages(HostCopies(wakes))
+    table = KeyTable()
+    t = Tensor("g", 12, "float32", 1, [4, 4, 4], [0, 0, 0], None)
+    table.add(t, 1)
+    flight = PartitionFlight(replace(Settings(), scheduling_credit=64), stages, table, Deadlines())
+    copy = Copy()
+    src = np.zeros(12, np.float32)
+    job = PushPull(t, src, src, 1, Future("test"), 3, ready=copy)
+    flight.start(job, 0)
+    flight.dispatch()   # returns: the copy is not done
+    assert stages.pushed == [] and stages.waited == []
+    assert [wk.in_flight is not None for wk in t.keys] == [True] * 3, "each key's round is taken meanwhile"
+    t.keys[2].in_flight = None   # its deadline passed while the copy ran
+    src[:] = 7.0                 # (what the copy writes)
+    copy.done.set()
+    assert wakes.wait_for(3)
+    stages.host_copies.run_finished()
+    assert stages.pushed == [(0, [7.0, 7.0]), (1, [7.0, 7.0])]
+    assert stages.waited == [threading.get_ident()], "one wait, already done, on the communication thread"
+    done = Copy()
+    done.done.set()
+    flight.start(PushPull(t, src, src, 1, Future("test"), 3, ready=done), 0)
+    for wk in t.keys:
+        wk.in_flight = None
+    flight.dispatch()   # a copy done before its turn: no hand-off
+    assert len(stages.pushed) == 5 and stages.waited[-1] == threading.get_ident()
+    assert stages.host_copies.close(5)

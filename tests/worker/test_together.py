@@ -155,7 +155,7 @@ def test_while_encoders_run_off_this_thread_a_later_job_takes_no_key_and_each_pu
         f"a key's round 0 went to the later job: {stages.pushed}"
     assert stages.threads == {"gp-host-copies"}
     assert all(wk.compressed_by is None for wk in t.keys) and all(wk.held for wk in t.keys)
-    stages.host_copies.close()
+    stages.host_copies.close(5)
 
 
 def test_a_round_refused_off_this_thread_fails_its_job_and_goes_out_refused_and_a_failed_one_never_goes():
@@ -173,7 +173,7 @@ def test_a_round_refused_off_this_thread_fails_its_job_and_goes_out_refused_and_
     t.keys[0].in_flight = None  # its deadline passed while its encoder ran
     stages.finished(1)
     assert stages.pushed == [(0, 0, 0.1, True)], "a failed round went out"
-    stages.host_copies.close()
+    stages.host_copies.close(5)
 
 
 def test_a_round_whose_encoder_never_finishes_fails_at_its_deadline_naming_the_gpu_not_a_server():
@@ -189,4 +189,4 @@ def test_a_round_whose_encoder_never_finishes_fails_at_its_deadline_naming_the_g
     stages.go.set()
     stages.finished(1)
     assert stages.pushed == [], "a failed round went out"
-    stages.host_copies.close()
+    stages.host_copies.close(5)
