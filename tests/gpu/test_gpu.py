@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from adam_jobs import SCALE
 from cluster import LocalCluster
 from compressors.cases import CODEC_PARAMS, gaussian
 
@@ -275,12 +276,7 @@ ADAM = """
 import json, os, torch, gradpress.torch as bps
 from gradpress.optim import adam_math
 each_tensor = lambda ts: [[t] for t in ts]
-class Scale(torch.nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.s = torch.nn.Parameter(torch.ones(n))
-    def forward(self, x):
-        return x * self.s.to(x.dtype)
+SCALE_CLASS
 bps.init()
 device = torch.device(os.environ.get("GP_DEVICE", "cuda:0"))
 results = {}
@@ -318,7 +314,7 @@ for opt_name in ("OneBitAdam", "ZeroOneAdam"):
             results[(opt_name, codec, way)] = {"steps": steps, "losses": losses}
 torch.save(results, os.path.join(os.environ["GP_TEST_DIR"], f"w{bps.rank()}.pt"))
 bps.shutdown()
-""".replace("chunks_of_lists", "adam_math.chunks")
+""".replace("chunks_of_lists", "adam_math.chunks").replace("SCALE_CLASS", SCALE)
 
 
 @pytest.mark.integ

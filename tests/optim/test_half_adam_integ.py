@@ -14,12 +14,6 @@ from adam_jobs import PREAMBLE
 pytestmark = pytest.mark.integ
 
 WORKER = PREAMBLE + """
-class Scale(torch.nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.s = torch.nn.Parameter(torch.ones(n))
-    def forward(self, x):
-        return x * self.s.to(x.dtype)
 for opt_name in ("OneBitAdam", "ZeroOneAdam"):
     for reload, whole in ((False, False), (True, False), (False, True)):
         # whole lists: the chunks a GPU's parameters get (float16 parameters, float32 state, in one op)

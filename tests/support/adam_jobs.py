@@ -1,8 +1,19 @@
 """What the workers of the OneBitAdam/ZeroOneAdam integration tests share (``PREAMBLE``, put
-before each script): ``lists(whole)`` sets the chunks a GPU's parameters get (a list per dtype)
-or the host's (one tensor each), and ``build(opt_name, params, named, freeze)`` makes either
+before each script): ``lists(whole)`` sets the chunks a GPU's parameters get (a list per
+dtype) or the host's (one tensor each), ``Scale`` is a module of one float32 parameter
+(``SCALE``, the GPU test's too), and ``build(opt_name, params, named, freeze)`` makes either
 optimizer as those tests run it: OneBitAdam frozen after ``freeze`` steps, ZeroOneAdam's
 variance frozen at step ``freeze + 1`` with every kind of step soon after."""
+
+# a module of one float32 parameter, to put amid a float16 model's
+SCALE = """
+class Scale(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.s = torch.nn.Parameter(torch.ones(n))
+    def forward(self, x):
+        return x * self.s.to(x.dtype)
+"""
 
 PREAMBLE = """
 import io, os, torch, gradpress.torch as bps
@@ -19,4 +30,4 @@ def build(opt_name, params, named, freeze):
 bps.init()
 r = bps.rank()
 out = {}
-"""
+""" + SCALE
