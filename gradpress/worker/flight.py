@@ -91,7 +91,7 @@ class PartitionFlight:
         wk.in_flight = op  # (before the send: a push waiting for its copy checks it is still wanted)
         op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
         if filling is not None:  # its source is still being copied off the GPU: waited for off this thread
-            self.stages.host_copies.after(filling, lambda: self._filled(op, rounds))
+            self.stages.host_copies.after(filling, lambda: self._filled(op))
             return
         if self.stages.encodes_on_device(op):  # launches and a wait for the payload: off this thread
             self.stages.host_copies.run(lambda: self._encode(op, rounds), lambda made: self._encoded(op, made))
@@ -116,14 +116,13 @@ class PartitionFlight:
             return  # failed meanwhile (its deadline passed): the round never goes out
         self.stages.send(op, self._refused(op, made) if isinstance(made, ValueError) else made)
 
-    def _filled(self, op: PartitionOp, rounds: list[int] | None) -> None:
+    def _filled(self, op: PartitionOp) -> None:
         """``op``'s source has been copied into: compress and push it, unless its round
-        failed meanwhile."""
+        failed meanwhile. (A staged source is host memory: its partitions are never
+        compressed together, ``_together``.)"""
         if op.wkey.in_flight is not op:
             return  # failed meanwhile (its deadline passed): the round never goes out
         self.stages.await_source(op.job)  # (done: no wait)
-        if rounds is not None:
-            self.stages.compress_tensor(op.job, rounds)
         self.stages.send(op, self._payload(op))
 
     def _together(self, op: PartitionOp) -> list[int] | None:
