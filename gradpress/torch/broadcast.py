@@ -39,6 +39,7 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
     for name, t in items:
         if not torch.is_tensor(t):
             raise TypeError(f"broadcast_parameters: {name!r} is a {type(t).__name__}, not a tensor")
+    items = _distinct(items)
     handles = []
     with torch.no_grad():
         for name, t in items:
@@ -47,6 +48,23 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
             handles.append(ops.push_pull_async_inplace(t.data, average=False, name=prefix + name))
         for h in handles:
             ops.synchronize(h)
+
+
+def _distinct(items: list) -> list:
+    """``items`` without the later names of a tensor named twice: tied weights (a language
+    model's embedding and output layer) are two keys of one ``state_dict`` over the same
+    memory. Pushed once each, a worker's second push would read the root's value landed by
+    the first, and the sum would be the root's times the workers."""
+    seen, out = set(), []
+    for name, t in items:
+        try:
+            where = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        except RuntimeError:  # (a tensor without storage of its own, e.g. sparse: never an alias here)
+            where = id(t)
+        if where not in seen:
+            seen.add(where)
+            out.append((name, t))
+    return out
 
 
 def _unnamed(position: int, t) -> str:
@@ -123,6 +141,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
 
 def _pack(obj: Any) -> bytes:
     def default(o):
+        if isinstance(o, np.generic):  # a numpy scalar (a learning rate computed with numpy)
+            return o.item()
         if isinstance(o, tuple):
             return msgpack.ExtType(_EXT_TUPLE, _pack(list(o)))
         if isinstance(o, np.ndarray):
@@ -131,7 +151,7 @@ def _pack(obj: Any) -> bytes:
             a = o.detach().cpu().numpy()
             return msgpack.ExtType(_EXT_TENSOR, _pack([a.dtype.str, list(a.shape), a.tobytes()]))
         raise TypeError(f"the optimizer state holds a {type(o).__name__}; it may hold None, bool, int, "
-                        f"float, str, bytes, lists, tuples, dicts, numpy arrays and tensors")
+                        f"float, str, bytes, lists, tuples, dicts, numpy arrays and scalars, and tensors")
     return msgpack.packb(obj, default=default, use_bin_type=True, strict_types=True)
 
 

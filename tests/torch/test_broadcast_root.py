@@ -31,3 +31,19 @@ def test_a_root_outside_the_job_is_refused_and_nothing_is_zeroed(two_workers, ro
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     with pytest.raises(ValueError, match="broadcast_optimizer_state: root_rank="):
         bps.broadcast_optimizer_state(optimizer, root_rank=root)
+
+
+def test_tied_weights_are_broadcast_once_under_their_first_name(monkeypatch):
+    """A language model's embedding and output layer over one tensor are two keys of its
+    ``state_dict``: pushed twice, a worker's second push would read the root's value that the
+    first had landed, and every worker would get it times the workers."""
+    monkeypatch.setattr(ops, "size", lambda: 2)
+    monkeypatch.setattr(ops, "rank", lambda: 0)
+    pushed = []
+    monkeypatch.setattr(ops, "push_pull_async_inplace", lambda t, average, name: pushed.append(name) or name)
+    monkeypatch.setattr(ops, "synchronize", lambda handle: None)
+    model = torch.nn.Sequential(torch.nn.Embedding(6, 4), torch.nn.Linear(4, 6, bias=False), torch.nn.Linear(6, 6))
+    model[1].weight = model[0].weight
+    model[2].weight.data = model[0].weight.data.t()   # the same memory in another shape: not an alias
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    assert pushed == ["Parameter.0.weight", "Parameter.2.bias", "Parameter.2.weight"]

@@ -1,6 +1,7 @@
 """BytePS API behaviour that its example scripts and common training code rely on, across
 real worker processes: integer averages floor-divided, declare's 0, unnamed broadcasts of
-other shapes, frozen parameters left out of named_parameters, set_backward_passes_per_step,
+other shapes, tied weights broadcast once, numpy scalars in an optimizer's hyper-parameters,
+frozen parameters left out of named_parameters, set_backward_passes_per_step,
 and two DistributedDataParallel models whose parameter names are the same."""
 import pytest
 
@@ -31,6 +32,22 @@ assert all(torch.all(t == 1.0) for t in first), first
 second = [torch.full((7,), float(r + 5)), torch.full((1,), float(r + 5), dtype=torch.float64)]
 bps.broadcast_parameters(second, root_rank=0)
 assert all(torch.all(t == 5.0) for t in second), second
+
+# tied weights (an embedding and the output layer over one tensor): two keys of state_dict,
+# broadcast as one; pushed twice, the second push read the root's value landed by the first
+tied = nn.Sequential(nn.Embedding(6, 4), nn.Linear(4, 6, bias=False))
+tied[1].weight = tied[0].weight
+with torch.no_grad():
+    tied[0].weight.fill_(float(r + 1))
+bps.broadcast_parameters(tied.state_dict(), root_rank=0, prefix="Tied.")
+assert torch.all(tied[0].weight == 1.0) and tied[1].weight is tied[0].weight, tied[0].weight
+
+# an optimizer whose learning rate a numpy schedule computed (numpy scalars in param_groups)
+import numpy as np
+sgd = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1, momentum=0.9)
+sgd.param_groups[0]["lr"] = np.float64(0.5) * np.cos(np.float32(r))
+bps.broadcast_optimizer_state(sgd, root_rank=0)
+assert sgd.param_groups[0]["lr"] == 0.5, sgd.param_groups[0]["lr"]
 
 # frozen parameters left out of named_parameters (fine-tuning); accumulation changed mid-run
 torch.manual_seed(0)
