@@ -157,7 +157,8 @@ class GradientPipeline(PipelineState):
                              f"(one GPU per worker process, as BytePS runs; or rules giving the others a codec)")
         return AutoPlanner(params, self.names, self.table.priority, self.lr_of, spec.compression_params,
                            self._install, leave_out=lambda p: self._route[id(p)] is self._rows, views=views,
-                           tuning=tuning, comm=self.comm, matrix_names=self.table.names, fused=fused)
+                           tuning=tuning, comm=self.comm, matrix_names=self.table.names, fused=fused,
+                           sent_dtype=self.table.sent_dtype)
 
     def _install(self, route: Route | None, params: list[torch.Tensor]) -> None:
         for p in params:
@@ -195,7 +196,7 @@ class GradientPipeline(PipelineState):
         if self.listener is not None:
             self.listener(p)
         if self.planner is not None and self.planner.manages(p):
-            self.planner.on_submit(p, tensor)
+            self.planner.on_submit(p)
         route.submit(p, tensor)
 
     def submitted(self) -> list[torch.Tensor]:

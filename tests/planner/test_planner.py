@@ -116,9 +116,9 @@ def test_a_bfloat16_model_is_planned_as_its_bytes_travel():
     profiled = tensors(clock, params, {id(p): f"t{i}" for i, p in enumerate(params)}, {id(p): 0 for p in params})
     assert [(t.name, t.nbytes, t.itemsize) for t in profiled] == [("t0", 128, 4), ("t1", 128, 2), ("t2", 128, 4)]
     # an optimizer's float32 momentum of a float16 parameter travels as the float32 it is
-    for p in params:
-        clock.mark_ready(id(p), torch.float32 if p.dtype == torch.float16 else p.dtype)
-    profiled = tensors(clock, params, {id(p): f"t{i}" for i, p in enumerate(params)}, {id(p): 0 for p in params})
+    from gradpress.optim.momentum_codecs import state_dtype
+    profiled = tensors(clock, params, {id(p): f"t{i}" for i, p in enumerate(params)}, {id(p): 0 for p in params},
+                       state_dtype)
     assert [t.itemsize for t in profiled] == [4, 4, 4]
     every = auto.options({"compressor": "auto"})
     assert "fp16_raw" not in auto.for_dtypes(every, {"torch.bfloat16"})

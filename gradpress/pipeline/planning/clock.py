@@ -1,10 +1,9 @@
-"""``StepClock``: what the planner measures of each step: when each tensor became ready (and
-in which dtype), when backward ended, how long the step took, and the training thread's CPU."""
+"""``StepClock``: what the planner measures of each step: when each tensor became ready,
+when backward ended, how long the step took, and the training thread's CPU."""
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
 
 from ... import host
 
@@ -14,9 +13,6 @@ class StepClock:
         self.iter_start = time.perf_counter()
         self.backward_end = 0.0
         self.ready: dict[int, list[float]] = {pid: [] for pid in ids}   # since the iteration's start, per step
-        # the dtype each came in, where it is not its parameter's (an optimizer's float32
-        # momentum of a float16 parameter): what the raw path sends
-        self.dtypes: dict[int, Any] = {}
         self.timeline: list[tuple[float, float]] = []                    # (backward end, step s) per step
         self.factors: list[tuple[float, float]] = []   # (factor work, reconstruction) s per planned step
         self.measured: list[float] = []                # iteration s of planned steps
@@ -32,11 +28,9 @@ class StepClock:
         for pid in ids:
             self.ready.pop(pid, None)
 
-    def mark_ready(self, pid: int, dtype: Any = None) -> None:
+    def mark_ready(self, pid: int) -> None:
         if pid in self.ready:
             self.ready[pid].append(time.perf_counter() - self.iter_start)
-            if dtype is not None:
-                self.dtypes[pid] = dtype
 
     def mark_backward_end(self) -> None:
         self.backward_end = time.perf_counter() - self.iter_start

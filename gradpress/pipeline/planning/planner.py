@@ -62,7 +62,7 @@ class AutoPlanner:
         leave_out: whether a parameter travels another way (row-sparse) and is not planned.
         views: the plan's buckets hand averages back as views of their buffers.
         matrix_names: the names a factored matrix's first factor is seeded by (the table's).
-        fused: the names in each group of small tensors fused while profiling (``profiled_plan``).
+        fused: each group of small tensors fused while profiling; sent_dtype: a tensor's dtype on the way.
     """
 
     def __init__(self, params: list[torch.Tensor], names: dict[int, str], priority: dict[int, int],
@@ -70,11 +70,11 @@ class AutoPlanner:
                  install: Callable[[PlannedRoute | None, list[torch.Tensor]], None],
                  leave_out: Callable[[torch.Tensor], bool] = lambda p: False, views: bool = False,
                  tuning: PlanTuning | None = None, comm: Comm = OPS, matrix_names: dict[int, str] | None = None,
-                 fused: Sequence[Sequence[str]] = ()):
+                 fused: Sequence[Sequence[str]] = (), sent_dtype: Callable[[torch.Tensor], torch.dtype] | None = None):
         self.params = list(params)
         self.names, self.priority, self.lr_of = names, priority, lr_of
         self.install, self.leave_out, self.views, self.matrix_names = install, leave_out, views, matrix_names
-        self.fused = [tuple(names) for names in fused]
+        self.fused, self.sent_dtype = [tuple(names) for names in fused], sent_dtype or (lambda p: p.dtype)
         self.tuning, self.comm = tuning or PlanTuning(), comm
         self.options = auto.for_dtypes(auto.options(compression_params), {str(p.dtype) for p in params})
         self.label = names[id(params[0])]
@@ -101,9 +101,9 @@ class AutoPlanner:
     def manages(self, p: torch.Tensor) -> bool:
         return id(p) in self.clock.ready
 
-    def on_submit(self, p: torch.Tensor, tensor: torch.Tensor) -> None:
+    def on_submit(self, p: torch.Tensor) -> None:
         if self.stage in (PlanStage.PROFILING, PlanStage.TRIALS):
-            self.clock.mark_ready(id(p), tensor.dtype)
+            self.clock.mark_ready(id(p))
 
     def on_flush(self) -> None:
         self.clock.mark_backward_end()
@@ -167,8 +167,8 @@ class AutoPlanner:
         planned = [p for p in self.params if not self.leave_out(p)]
         text = None
         if self.comm.rank() == 0:  # "": nothing left to plan
-            text = first_profile(self.clock, planned, self.names, self.priority, self.options, round_trips,
-                                 batches, self.comm, self.params, self.fused).to_json() if planned else ""
+            text = first_profile(self.clock, planned, self.names, self.priority, self.options, round_trips, batches,
+                                 self.comm, self.params, self.fused, self.sent_dtype).to_json() if planned else ""
         text = self.agreement.broadcast(text, "PlanProfile", self.version)
         if not text:
             self._keep(set())

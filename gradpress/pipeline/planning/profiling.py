@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def first_profile(clock: StepClock, params: list[torch.Tensor], names: dict[int, str], priority: dict[int, int],
                   options: dict[str, dict], round_trips, batches, comm: Comm, given: list[torch.Tensor],
-                  fused: Sequence[Sequence[str]] = ()) -> Profile:
+                  fused: Sequence[Sequence[str]] = (), sent_dtype=lambda p: p.dtype) -> Profile:
     """The profile of ``params`` from the profiled steps, the probe's times and the codecs'
     costs on this host (saved to ``GRADPRESS_PLAN_FILE`` too). ``given``: every tensor the
     planner was given, whose raw bytes the sockets' CPU per byte is measured over; ``fused``:
@@ -39,8 +39,8 @@ def first_profile(clock: StepClock, params: list[torch.Tensor], names: dict[int,
     message_s = fit_message(batches)
     link = fit_link(round_trips, comm.size(), costs["none"].add, message_s)
     s = comm.settings
-    moved = 2 * sum(p.numel() * clock.dtypes.get(id(p), p.dtype).itemsize for p in given)
-    profile = Profile(comm.size(), len(comm.client.book.servers), tensors(clock, params, names, priority),
+    moved = 2 * sum(p.numel() * sent_dtype(p).itemsize for p in given)
+    profile = Profile(comm.size(), len(comm.client.book.servers), tensors(clock, params, names, priority, sent_dtype),
                       statistics.median(b for b, _ in clock.timeline),
                       statistics.median(t for _, t in clock.timeline), costs, link, message_s,
                       s.partition_bytes, s.scheduling_credit, server_lanes(comm),
@@ -87,14 +87,15 @@ def message_fitted(profile: Profile, fused: Sequence[Sequence[str]] = ()) -> Pro
 
 
 def tensors(clock: StepClock, params: list[torch.Tensor], names: dict[int, str],
-            priority: dict[int, int]) -> tuple[TensorProfile, ...]:
+            priority: dict[int, int], sent_dtype=lambda p: p.dtype) -> tuple[TensorProfile, ...]:
     """``params`` in the order they became ready (median times: a pause between two steps,
     an evaluation say, is one step's outlier)."""
     typical = {id(p): statistics.median(clock.ready[id(p)] or [0.0]) for p in params}
     order = sorted(params, key=lambda p: (typical[id(p)], -priority[id(p)]))
     # the itemsize is the raw path's on the wire (``torch.dtypes.WIRE``: bfloat16 as float32),
-    # of the dtype the tensors came in (an optimizer's float32 state of a float16 parameter)
-    dtypes = [clock.dtypes.get(id(p), p.dtype) for p in order]
+    # of the dtype the tensors travel in (an optimizer's float32 state of a float16 parameter:
+    # ``ParameterTable.sent_dtype``)
+    dtypes = [sent_dtype(p) for p in order]
     return tuple(TensorProfile(names[id(p)], 4 * p.numel(), typical[id(p)], priority[id(p)],
                                p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1,
                                (wire_dtype(d) or d).itemsize) for p, d in zip(order, dtypes))
