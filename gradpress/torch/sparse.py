@@ -77,15 +77,10 @@ def rows_of_coo(tensor: torch.Tensor, name: str) -> SparseRows | Callable[[], Sp
     return handed_over(t, find) if t.is_cuda else find()
 
 
-def rows_of_dense(tensor: torch.Tensor, name: str) -> SparseRows:
-    """The non-zero rows of a dense tensor of 2+ dimensions (viewed as rows x width)."""
-    found = dense_rows(tensor, name)
-    return found() if callable(found) else found
-
-
 def dense_rows(tensor: torch.Tensor, name: str) -> SparseRows | Callable[[], SparseRows]:
-    """``rows_of_dense``, except that for a CUDA tensor it returns a function that finds the
-    rows (``handed_over``), so that the thread handing the gradient over never waits."""
+    """The non-zero rows of a dense tensor of 2+ dimensions (viewed as rows x width); for a
+    CUDA tensor, a function that finds them (``handed_over``), so that the thread handing the
+    gradient over never waits."""
     t = tensor.detach()
     wire = _wire(t, name)
     if t.dim() < 2:

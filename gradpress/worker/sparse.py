@@ -65,17 +65,6 @@ def extract(dense: np.ndarray) -> SparseRows:
     return SparseRows(indices[:n], values)
 
 
-def density(dense: np.ndarray) -> float:
-    """The fraction of a 2-D array's rows holding any non-zero value."""
-    if dense.shape[0] == 0:
-        return 0.0
-    return extract_count(dense) / dense.shape[0]
-
-
-def extract_count(dense: np.ndarray) -> int:
-    return extract(dense).indices.shape[0]
-
-
 class SparseShares:
     """A push_pull's rows split by owning server (``job.src`` of a sparse tensor)."""
 

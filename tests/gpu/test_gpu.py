@@ -168,6 +168,35 @@ def test_rows_of_a_cuda_float16_bfloat16_float32_tensor_are_found_on_the_device(
     _job(tmp_path, ROWS)
 
 
+VOTE = """
+import torch, gradpress.torch as bps
+bps.init()
+emb = torch.nn.Embedding(1000, 16).cuda()
+start = emb.weight.detach().clone()
+opt = bps.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5), named_parameters=emb.named_parameters())
+touched = torch.tensor([[3, 7, 7], [3, 500, 900]], device="cuda")   # by rank; a row twice
+for step in range(3):
+    opt.zero_grad()
+    emb(touched[bps.rank()]).sum().backward()   # dense gradient: 3 rows of 1000 non-zero
+    opt.step()
+route = opt._gradpress._route[id(emb.weight)]
+assert route.kind == "rows", f"the vote left the mostly-zero embedding on route {route.kind!r}"
+counts = torch.zeros(1000, device="cuda")
+for r in range(2):
+    counts.index_add_(0, touched[r], torch.ones(3, device="cuda"))
+want = start
+for step in range(3):   # SGD's update of the exact average (quarters and halves)
+    want = want.add((counts / 2)[:, None].expand(-1, 16), alpha=-0.5)
+assert torch.equal(emb.weight.detach(), want), "the embedding's averaged steps differ"
+bps.shutdown()
+"""
+
+
+@pytest.mark.integ
+def test_a_mostly_zero_cuda_gradient_is_voted_row_sparse_and_averaged_exactly(tmp_path):
+    _job(tmp_path, VOTE)
+
+
 TRAIN = """
 import json, os, threading, torch, gradpress.torch as bps
 from numba.cuda.dispatcher import CUDADispatcher

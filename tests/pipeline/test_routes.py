@@ -15,10 +15,11 @@ from gradpress.pipeline.routes.bucket import Bucket
 from gradpress.pipeline.routes.direct import DirectRoute
 from gradpress.pipeline.routes.lowrank import LowRankRoute
 from gradpress.pipeline.routes.planned import PlannedRoute
-from gradpress.pipeline.routes.rows import DensityVote, RowsRoute
+from gradpress.pipeline.routes.rows import DensityVote, RowsRoute, nonzero_fraction
 from gradpress.planner.decide import Plan
 from gradpress.planner.synthetic import synthetic_profile
 from gradpress.torch.compression import Compression
+from gradpress.worker.sparse import extract
 
 ONEBIT = {"compressor": "onebit", "scaling": True, "ef": "vanilla"}
 
@@ -209,6 +210,31 @@ def test_the_density_vote_and_the_rows_route():
     route.submit(sparse, g_sparse)
     assert comm.sent[-1].name == "SparseGradient.s"
     assert route.finish()[id(sparse)] is g_sparse
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_the_votes_count_is_the_row_kernels(dtype):
+    g = torch.zeros(9, 2, 5, dtype=dtype)
+    g[1, 1, 4] = 3.0
+    g[4, 0, 0] = float("nan")   # NaN counts, as the row kernel counts it
+    g[6] = -0.0                 # negative zero does not
+    g[8, 1, 2] = -1e-3
+    frac = nonzero_fraction(g)
+    assert frac.dtype == torch.float64 and frac.shape == (1,)
+    rows = extract(g.to(torch.float32).reshape(9, -1).numpy()).indices
+    assert rows.tolist() == [1, 4, 8] and frac.item() == rows.shape[0] / 9
+
+
+def test_a_devices_vote_is_counted_and_sent_from_the_device():
+    """A GPU gradient's vote (here on ``meta``, a device that is not the host's) is counted
+    where it lives and pushed from there: no row is found or copied to the host."""
+    comm = FakeComm(size=1)
+    p = torch.nn.Parameter(torch.zeros(10, 3, device="meta"))
+    vote = DensityVote(0.25, {id(p): "m"}, comm)
+    vote.consider(p, torch.zeros(10, 3, device="meta"))
+    sent = comm.sent[0]
+    assert sent.name == "SparseDensity.m" and sent.device.type == "meta"
+    assert sent.tensor.dtype == torch.float64 and sent.tensor.shape == (1,)
 
 
 # ---- lowrank -----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 
 from ...torch.compression import Compression
 from ...torch.dtypes import WIRE
-from ...torch.sparse import is_row_sparse, rows_of_dense
+from ...torch.sparse import is_row_sparse
 from ..comm import Comm
 from . import Route
 
@@ -72,9 +72,7 @@ class DensityVote:
         if (pid in self.decided or pid in self._probes or self.threshold <= 0 or tensor.dim() < 2
                 or tensor.shape[0] < 2 or tensor.dtype not in WIRE or is_row_sparse(tensor)):
             return
-        name = self.names[pid]
-        local = torch.tensor([rows_of_dense(tensor, name).indices.shape[0] / tensor.shape[0]], dtype=torch.float64)
-        self._probes[pid] = self.comm.start(local, "SparseDensity." + name)
+        self._probes[pid] = self.comm.start(nonzero_fraction(tensor), "SparseDensity." + self.names[pid])
 
     def settle(self) -> list[int]:
         """At the step's end: decide from the means pushed (every worker got the same); the ids
@@ -83,3 +81,12 @@ class DensityVote:
         for pid, handle in probes.items():
             self.decided[pid] = float(self.comm.wait(handle)[0]) < self.threshold
         return [pid for pid in probes if self.decided[pid]]
+
+
+def nonzero_fraction(tensor: torch.Tensor) -> torch.Tensor:
+    """The fraction of ``tensor``'s rows (its first dimension) holding any non-zero value, NaN
+    included, as a 1-element float64 tensor on ``tensor``'s device. Counted where the gradient
+    lives and on the caller's stream: a GPU's vote, inside the backward hook, neither waits for
+    the device nor copies rows to the host; its push_pull moves these 8 bytes like any gradient."""
+    rows = tensor.detach().reshape(tensor.shape[0], -1)
+    return (rows != 0).any(1).sum(dtype=torch.float64).div(rows.shape[0]).reshape(1)
