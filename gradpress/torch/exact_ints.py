@@ -20,10 +20,11 @@ _LOW = 0xFFFFFFFF
 
 
 def split(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` (int64 or uint64, any shape and device) as a flat host float64 tensor of
-    twice its elements: every high half, then every low half."""
-    x = tensor.detach().to("cpu").reshape(-1).view(torch.int64)  # uint64: the same bits
-    halves = torch.empty(2 * x.numel(), dtype=torch.float64)
+    """``tensor`` (int64 or uint64, any shape) as a flat float64 tensor of twice its elements
+    on its device: every high half, then every low half. (A GPU's are made there and travel
+    like any float64 tensor: no host copy that waits for the device.)"""
+    x = tensor.detach().reshape(-1).view(torch.int64)  # uint64: the same bits
+    halves = torch.empty(2 * x.numel(), dtype=torch.float64, device=x.device)
     halves[:x.numel()] = x >> 32
     halves[x.numel():] = x & _LOW
     return halves
@@ -34,3 +35,15 @@ def join(halves: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     n = halves.numel() // 2
     high, low = halves[:n].to(torch.int64), halves[n:].to(torch.int64)
     return torch.bitwise_left_shift(high, 32).add_(low).view(dtype)
+
+
+def floor_divided(total: torch.Tensor, divisor: int) -> torch.Tensor:
+    """``total // divisor`` for an integer tensor, uint64 too (torch has no unsigned 64-bit
+    division): the quotient of half the value, doubled, then corrected by the remainder,
+    which stays below ``2 * divisor`` (Hacker's Delight, 9-3)."""
+    if total.dtype != torch.uint64:
+        return torch.floor_divide(total, divisor)
+    x = total.view(torch.int64)
+    q = torch.bitwise_left_shift(torch.bitwise_right_shift(x, 1).bitwise_and_(2**63 - 1) // divisor, 1)
+    q += (x - q * divisor) >= divisor
+    return q.view(torch.uint64)

@@ -4,8 +4,8 @@ A push_pull sums a tensor over every worker (and divides by the number of
 workers with ``average=True``). CPU tensors of float16/32/64 travel straight from
 and into their own memory, CUDA ones by the GPU's copies or kernels; others
 (non-contiguous, bfloat16, integers) go through a CPU staging copy that is written
-back when the caller synchronizes, on the caller's thread. A complex tensor travels
-as its real view.
+back when the caller synchronizes, on the caller's thread. Some travel as another
+tensor (``carriers``): a complex one as its real view, CUDA int64 as float64 halves.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ..compressors.spec import CodecSpec
 from ..config import Settings
 from ..errors import JobError, RegistrationRefused
 from ..worker import WorkerClient
-from . import carriers, cuda_check, failures, handles, modes, sparse, staging
+from . import carriers, cuda_check, exact_ints, failures, handles, modes, sparse, staging
 from .compression import Compression
 from .dtypes import dtype_name, integral, wire_dtype
 
@@ -217,10 +217,11 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
     spec = None
     if compression_params is not None:
         spec = CodecSpec.from_params(compression_params, f"push_pull of {name!r}: compression_params")
-    carried = carriers.carrier(tensor, output, spec is not None)  # complex, or half precision to compress
+    # complex, half precision to compress, 64-bit integers on a GPU
+    carried = carriers.carrier(tensor, output, spec is not None, client.size if average else 1)
     if carried is not None:
-        handle = _start(carried[0], carried[1], average, name, priority, spec, lr)
-        handles.lookup(handle).then(output, carried[2])
+        handle = _start(carried.travels, carried.lands_in, average and not carried.summed, name, priority, spec, lr)
+        handles.lookup(handle).then(output, carried.land)
         return handle
     if spec is not None and spec.is_lowrank:
         raise ValueError(f"push_pull of {name!r}: compressor {spec.codec!r} factors a model's gradient matrices "
@@ -269,7 +270,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
                 with torch.no_grad():
                     summed = _staging.summed(buffer, output)
                     if floor_by > 1:
-                        summed = torch.floor_divide(summed, floor_by)
+                        summed = exact_ints.floor_divided(summed, floor_by)
                     output.copy_(summed, non_blocking=output.is_cuda and buffer.is_pinned())
             finally:
                 _staging.done(name, buffer, output.device)

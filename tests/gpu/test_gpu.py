@@ -197,6 +197,34 @@ def test_a_mostly_zero_cuda_gradient_is_voted_row_sparse_and_averaged_exactly(tm
     _job(tmp_path, VOTE)
 
 
+INTS = """
+import torch, gradpress.torch as bps
+from gradpress.torch.parallel import DistributedDataParallel
+bps.init()
+r, n = bps.rank(), bps.size()
+wrap = lambda v: (v + 2**63) % 2**64 - 2**63
+big = torch.tensor([2**53 + 1 + r, -(2**61), -3 - r], dtype=torch.int64, device="cuda")
+sums = [n * (2**53 + 1) + n * (n - 1) // 2, -n * 2**61, -3 * n - n * (n - 1) // 2]
+got = bps.push_pull(big, average=False, name="int64")
+assert got.is_cuda and got.tolist() == [wrap(v) for v in sums], got
+got = bps.push_pull(big, average=True, name="int64")   # floor division, as BytePS's
+assert got.is_cuda and got.tolist() == [v // n for v in sums], got
+# BatchNorm's buffers (num_batches_tracked is int64) from rank 0 at every forward, on the device
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)).cuda()
+ddp = DistributedDataParallel(model)
+for step in range(3):
+    model[1].num_batches_tracked.fill_(10 * step + r)
+    ddp(torch.randn(4, 8, device="cuda")).sum().backward()
+    assert model[1].num_batches_tracked.item() == 10 * step + 1, model[1].num_batches_tracked
+bps.shutdown()
+"""
+
+
+@pytest.mark.integ
+def test_cuda_64_bit_integers_are_summed_exactly_and_ddp_broadcasts_their_buffers(tmp_path):
+    _job(tmp_path, INTS)
+
+
 TRAIN = """
 import json, os, threading, torch, gradpress.torch as bps
 from numba.cuda.dispatcher import CUDADispatcher

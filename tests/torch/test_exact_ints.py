@@ -34,3 +34,21 @@ def test_uint64_shares_int64s_bits_and_any_shape_comes_back_flat():
     assert torch.equal(exact_ints.join(halves, torch.uint64), x.reshape(-1))
     doubled = exact_ints.join(2 * halves, torch.uint64).view(torch.int64).tolist()
     assert doubled == [wrapped(2 * int(v)) for v in x.reshape(-1).view(torch.int64).tolist()]
+
+
+@pytest.mark.parametrize("divisor", [1, 2, 3, 7, 1000, 2**20])
+def test_floor_division_of_int64_and_of_uint64_which_torch_does_not_divide(divisor):
+    rng = np.random.default_rng(divisor)
+    signed = EDGES + rng.integers(-(2**63), 2**63 - 1, 500, dtype=np.int64, endpoint=True).tolist()
+    got = exact_ints.floor_divided(torch.tensor(signed, dtype=torch.int64), divisor).tolist()
+    assert got == [v // divisor for v in signed]
+    unsigned = [v % 2**64 for v in signed] + [2**64 - 1, 2**63, 2**63 - 1]
+    bits = torch.tensor([wrapped(v) for v in unsigned], dtype=torch.int64).view(torch.uint64)
+    got = exact_ints.floor_divided(bits, divisor)
+    assert got.dtype == torch.uint64 and got.view(torch.int64).tolist() == [wrapped(v // divisor) for v in unsigned]
+
+
+def test_a_devices_halves_are_made_on_that_device():
+    """(``meta``: a device that is not the host's, as a GPU's int64 buffers are split there)."""
+    halves = exact_ints.split(torch.zeros(3, 2, dtype=torch.int64, device="meta"))
+    assert halves.device.type == "meta" and halves.dtype == torch.float64 and halves.shape == (12,)

@@ -58,6 +58,12 @@ big = torch.tensor([2**53 + 1 + r, -(2**62), 2**62 + r], dtype=torch.int64)
 want = [n * (2**53 + 1) + int(total), -n * 2**62, n * 2**62 + int(total)]
 got = bps.push_pull(big, average=False, name="int64.big")
 assert got.tolist() == [(v + 2**63) % 2**64 - 2**63 for v in want], (got, want)
+# uint64's average: the sum modulo 2**64 floor-divided (torch divides no uint64 itself)
+u = torch.tensor([2**64 - 1 - r, 2**63 + r, 5 + r], dtype=torch.uint64)
+values = [[2**64 - 1 - k, 2**63 + k, 5 + k] for k in range(n)]
+want = [(sum(v[i] for v in values) % 2**64) // n for i in range(3)]
+got = bps.push_pull(u, average=True, name="uint64.avg")
+assert got.dtype == torch.uint64 and got.view(torch.int64).tolist() == [(v + 2**63) % 2**64 - 2**63 for v in want]
 # several rounds of one tensor in flight at once, in place, never mixing
 xs = [torch.full((5000,), float(10 * k + r)) for k in range(4)]
 handles = [bps.push_pull_async_inplace(x, average=False, name="rounds") for x in xs]
