@@ -109,7 +109,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     is_root = ops.rank() == root_rank
     layout = None
     if is_root:
-        layout = {"param_groups": sd["param_groups"],
+        layout = {"param_groups": sd["param_groups"], "group_devices": _devices_of(sd["param_groups"]),
                   "state": {pid: {k: (["tensor", list(v.shape), dtype_name(v.dtype)]
                                       if torch.is_tensor(v) else ["value", v])
                                   for k, v in st.items()}
@@ -136,7 +136,31 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     for h in handles:
         ops.synchronize(h)
     if not is_root:
+        _placed(layout["param_groups"], layout["group_devices"], optimizer)
         optimizer.load_state_dict({"state": state, "param_groups": layout["param_groups"]})
+
+
+def _devices_of(groups: list[dict]) -> list[dict]:
+    """By group, the device type of each tensor among the hyper-parameters (a learning rate
+    kept on the GPU for a capturable or fused optimizer): they travel through the host."""
+    return [{k: v.device.type for k, v in g.items() if torch.is_tensor(v)} for g in groups]
+
+
+def _placed(groups: list[dict], devices: list[dict], optimizer: torch.optim.Optimizer) -> None:
+    """Put the root's tensor hyper-parameters in ``groups`` back on this worker's device of
+    the type they had on the root: the local value's device, else the group's parameters'
+    (torch's ``load_state_dict`` moves the state to the parameters, never ``param_groups``)."""
+    for group, local, where in zip(groups, optimizer.param_groups, devices):
+        for key, kind in where.items():
+            mine, params = local.get(key), local["params"]
+            if kind == "cpu" or not torch.is_tensor(group.get(key)):
+                continue
+            if torch.is_tensor(mine) and mine.device.type == kind:
+                group[key] = group[key].to(mine.device)
+            elif params and params[0].device.type == kind:
+                group[key] = group[key].to(params[0].device)
+            else:
+                group[key] = group[key].to(kind)
 
 
 def _pack(obj: Any) -> bytes:

@@ -225,6 +225,28 @@ def test_cuda_64_bit_integers_are_summed_exactly_and_ddp_broadcasts_their_buffer
     _job(tmp_path, INTS)
 
 
+CAPTURABLE = """
+import torch, gradpress.torch as bps
+bps.init()
+r = bps.rank()
+model = torch.nn.Linear(16, 4).cuda()
+adam = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01 * (r + 1), device="cuda"), capturable=True)
+model(torch.randn(8, 16, device="cuda")).sum().backward()
+adam.step()   # state on the device ('step' too: capturable)
+bps.broadcast_optimizer_state(adam, root_rank=0)
+lr = adam.param_groups[0]["lr"]
+assert lr.is_cuda and torch.equal(lr.cpu(), torch.tensor(0.01)), lr   # on this worker's GPU, as on the root
+adam.step()   # and steps with it and the broadcast state (on the device: capturable)
+assert all(st['step'].is_cuda for st in adam.state.values())
+bps.shutdown()
+"""
+
+
+@pytest.mark.integ
+def test_a_cuda_learning_rate_is_broadcast_onto_each_workers_gpu(tmp_path):
+    _job(tmp_path, CAPTURABLE)
+
+
 TRAIN = """
 import json, os, threading, torch, gradpress.torch as bps
 from numba.cuda.dispatcher import CUDADispatcher

@@ -47,3 +47,21 @@ def test_tied_weights_are_broadcast_once_under_their_first_name(monkeypatch):
     model[2].weight.data = model[0].weight.data.t()   # the same memory in another shape: not an alias
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     assert pushed == ["Parameter.0.weight", "Parameter.2.bias", "Parameter.2.weight"]
+
+
+def test_the_roots_device_hyper_parameters_land_on_this_workers_device():
+    """A learning rate kept as a GPU tensor (capturable or fused Adam) travels through the
+    host; a worker puts it back on its own device of that type (``meta`` stands in for a GPU
+    here): the local value's, else the group's parameters', and a host tensor stays there."""
+    from types import SimpleNamespace
+
+    from gradpress.torch import broadcast
+    on_device = [torch.nn.Parameter(torch.zeros(2, device="meta"))]
+    local = SimpleNamespace(param_groups=[{"params": on_device, "lr": 0.1},
+                                          {"params": [torch.zeros(2)], "lr": torch.zeros((), device="meta")},
+                                          {"params": [], "lr": 0.1}, {"params": on_device, "lr": 0.1}])
+    groups = [{"params": [i], "lr": torch.tensor(0.5), "betas": (0.9, 0.99)} for i in range(4)]
+    broadcast._placed(groups, [{"lr": "meta"}, {"lr": "meta"}, {"lr": "meta"}, {"lr": "cpu"}], local)
+    assert [g["lr"].device.type for g in groups] == ["meta", "meta", "meta", "cpu"]
+    assert groups[0]["betas"] == (0.9, 0.99)
+    assert broadcast._devices_of([{"params": [0], "lr": torch.tensor(0.5), "eps": 1e-8}]) == [{"lr": "cpu"}]

@@ -48,6 +48,11 @@ sgd = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1, momentum=0.9)
 sgd.param_groups[0]["lr"] = np.float64(0.5) * np.cos(np.float32(r))
 bps.broadcast_optimizer_state(sgd, root_rank=0)
 assert sgd.param_groups[0]["lr"] == 0.5, sgd.param_groups[0]["lr"]
+# a tensor learning rate: the root's value, a tensor on the device type the root kept it on
+adam = torch.optim.Adam(nn.Linear(2, 2).parameters(), lr=torch.tensor(0.01 * (r + 1)))
+bps.broadcast_optimizer_state(adam, root_rank=0)
+lr = adam.param_groups[0]["lr"]
+assert torch.is_tensor(lr) and lr.device.type == "cpu" and torch.equal(lr, torch.tensor(0.01)), lr
 
 # frozen parameters left out of named_parameters (fine-tuning); accumulation changed mid-run
 torch.manual_seed(0)
