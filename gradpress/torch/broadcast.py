@@ -39,15 +39,15 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
     for name, t in items:
         if not torch.is_tensor(t):
             raise TypeError(f"broadcast_parameters: {name!r} is a {type(t).__name__}, not a tensor")
-    items = _distinct(items)
-    handles = []
     with torch.no_grad():
-        for name, t in items:
-            if ops.rank() != root_rank:
-                t.zero_()
-            handles.append(ops.push_pull_async_inplace(t.data, average=False, name=prefix + name))
-        for h in handles:
-            ops.synchronize(h)
+        for wave in _waves(_distinct(items)):
+            handles = []
+            for name, t in wave:
+                if ops.rank() != root_rank:
+                    t.zero_()
+                handles.append(ops.push_pull_async_inplace(t.data, average=False, name=prefix + name))
+            for h in handles:
+                ops.synchronize(h)
 
 
 def _distinct(items: list) -> list:
@@ -65,6 +65,34 @@ def _distinct(items: list) -> list:
             seen.add(where)
             out.append((name, t))
     return out
+
+
+def _waves(items: list) -> list[list]:
+    """``items`` in waves, broadcast one after another, such that no two tensors of a wave
+    share memory (views of one buffer that overlap without being the same tensor): within a
+    wave, one's landing could be read by the other's push, doubling the root's values."""
+    waves: list[tuple[list, list]] = []   # (items, their (device, first byte, end) spans)
+    for name, t in items:
+        span = _span(t)
+        for wave, spans in waves:
+            if span is None or not any(s == span[0] and a < span[2] and span[1] < b for s, a, b in spans):
+                break
+        else:
+            wave, spans = [], []
+            waves.append((wave, spans))
+        wave.append((name, t))
+        if span is not None:
+            spans.append(span)
+    return [wave for wave, _ in waves]
+
+
+def _span(t: torch.Tensor) -> tuple[str, int, int] | None:
+    """(device, first byte's address, end) that ``t``'s elements lie within; None for none."""
+    if t.numel() == 0 or t.layout != torch.strided:
+        return None
+    first = t.data_ptr()
+    last = first + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) * t.element_size()
+    return str(t.device), first, last + t.element_size()
 
 
 def _unnamed(position: int, t) -> str:

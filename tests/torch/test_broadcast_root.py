@@ -65,3 +65,26 @@ def test_the_roots_device_hyper_parameters_land_on_this_workers_device():
     assert [g["lr"].device.type for g in groups] == ["meta", "meta", "meta", "cpu"]
     assert groups[0]["betas"] == (0.9, 0.99)
     assert broadcast._devices_of([{"params": [0], "lr": torch.tensor(0.5), "eps": 1e-8}]) == [{"lr": "cpu"}]
+
+
+def test_overlapping_views_are_broadcast_in_waves_that_never_share_memory(monkeypatch):
+    """Two views of one buffer that overlap without being the same tensor: pushed together, one's
+    landing could be read by the other's push and the root's values doubled. Each wave is
+    waited for before the next starts; tensors apart share a wave."""
+    monkeypatch.setattr(ops, "size", lambda: 2)
+    monkeypatch.setattr(ops, "rank", lambda: 1)
+    log = []
+    monkeypatch.setattr(ops, "push_pull_async_inplace", lambda t, average, name: log.append(("push", name)) or name)
+    monkeypatch.setattr(ops, "synchronize", lambda handle: log.append(("wait", handle)))
+    flat = torch.arange(20.)
+    other = torch.zeros(6)
+    items = [("a", flat[:10]), ("b", flat[5:15]), ("c", flat[15:]), ("d", flat.view(4, 5)[:, 1]),
+             ("e", other), ("f", flat.view(4, 5)[:, 2]), ("g", flat[:0])]
+    bps.broadcast_parameters(items, root_rank=0)
+    # a, c, e, g apart; b overlaps a; d (elements 1, 6, 11, 16) spans a, b and c; f spans d's bytes
+    # but not its elements: an interleaved view is taken as its whole extent
+    waves = [["a", "c", "e", "g"], ["b"], ["d"], ["f"]]
+    want = [step for wave in waves for step in [("push", f"Parameter.{n}") for n in wave]
+            + [("wait", f"Parameter.{n}") for n in wave]]
+    assert log == want
+    assert all(float(t.abs().sum()) == 0 for _, t in items), "a worker that is not the root zeroes what it pushes"

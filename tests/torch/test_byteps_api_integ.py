@@ -41,6 +41,10 @@ with torch.no_grad():
     tied[0].weight.fill_(float(r + 1))
 bps.broadcast_parameters(tied.state_dict(), root_rank=0, prefix="Tied.")
 assert torch.all(tied[0].weight == 1.0) and tied[1].weight is tied[0].weight, tied[0].weight
+# overlapping views of one buffer (not the same tensor): broadcast one after the other
+buf = torch.full((10,), float(r + 1))
+bps.broadcast_parameters([("x", buf[:6]), ("y", buf[4:]), ("z", buf.view(2, 5)[:, 0])], root_rank=0, prefix="Overlap.")
+assert torch.all(buf == 1.0), buf
 
 # an optimizer whose learning rate a numpy schedule computed (numpy scalars in param_groups)
 import numpy as np
