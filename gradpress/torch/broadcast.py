@@ -71,9 +71,12 @@ def _waves(items: list) -> list[list]:
     """``items`` in waves, broadcast one after another, such that no two tensors of a wave
     share memory (views of one buffer that overlap without being the same tensor): within a
     wave, one's landing could be read by the other's push, doubling the root's values."""
+    spans = [_span(t) for _, t in items]
+    ordered = sorted(s for s in spans if s is not None)
+    if all(a[0] != b[0] or a[2] <= b[1] for a, b in zip(ordered, ordered[1:])):
+        return [items]   # (the usual case, checked in n log n: DDP broadcasts buffers every forward)
     waves: list[tuple[list, list]] = []   # (items, their (device, first byte, end) spans)
-    for name, t in items:
-        span = _span(t)
+    for (name, t), span in zip(items, spans):
         for wave, spans in waves:
             if span is None or not any(s == span[0] and a < span[2] and span[1] < b for s, a, b in spans):
                 break
