@@ -168,40 +168,35 @@ def test_rows_of_a_cuda_float16_bfloat16_float32_tensor_are_found_on_the_device(
     _job(tmp_path, ROWS)
 
 
-VOTE = """
+# Three checks of the API on CUDA tensors, in one job (each job's processes take seconds to
+# start on the GPU machine: make gpu-check has 6 minutes).
+ON_DEVICE = """
 import torch, gradpress.torch as bps
+from gradpress.torch.parallel import DistributedDataParallel
 bps.init()
+r, n = bps.rank(), bps.size()
+
+# 1. a dense CUDA gradient that is mostly zero rows: the density vote, counted on the device,
+# moves it to the rows route after its first step; every step's average exact
 emb = torch.nn.Embedding(1000, 16).cuda()
 start = emb.weight.detach().clone()
 opt = bps.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5), named_parameters=emb.named_parameters())
 touched = torch.tensor([[3, 7, 7], [3, 500, 900]], device="cuda")   # by rank; a row twice
 for step in range(3):
     opt.zero_grad()
-    emb(touched[bps.rank()]).sum().backward()   # dense gradient: 3 rows of 1000 non-zero
+    emb(touched[r]).sum().backward()   # dense gradient: 3 rows of 1000 non-zero
     opt.step()
 route = opt._gradpress._route[id(emb.weight)]
 assert route.kind == "rows", f"the vote left the mostly-zero embedding on route {route.kind!r}"
 counts = torch.zeros(1000, device="cuda")
-for r in range(2):
-    counts.index_add_(0, touched[r], torch.ones(3, device="cuda"))
+for w in range(2):
+    counts.index_add_(0, touched[w], torch.ones(3, device="cuda"))
 want = start
 for step in range(3):   # SGD's update of the exact average (quarters and halves)
     want = want.add((counts / 2)[:, None].expand(-1, 16), alpha=-0.5)
 assert torch.equal(emb.weight.detach(), want), "the embedding's averaged steps differ"
-bps.shutdown()
-"""
 
-
-@pytest.mark.integ
-def test_a_mostly_zero_cuda_gradient_is_voted_row_sparse_and_averaged_exactly(tmp_path):
-    _job(tmp_path, VOTE)
-
-
-INTS = """
-import torch, gradpress.torch as bps
-from gradpress.torch.parallel import DistributedDataParallel
-bps.init()
-r, n = bps.rank(), bps.size()
+# 2. CUDA int64 summed and averaged exactly (float64 halves made on the device)
 wrap = lambda v: (v + 2**63) % 2**64 - 2**63
 big = torch.tensor([2**53 + 1 + r, -(2**61), -3 - r], dtype=torch.int64, device="cuda")
 sums = [n * (2**53 + 1) + n * (n - 1) // 2, -n * 2**61, -3 * n - n * (n - 1) // 2]
@@ -216,19 +211,8 @@ for step in range(3):
     model[1].num_batches_tracked.fill_(10 * step + r)
     ddp(torch.randn(4, 8, device="cuda")).sum().backward()
     assert model[1].num_batches_tracked.item() == 10 * step + 1, model[1].num_batches_tracked
-bps.shutdown()
-"""
 
-
-@pytest.mark.integ
-def test_cuda_64_bit_integers_are_summed_exactly_and_ddp_broadcasts_their_buffers(tmp_path):
-    _job(tmp_path, INTS)
-
-
-CAPTURABLE = """
-import torch, gradpress.torch as bps
-bps.init()
-r = bps.rank()
+# 3. a capturable Adam's CUDA learning rate, broadcast onto each worker's GPU
 model = torch.nn.Linear(16, 4).cuda()
 adam = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01 * (r + 1), device="cuda"), capturable=True)
 model(torch.randn(8, 16, device="cuda")).sum().backward()
@@ -237,14 +221,14 @@ bps.broadcast_optimizer_state(adam, root_rank=0)
 lr = adam.param_groups[0]["lr"]
 assert lr.is_cuda and torch.equal(lr.cpu(), torch.tensor(0.01)), lr   # on this worker's GPU, as on the root
 adam.step()   # and steps with it and the broadcast state (on the device: capturable)
-assert all(st['step'].is_cuda for st in adam.state.values())
+assert all(st["step"].is_cuda for st in adam.state.values())
 bps.shutdown()
 """
 
 
 @pytest.mark.integ
-def test_a_cuda_learning_rate_is_broadcast_onto_each_workers_gpu(tmp_path):
-    _job(tmp_path, CAPTURABLE)
+def test_a_voted_row_sparse_gradient_int64_sums_and_a_cuda_learning_rate_on_the_device(tmp_path):
+    _job(tmp_path, ON_DEVICE)
 
 
 TRAIN = """
