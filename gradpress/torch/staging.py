@@ -29,6 +29,9 @@ class HostStaging:
         # copy reads the pinned buffer later, on the consumer's stream); the next copy into
         # it, perhaps on another stream, waits for it on the device
         self._read: dict[str, torch.cuda.Event] = {}
+        # by name: the event after the copy into its buffer, given back to the pool once the
+        # average is out (every partition has been sent: nothing waits on it any more)
+        self._copied: dict[str, tuple[torch.cuda.Event, int]] = {}
 
     def stage(self, name: str, tensor: torch.Tensor, wire: torch.dtype) -> tuple[torch.Tensor, object | None]:
         """``tensor`` flat in host memory as ``wire``; for a CUDA tensor also the event the
@@ -41,13 +44,18 @@ class HostStaging:
         source = tensor.detach().reshape(-1)
         if source.dtype != wire:
             source = source.to(wire)  # widened on the device (bfloat16 -> float32, exactly)
+        from ..kernels.cuda import streams
+        index = tensor.device.index
         buffer = self._take(name, source.numel(), wire)
         read = self._read.pop(name, None) if buffer is self._buffers.get(name) else None
         if read is not None:
             torch.cuda.current_stream(tensor.device).wait_event(read)
+            streams.recycle(read, index)
         buffer.copy_(source, non_blocking=True)
-        copied = torch.cuda.Event()
+        copied = streams.event(index)  # (reused: a fresh one is a driver event made and destroyed a call)
         copied.record(torch.cuda.current_stream(tensor.device))
+        if buffer is self._buffers.get(name):
+            self._copied[name] = (copied, index)
         return buffer, copied
 
     @staticmethod
@@ -71,8 +79,11 @@ class HostStaging:
         """``buffer`` (``stage``'s) may be reused: its average has been copied out (onto GPU
         ``read_on`` by a copy queued on its current stream, which the next copy in waits for)."""
         if self._buffers.get(name) is buffer:
+            from ..kernels.cuda import streams
+            if name in self._copied:
+                streams.recycle(*self._copied.pop(name))
             if read_on is not None and read_on.type == "cuda":
-                read = self._read[name] = torch.cuda.Event()
+                read = self._read[name] = streams.event(read_on.index)
                 read.record(torch.cuda.current_stream(read_on))
             self._busy.discard(name)
 
@@ -83,6 +94,7 @@ class HostStaging:
         if self._buffers.get(name) is buffer:
             del self._buffers[name]
             self._read.pop(name, None)
+            self._copied.pop(name, None)   # (the job's partitions still queued may wait on it)
             self._busy.discard(name)
 
 

@@ -51,43 +51,48 @@ class HostCopies:
         from ..kernels.cuda import device
         with device.working_on(chunk):
             done = device.copy_to_host_queued(chunk, host)
-        self.after(done, then)
+        self.after(done, then, functools.partial(device.copied, done, chunk))
 
-    def after(self, done: Any, then: Callable[[], None]) -> None:
+    def after(self, done: Any, then: Callable[[], None], waited: Callable[[], None] | None = None) -> None:
         """Run ``then`` on the communication thread once ``done`` (an event recorded after
         a queued copy) has happened: at once where it has already (a copy from pageable
         memory, which the driver finishes before returning), else after every earlier
-        pending one's, from ``run_finished``."""
+        pending one's, from ``run_finished``. ``waited``, where given, runs first, on the
+        thread that saw it happen (the event's owner reuses it)."""
         query = getattr(done, "query", None)  # (the simulator's events have none)
         if query is not None and query():
+            if waited is not None:
+                waited()
             then()  # no hand-off through the thread and the pipe: its latency would be all it adds
             return
-        self._put(done, None, then)
+        self._put(done, None, then, waited)
 
     def run(self, work: Callable[[], Any], then: Callable[[Any], None]) -> None:
         """Call ``work`` on this module's thread, after every copy and work queued before it
         (a compress of a CUDA chunk: launches on gradpress's stream, then a wait for its
         payload's copy), and ``then(what it returned)`` on the communication thread. What
         ``work`` raises is raised there instead."""
-        self._put(None, work, then)
+        self._put(None, work, then, None)
 
-    def _put(self, done: Any, work: Any, then: Callable) -> None:
+    def _put(self, done: Any, work: Any, then: Callable, waited: Callable[[], None] | None) -> None:
         if self._thread is None:  # a worker that never copies from a GPU never starts it
             self._thread = threading.Thread(target=self._wait, name="gp-host-copies", daemon=True)
             # it does GPU work and nothing else: it may keep numba's device and its torch
             # stream set (``kernels/cuda/streams.py``)
             self._thread.owns_gpu_work = True
             self._thread.start()
-        self._queued.put((done, work, then))
+        self._queued.put((done, work, then, waited))
 
     def _wait(self) -> None:
         while (item := self._queued.get()) is not None:
             if self._closed:
                 continue  # the job is over: what is still queued is dropped
-            done, work, then = item
+            done, work, then, waited = item
             try:
                 if work is None:
                     done.synchronize()  # (without the GIL)
+                    if waited is not None:
+                        waited()
                 else:
                     then = functools.partial(then, work())
             except Exception as e:  # noqa: BLE001 - the communication thread raises it

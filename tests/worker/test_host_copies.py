@@ -3,8 +3,10 @@ what follows a copy runs on the thread that calls ``run_finished``, in the order
 were queued, and only once each copy's event has happened; a partition's push and pull go
 out only then, over a real ZeroMQ socket, and not at all for a round failed meanwhile; and a
 compress of a CUDA chunk, run on the same thread in the same queue (``run``)."""
+import collections
 import contextlib
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -92,6 +94,45 @@ def test_a_failed_copy_raises_on_the_caller_and_later_copies_still_come():
     copies.run_finished()
     assert ran == ["good"]
     assert copies.close(5)
+
+
+def test_a_copys_event_is_handed_back_once_waited_for_and_never_when_the_copy_failed():
+    """(``waited``: a torch event goes back to its device's pool, ``device.copied``.)"""
+    wakes, back = Wakes(), []
+    copies = HostCopies(wakes)
+    at_once, later, bad = Copy(), Copy(), Copy(fails=True)
+    at_once.done.set()
+    copies.after(at_once, lambda: back.append("then"), lambda: back.append("at once"))
+    assert back == ["at once", "then"]
+    copies.after(later, lambda: None, lambda: back.append("later"))
+    copies.after(bad, lambda: None, lambda: back.append("bad"))
+    assert not wakes.wait_for(1, 0.2) and back == ["at once", "then"], "handed back before it happened"
+    later.done.set()
+    bad.done.set()
+    assert wakes.wait_for(2) and back == ["at once", "then", "later"]
+    assert copies.close(5)
+
+
+def test_torchs_copy_events_are_reused_by_device_and_kept_apart_from_nonblocking_ones(monkeypatch):
+    from gradpress.kernels.cuda import streams
+    made = []
+
+    class Event:
+        def __init__(self, blocking=False):
+            self.blocking = blocking
+            made.append(self)
+    monkeypatch.setattr(streams, "_torch", lambda: SimpleNamespace(cuda=SimpleNamespace(Event=Event)))
+    monkeypatch.setattr(streams, "_events", collections.defaultdict(collections.deque))
+    chunk = SimpleNamespace(cpu=None, numpy=None, device=SimpleNamespace(index=1))   # a CUDA tensor's stand-in
+    first = streams.event(1, blocking=True)
+    assert first.blocking
+    device.copied(first, chunk)                # waited for: back in device 1's blocking pool
+    assert streams.event(1, blocking=True) is first
+    assert not streams.event(1).blocking       # a stream's ordering event is not one of them
+    device.copied(first, chunk)
+    assert streams.event(0, blocking=True) is not first, "an event belongs to the device it was recorded on"
+    device.copied(Copy(), np.zeros(3))         # numba's (a device array's) are not pooled
+    assert len(made) == 3
 
 
 def test_work_runs_on_the_thread_behind_earlier_copies_and_its_result_or_error_comes_back_to_the_caller():

@@ -2,6 +2,7 @@
 (gradpress/torch/staging.py: a CUDA tensor's asynchronous copy into a pinned buffer): it
 waits for the job's ``ready`` event before it reads the source, once, on its own thread.
 (The pinned copies themselves, and the stream ordering, run in tests/gpu on a GPU.)"""
+import collections
 from types import SimpleNamespace
 
 import numpy as np
@@ -45,21 +46,26 @@ def test_without_a_ready_event_nothing_is_waited_for():
     assert PartitionStages.compress(SimpleNamespace(await_source=PartitionStages.await_source), op) is None
 
 
-def test_a_failed_push_pulls_buffer_is_never_reused():
+def test_a_failed_push_pulls_buffer_is_never_reused(monkeypatch):
     """A CUDA tensor's pinned staging buffer (torch/staging.py): where its push_pull failed,
     the job's other partitions may still be sent from it, so the next call of that name must
     not copy its gradient into it; where it succeeded, the buffer is the name's again."""
     import torch
 
     from gradpress.torch.staging import HostStaging
+    from gradpress.kernels.cuda import streams
+    monkeypatch.setattr(streams, "_events", collections.defaultdict(collections.deque))
     staging = HostStaging()
     for outcome in ("done", "failed"):
         buffer = torch.empty(4)  # (a host tensor stands in for a pinned one: this host has no GPU)
         staging._buffers["w"] = buffer
         staging._busy.add("w")
+        copied = staging._copied["w"] = (object(), 3)   # the copy in's event, on GPU 3
         getattr(staging, outcome)("w", buffer)
-        assert "w" not in staging._busy
+        assert "w" not in staging._busy and "w" not in staging._copied
         assert (staging._buffers.get("w") is buffer) == (outcome == "done"), outcome
+        # reused once the average is out; a failed job's partitions still queued may wait on it
+        assert (copied[0] in streams._events[3, False]) == (outcome == "done"), outcome
     other = torch.empty(4)   # the second of one name in flight at once: not the name's buffer
     staging._buffers["w"] = kept = torch.empty(4)
     staging._busy.add("w")

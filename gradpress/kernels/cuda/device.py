@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from numba import config, cuda
 
-from .streams import finished, on_device, produced, recycle, stream, torch_stream, wait_for, working_on  # noqa: F401
+from .streams import event, finished, on_device, produced, recycle, stream, torch_stream, wait_for, working_on  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +136,9 @@ def copy_to_host_queued(x: Any, host: np.ndarray) -> Any:
     if hasattr(x, "cpu") and hasattr(x, "numpy"):
         import torch
         torch.from_numpy(host).copy_(x.detach(), non_blocking=True)
-        # blocking: the thread that waits sleeps rather than spinning a core
-        done = torch.cuda.Event(blocking=True)
+        # blocking: the thread that waits sleeps rather than spinning a core; reused once
+        # waited for (``copied``): a fresh one is a driver event made and destroyed a partition
+        done = event(x.device.index, blocking=True)
         done.record(torch.cuda.current_stream(x.device))
         return done
     s = stream()
@@ -145,6 +146,13 @@ def copy_to_host_queued(x: Any, host: np.ndarray) -> Any:
     done = cuda.event()
     done.record(s)
     return done
+
+
+def copied(done: Any, x: Any) -> None:
+    """``copy_to_host_queued(x, ...)``'s event ``done`` has been waited for on the host: it may
+    be recorded again (torch's are reused; numba's are not)."""
+    if hasattr(x, "cpu") and hasattr(x, "numpy"):
+        recycle(done, x.device.index, blocking=True)
 
 
 def land_divided(host: np.ndarray, out: Any, divisor: int, wait: bool = True) -> None:

@@ -45,8 +45,8 @@ PUSH, LANDING = 0, 1
 _pairs: dict[tuple[int, int], tuple[Any, Any]] = {}   # (device, lane) -> (numba stream, torch stream or None)
 _lock = threading.Lock()
 _local = threading.local()   # .stream, .lane: working_on's; .device: numba's; .torch_current: device -> stream
-# torch events free for reuse, by device (an event belongs to the device it was first
-# recorded on); deques: one thread takes while another gives back
+# torch events free for reuse, by (device, blocking) (an event belongs to the device it was
+# first recorded on); deques: one thread takes while another gives back
 _events: collections.defaultdict = collections.defaultdict(collections.deque)
 
 
@@ -193,19 +193,21 @@ def _back_to(index: int) -> None:
         _torch().cuda.set_stream(back)
 
 
-def event(index: int) -> Any:
-    """A torch event to record on device ``index`` (reused: ``recycle`` hands one back)."""
+def event(index: int, blocking: bool = False) -> Any:
+    """A torch event to record on device ``index`` (reused: ``recycle`` hands one back); a
+    blocking one where a host thread will wait for it: it sleeps rather than spins a core."""
     try:
-        return _events[index].popleft()
+        return _events[index, blocking].popleft()
     except IndexError:
-        return _torch().cuda.Event()
+        return _torch().cuda.Event(blocking=blocking)
 
 
-def recycle(done: Any, index: int) -> None:
-    """``done``, recorded on device ``index``, may be recorded again: every wait on it has
-    been queued (a stream's ``wait_event`` takes the event's state when it is called)."""
-    if len(_events[index]) < 4096:
-        _events[index].append(done)
+def recycle(done: Any, index: int, blocking: bool = False) -> None:
+    """``done`` (``event(index, blocking)``'s), recorded on device ``index``, may be recorded
+    again: every wait on it has been queued (a stream's ``wait_event`` takes the event's state
+    when it is called) or has returned on the host."""
+    if len(_events[index, blocking]) < 4096:
+        _events[index, blocking].append(done)
 
 
 def produced(x: Any) -> Any:
