@@ -75,17 +75,17 @@ def _waves(items: list) -> list[list]:
     ordered = sorted(s for s in spans if s is not None)
     if all(a[0] != b[0] or a[2] <= b[1] for a, b in zip(ordered, ordered[1:])):
         return [items]   # (the usual case, checked in n log n: DDP broadcasts buffers every forward)
-    waves: list[tuple[list, list]] = []   # (items, their (device, first byte, end) spans)
+    waves: list[tuple[list, list]] = []   # (items, the (device, first byte, end) spans they take)
     for (name, t), span in zip(items, spans):
-        for wave, spans in waves:
-            if span is None or not any(s == span[0] and a < span[2] and span[1] < b for s, a, b in spans):
+        for wave, taken in waves:
+            if span is None or not any(d == span[0] and a < span[2] and span[1] < b for d, a, b in taken):
                 break
         else:
-            wave, spans = [], []
-            waves.append((wave, spans))
+            wave, taken = [], []
+            waves.append((wave, taken))
         wave.append((name, t))
         if span is not None:
-            spans.append(span)
+            taken.append(span)
     return [wave for wave, _ in waves]
 
 
@@ -183,9 +183,9 @@ def _placed(groups: list[dict], devices: list[dict], optimizer: torch.optim.Opti
     (torch's ``load_state_dict`` moves the state to the parameters, never ``param_groups``)."""
     for group, local, where in zip(groups, optimizer.param_groups, devices):
         for key, kind in where.items():
-            mine, params = local.get(key), local["params"]
             if kind == "cpu" or not torch.is_tensor(group.get(key)):
                 continue
+            mine, params = local.get(key), local["params"]
             if torch.is_tensor(mine) and mine.device.type == kind:
                 group[key] = group[key].to(mine.device)
             elif params and params[0].device.type == kind:
