@@ -30,3 +30,22 @@ def test_a_partition_copies_into_host_memory_whole():
     host = np.zeros(300, np.float32)
     device.copy_to_host_into(x[200:500], host)
     assert np.array_equal(host, np.arange(200, 500, dtype=np.float32))
+
+
+def test_state_restored_to_the_device_is_copied_on_gradpress_stream_and_there_before_it_returns(monkeypatch):
+    # a residual or momentum loaded from a checkpoint: the encoder that reads it next runs on
+    # gradpress's non-blocking stream, which would not wait for the legacy default stream
+    calls = []
+
+    class Stream:
+        def synchronize(self):
+            calls.append("synchronize")
+    made = Stream()
+    monkeypatch.setattr(device, "stream", lambda: made)
+
+    def to_device(host, stream=0):
+        calls.append(("to_device", stream, host.tolist()))
+        return "device array"
+    monkeypatch.setattr(device.cuda, "to_device", to_device)
+    assert device.from_host(np.arange(4, dtype=np.float32)[::2]) == "device array"
+    assert calls == [("to_device", made, [0.0, 2.0]), "synchronize"]

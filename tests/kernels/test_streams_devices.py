@@ -1,7 +1,8 @@
-"""``streams.working_on`` on a thread that owns the worker's GPU work (it keeps numba's
-device and its torch stream set between calls): a block on one GPU nested in another GPU's
-block leaves that other GPU's device and stream current again when it ends. Stand-ins take
-numba's and torch's parts (this host has no GPU); they record what was selected."""
+"""``streams.working_on`` across GPUs. On a thread that owns the worker's GPU work (it keeps
+numba's device and its torch stream set between calls), a block on one GPU nested in another
+GPU's block leaves that other GPU's device and stream current again when it ends; on any other
+thread, a block on one GPU never makes a context on another. Stand-ins take numba's and
+torch's parts (this host has no GPU); they record what was selected."""
 import threading
 import types
 
@@ -55,3 +56,97 @@ def test_a_block_on_another_gpu_nested_in_an_owning_thread_gives_the_outer_gpu_b
     (d0, t0, s0), (d1, t1, s1), (back, t_back, s_back) = seen
     assert (d0, t0, d1, t1) == (0, 0, 1, 1) and s0 != s1
     assert (back, t_back, s_back) == (0, 0, s0), "the outer block went on with the inner GPU's device or stream"
+
+
+class _Runtime:
+    """A model of one host thread's CUDA state, as the driver, the runtime and torch keep it:
+    a stack of contexts (numba pushes and pops a GPU's; selecting a device replaces the top),
+    torch's idea of the current device (where it sets a device without a context yet, it
+    only notes it), and torch's current stream per device. Its ``stream`` block leaves as
+    torch's ``StreamContext`` does: each device's stream set back, the current device's last."""
+
+    def __init__(self, believed: int):
+        self.stack, self.contexts, self.believed, self.current = [], set(), believed, {}
+
+    def select(self, index: int) -> None:  # cudaSetDevice: the top of the stack becomes the GPU's
+        if self.stack:
+            self.stack[-1] = index
+        else:
+            self.stack.append(index)
+        self.contexts.add(index)
+        self.believed = index
+
+    def maybe_select(self, index: int) -> None:  # torch's MaybeSetDevice
+        if index in self.contexts:
+            self.select(index)
+        else:
+            self.believed = index
+
+    def current_stream(self, device=None) -> _TorchStream:
+        index = self.believed if device is None else device
+        return self.current.get(index) or _TorchStream(index)
+
+    def set_stream(self, s: _TorchStream) -> None:
+        if self.believed != s.device:
+            self.select(s.device)
+        self.current[s.device] = s
+
+    class _Gpu:
+        def __init__(self, rt, index):
+            self.rt, self.index = rt, index
+
+        def __enter__(self):
+            self.rt.stack.append(self.index)
+            self.rt.contexts.add(self.index)
+
+        def __exit__(self, *_):
+            popped = self.rt.stack.pop()
+            assert popped == self.index, f"numba popped GPU {popped}'s context from under its push of GPU {self.index}"
+
+    def device(self, index: int):
+        rt = self
+
+        class _Device:
+            def __enter__(self):
+                self.before = rt.believed
+                rt.select(index)
+
+            def __exit__(self, *_):
+                rt.maybe_select(self.before)
+        return _Device()
+
+    def stream(self, s: _TorchStream):
+        rt = self
+
+        class _Context:
+            def __enter__(self):
+                self.src = rt.current_stream()
+                if self.src.device != s.device:
+                    with rt.device(s.device):
+                        self.dst = rt.current_stream(s.device)
+                rt.set_stream(s)
+
+            def __exit__(self, *_):
+                if self.src.device != s.device:
+                    rt.set_stream(self.dst)
+                rt.set_stream(self.src)
+        return _Context()
+
+
+def test_a_thread_torch_believes_on_gpu_0_works_on_gpu_1_without_touching_gpu_0(monkeypatch):
+    # a training thread that placed its model with .to("cuda:1") and never set the device:
+    # torch believes it on GPU 0, where no context exists yet
+    rt = _Runtime(believed=0)
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Stream=lambda device: _TorchStream(device), set_stream=rt.set_stream, stream=rt.stream, device=rt.device))
+    monkeypatch.setattr(streams, "_torch", lambda: torch)
+    monkeypatch.setattr(streams, "cuda", types.SimpleNamespace(gpus={1: rt._Gpu(rt, 1)},
+                                                               external_stream=lambda handle: ("numba", handle)))
+    monkeypatch.setattr(streams, "_pairs", {})
+    monkeypatch.setattr(streams, "_local", threading.local())
+    for landing in (False, True):
+        with streams.working_on(_on(1), landing=landing):
+            inside = (rt.stack[-1], rt.current[1], streams.stream())
+        assert inside == (1, streams._pairs[1, int(landing)][1], streams._pairs[1, int(landing)][0])
+    assert 0 not in rt.contexts, "working on GPU 1 made a context on GPU 0"
+    assert rt.believed == 0, "torch's device for the thread was not given back"

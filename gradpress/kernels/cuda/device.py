@@ -284,4 +284,11 @@ def empty(n: int, dtype: type) -> Any:
 
 
 def from_host(host: np.ndarray) -> Any:
-    return cuda.to_device(np.ascontiguousarray(host))
+    """A new device array of ``host``'s values, there before anything gradpress's stream
+    queues next. (Without a stream, numba's copy goes on the legacy default stream, which
+    gradpress's non-blocking streams do not wait for, and from pageable memory it may
+    return before the last bytes land.) A host wait: for state restored from a checkpoint."""
+    s = stream()
+    made = cuda.to_device(np.ascontiguousarray(host), stream=s)
+    s.synchronize()
+    return made

@@ -141,7 +141,13 @@ def on_device(index: int):
 @contextlib.contextmanager
 def _switched(index: int):
     before = getattr(_local, "device", None)
-    with cuda.gpus[index]:
+    torch = _torch()
+    # torch's device is set first and numba's context pushed inside it. Leaving a torch
+    # stream block inside sets torch's stream back on the device torch believes current, and
+    # selecting a device replaces the top of the thread's context stack: were that another
+    # GPU (a thread that placed its model with .to("cuda:1") and never set the device), numba's
+    # pop would find that GPU's context on top and fail, with a context left on the other GPU
+    with (torch.cuda.device(index) if torch is not None else contextlib.nullcontext()), cuda.gpus[index]:
         _local.device = index
         try:
             yield
