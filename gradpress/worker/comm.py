@@ -3,11 +3,12 @@
 Callers put typed commands (``commands.py``) on its queue and wake it through a
 pipe. It talks to the scheduler itself (declarations, barriers, the end of the job),
 hands partitions to ``PartitionFlight`` (``flight.py``: credit, rounds, stages,
-server replies) and enforces every deadline from one table (``deadlines.py``). Errors are recorded
-on the future concerned; a fatal one fails every future that waits.
+server replies) and enforces every deadline from one table (``deadlines.py``). Errors are
+recorded on the future concerned; a fatal one fails every future that waits.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -25,7 +26,7 @@ from ..net.node import AddressBook, SchedulerLink
 from ..net.protocol import Op
 from ..trace import Tracer
 from . import commands as cmd
-from .abort import exit_later
+from .abort import MAX_REASON_CHARS, exit_later
 from .deadlines import Deadlines
 from .declarations import Declarations
 from .flight import PartitionFlight
@@ -52,8 +53,7 @@ class CommunicationThread(threading.Thread):
         self.fatal: JobError | None = None
         self.stages: PartitionStages | None = None
         self.ready = threading.Event()
-        # this thread does the worker's GPU work and nothing else: kernels/cuda/streams.py
-        # leaves numba's device and gradpress's stream current on it
+        # it does the worker's GPU work and nothing else: streams.py keeps its device and stream
         self.owns_gpu_work = True
         self.stopped = threading.Event()
         self.table = KeyTable()
@@ -61,9 +61,8 @@ class CommunicationThread(threading.Thread):
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)  # written with the GIL held: it must never block
-        # set by the first wake after the thread last took its commands: later submits
-        # skip the pipe write (a syscall, 12% of the training thread's time in the backward
-        # hooks in py-spy when every submit wrote)
+        # set by the first wake since the thread last took its commands: later submits skip the
+        # pipe write (a syscall, 12% of the training thread's backward hooks in py-spy)
         self._wake_due = False
         self.flight: PartitionFlight | None = None
         self._barriers: dict[tuple[str, int], Future] = {}
@@ -92,10 +91,9 @@ class CommunicationThread(threading.Thread):
         if self._wake_due:
             return  # a byte is in the pipe since the thread last took its commands
         self._wake_due = True
-        # libc's write, not os.write: os.write lets the GIL go during the call, and the thread
-        # it wakes takes it then and does its work while the backward thread waits inside its
-        # hook (0.58 ms a wake on a CPU worker, 20 ms a step of the transformer's hooks). Kept,
-        # the hook returns to autograd first. A full pipe (-1, EAGAIN): it is due to wake.
+        # libc's write, not os.write, which lets the GIL go: the thread it wakes took it then and
+        # worked while the backward waited in its hook (0.58 ms a wake on a CPU worker). Kept, the
+        # hook returns to autograd first. A full pipe (-1, EAGAIN): it is due to wake anyway.
         _write_keeping_gil(self._wake_w, b"x", 1)
 
     # ---- the communication thread: the loop ----------------------------------
@@ -125,7 +123,7 @@ class CommunicationThread(threading.Thread):
             self._die(e)
         except BaseException as e:  # never leave callers waiting on a dead thread
             log.exception("worker communication thread failed")
-            self._die(JobError(f"worker communication thread failed: {e!r}"))
+            self._die(JobError(f"worker communication thread failed: {e!r}"), report=True)
         finally:
             self.ready.set()
             for sock in servers:
@@ -278,11 +276,15 @@ class CommunicationThread(threading.Thread):
             return
         self.declarations.declared(t, t.name)
 
-    def _die(self, error: JobError) -> None:
-        """Record a fatal error, fail everything that waits, and make sure the process stops."""
+    def _die(self, error: JobError, report: bool = False) -> None:
+        """Record a fatal error, fail everything that waits, and make sure the process stops;
+        ``report``: this worker's own error, which the scheduler hears (it stops the others now)."""
         self.fatal = error
         self.stopped.set()
         log.error("%s", error)
+        if report and self.link is not None:  # (delivered within the link's linger after it closes)
+            with contextlib.suppress(zmq.ZMQError):
+                self.link.send(Op.ABORT, reason=str(error)[:MAX_REASON_CHARS])
         waiting = self.flight.waiting() if self.flight else []
         waiting += self.declarations.futures()
         waiting += list(self._barriers.values())

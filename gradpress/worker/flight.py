@@ -91,7 +91,7 @@ class PartitionFlight:
         wk.in_flight = op  # (before the send: a push waiting for its copy checks it is still wanted)
         op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
         if filling is not None:  # its source is still being copied off the GPU: waited for off this thread
-            self.stages.host_copies.after(filling, lambda: self._filled(op))
+            self.stages.host_copies.after(filling, lambda: self._filled(op), what=op.wkey.describe())
             return
         if self.stages.encodes_on_device(op):  # launches and a wait for the payload: off this thread
             self.stages.host_copies.run(lambda: self._encode(op, rounds), lambda made: self._encoded(op, made))
@@ -102,13 +102,18 @@ class PartitionFlight:
 
     def _encode(self, op: PartitionOp, rounds: list[int] | None) -> Payload | ValueError | None:
         """On the host-copies thread: ``op``'s payload (with its tensor's other partitions'
-        where ``rounds``), or the ValueError of a refused round."""
-        if rounds is not None:
-            self.stages.compress_tensor(op.job, rounds)
+        where ``rounds``), or the ValueError of a refused round. An encoder that fails on the
+        GPU (out of memory, a CUDA error) refuses the round too: the job fails naming the
+        tensor, and the key's round still reaches the server."""
         try:
+            if rounds is not None:
+                self.stages.compress_tensor(op.job, rounds)
             return self.stages.compress(op)
         except ValueError as e:
             return e
+        except Exception as e:  # noqa: BLE001 - handed back as the round's refusal
+            log.exception("%s: its encoder failed on the GPU", op.wkey.describe())
+            return ValueError(f"its encoder failed on the GPU: {type(e).__name__}: {e}")
 
     def _encoded(self, op: PartitionOp, made: Payload | ValueError | None) -> None:
         """Back on this thread: push ``op``'s payload, unless its round failed meanwhile."""

@@ -45,27 +45,29 @@ class HostCopies:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def copy(self, chunk: Any, host: Any, then: Callable[[], None]) -> None:
+    def copy(self, chunk: Any, host: Any, then: Callable[[], None], what: str = "") -> None:
         """Queue ``host[:] = chunk`` (a CUDA chunk, on gradpress's stream of its device) and
         run ``then`` on the communication thread once it is done (``after``)."""
         from ..kernels.cuda import device
         with device.working_on(chunk):
             done = device.copy_to_host_queued(chunk, host)
-        self.after(done, then, functools.partial(device.copied, done, chunk))
+        self.after(done, then, functools.partial(device.copied, done, chunk), what)
 
-    def after(self, done: Any, then: Callable[[], None], waited: Callable[[], None] | None = None) -> None:
+    def after(self, done: Any, then: Callable[[], None], waited: Callable[[], None] | None = None,
+              what: str = "") -> None:
         """Run ``then`` on the communication thread once ``done`` (an event recorded after
         a queued copy) has happened: at once where it has already (a copy from pageable
         memory, which the driver finishes before returning), else after every earlier
         pending one's, from ``run_finished``. ``waited``, where given, runs first, on the
-        thread that saw it happen (the event's owner reuses it)."""
+        thread that saw it happen (the event's owner reuses it). ``what`` the copy is of (a
+        partition, ``WorkerKey.describe``) names it where the copy failed."""
         query = getattr(done, "query", None)  # (the simulator's events have none)
         if query is not None and query():
             if waited is not None:
                 waited()
             then()  # no hand-off through the thread and the pipe: its latency would be all it adds
             return
-        self._put(done, None, then, waited)
+        self._put(done, None, then, (waited, what))
 
     def run(self, work: Callable[[], Any], then: Callable[[Any], None]) -> None:
         """Call ``work`` on this module's thread, after every copy and work queued before it
@@ -74,7 +76,7 @@ class HostCopies:
         ``work`` raises is raised there instead."""
         self._put(None, work, then, None)
 
-    def _put(self, done: Any, work: Any, then: Callable, waited: Callable[[], None] | None) -> None:
+    def _put(self, done: Any, work: Any, then: Callable, waited: tuple | None) -> None:
         if self._thread is None:  # a worker that never copies from a GPU never starts it
             self._thread = threading.Thread(target=self._wait, name="gp-host-copies", daemon=True)
             # it does GPU work and nothing else: it may keep numba's device and its torch
@@ -91,12 +93,12 @@ class HostCopies:
             try:
                 if work is None:
                     done.synchronize()  # (without the GIL)
-                    if waited is not None:
-                        waited()
+                    if waited[0] is not None:
+                        waited[0]()
                 else:
                     then = functools.partial(then, work())
             except Exception as e:  # noqa: BLE001 - the communication thread raises it
-                then = _raiser(e) if work is None else functools.partial(_reraise, e)
+                then = _raiser(e, waited[1]) if work is None else functools.partial(_reraise, e)
             self._finished.append(then)
             self._wake()
 
@@ -141,7 +143,8 @@ def _reraise(error: Exception) -> None:
     raise error
 
 
-def _raiser(error: Exception) -> Callable[[], None]:
-    def fail() -> None:
-        raise RuntimeError(f"a copy from the GPU to the host failed: {error!r}") from error
+def _raiser(error: Exception, what: str) -> Callable[[], None]:
+    def fail() -> None:  # a CUDA error, which a device keeps: the worker cannot go on
+        raise RuntimeError(f"a copy from the GPU to the host failed{' (' + what + ')' if what else ''}: "
+                           f"{error!r}") from error
     return fail

@@ -1,5 +1,5 @@
-"""The failing-worker drill: a worker that raises, calls os._exit(3), or fails in init()
-stops the whole job in under 2x PS_HEARTBEAT_TIMEOUT, and every survivor's error names
+"""The failing-worker drill: a worker that raises, calls os._exit(3), fails in init(), or
+whose communication thread fails (a bug, a CUDA error on it) stops the whole job in under 2x PS_HEARTBEAT_TIMEOUT, and every survivor's error names
 the failed worker (and its first error line when it had one), never a tensor mismatch.
 Both launches: processes started by hand (DMLC_* variables) and ``gradpress-launch --local``.
 """
@@ -33,11 +33,21 @@ for step in range(1000):
             fh.write(repr(time.time()))
         if mode == "raise":
             raise ValueError("boom at step 3")
+        if mode == "comm":  # only the thread's own report can tell the scheduler why
+            from gradpress.torch import ops
+            comm = ops.client().comm
+            def boom():
+                raise RuntimeError("comm boom")
+            comm.flight.dispatch = boom
+            comm.wake()
+            comm.join(30)
+            raise SystemExit(1)
         os._exit(3)
     bps.push_pull(torch.ones(100), name=f"w{step}")
 """
 
-EXPECT = {"raise": ["ValueError: boom at step 3"], "exit": [], "init": ["DMLC_ENABLE_RDMA"]}
+EXPECT = {"raise": ["ValueError: boom at step 3"], "exit": [], "init": ["DMLC_ENABLE_RDMA"],
+          "comm": ["worker communication thread failed: RuntimeError('comm boom')"]}
 
 
 def _failed_at(tmp, started):
@@ -45,7 +55,7 @@ def _failed_at(tmp, started):
     return float(path.read_text()) if path.exists() else started
 
 
-@pytest.mark.parametrize("mode", ["raise", "exit", "init"])
+@pytest.mark.parametrize("mode", ["raise", "exit", "init", "comm"])
 def test_by_hand_launch_stops_every_process_naming_the_failed_worker(cluster, mode):
     c = cluster(workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
                                            "GRADPRESS_OP_TIMEOUT_S": "120"})

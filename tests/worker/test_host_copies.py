@@ -80,16 +80,17 @@ def test_a_copy_done_when_queued_is_followed_at_once_without_the_thread():
     assert ran == [threading.get_ident()] and wakes.n == 0 and copies._thread is None
 
 
-def test_a_failed_copy_raises_on_the_caller_and_later_copies_still_come():
+def test_a_failed_copy_raises_on_the_caller_naming_the_partition_and_later_copies_still_come():
     wakes, ran = Wakes(), []
     copies = HostCopies(wakes)
     bad, good = Copy(fails=True), Copy()
-    copies.after(bad, lambda: ran.append("bad"))
+    copies.after(bad, lambda: ran.append("bad"), what="tensor 'w': partition 2 (key 7)")
     copies.after(good, lambda: ran.append("good"))
     bad.done.set()
     good.done.set()
     assert wakes.wait_for(2)
-    with pytest.raises(RuntimeError, match="copy from the GPU to the host failed.*illegal memory access"):
+    with pytest.raises(RuntimeError, match=r"copy from the GPU to the host failed \(tensor 'w': partition 2 "
+                                           r"\(key 7\)\): .*illegal memory access"):
         copies.run_finished()
     copies.run_finished()
     assert ran == ["good"]

@@ -190,3 +190,26 @@ def test_a_round_whose_encoder_never_finishes_fails_at_its_deadline_naming_the_g
     stages.finished(1)
     assert stages.pushed == [], "a failed round went out"
     stages.host_copies.close(5)
+
+
+@pytest.mark.parametrize("parts", [(4,), (4, 4, 2)])
+def test_an_encoder_that_fails_on_the_gpu_fails_its_job_naming_the_tensor_and_every_round_goes_out_refused(parts):
+    # out of memory, or another CUDA error, in a key-by-key or a grouped compress: the
+    # communication thread goes on, and the servers' rounds stay in step with the other workers
+    flight, _, t = setup(parts=parts)
+    stages = flight.stages = OffThread()
+    stages.go.set()
+
+    def out_of_memory(*_):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB")
+    stages.compress_tensor = stages.compress = out_of_memory
+    a = job(t, 0.1)
+    flight.start(a, priority=0)
+    flight.dispatch()
+    stages.finished(len(parts))
+    assert sorted(stages.pushed) == [(i, 0, 0.1, True) for i in range(len(parts))]
+    reason = "its encoder failed on the GPU: RuntimeError: CUDA out of memory. Tried to allocate 2.00 MiB"
+    assert stages.headers == [{"refused": reason}] * len(parts)
+    with pytest.raises(JobError, match=f"tensor 't': {reason}"):
+        a.future.result(0)
+    stages.host_copies.close(5)
