@@ -226,6 +226,8 @@ class PartitionFlight:
                    f"no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s")
         if op.wkey.pushers and self.relay is not None:
             self.relay.fail(op.wkey.key, op.round, message)
+        elif not op.sent_us and op.wkey.via is None:  # the server's round still ends, for every worker
+            self.stages.send(op, PartitionStages.refusal(message))  # (the payload, the copy: never sent)
         self._leave_flight(op)
         self._fail_job(op, OpTimeoutError(message))
 

@@ -176,7 +176,8 @@ def test_a_round_refused_off_this_thread_fails_its_job_and_goes_out_refused_and_
     stages.host_copies.close(5)
 
 
-def test_a_round_whose_encoder_never_finishes_fails_at_its_deadline_naming_the_gpu_not_a_server():
+def test_a_round_whose_encoder_never_finishes_fails_at_its_deadline_naming_the_gpu_and_goes_out_refused():
+    # refused, so that the server's round ends for every worker, as a CPU worker's late push ends it
     flight, _, t = setup(parts=(4,))
     stages = flight.stages = OffThread()
     stages.compress = lambda op: stages.go.wait(30) and ({"late": True}, [])  # a GPU that hangs
@@ -184,11 +185,14 @@ def test_a_round_whose_encoder_never_finishes_fails_at_its_deadline_naming_the_g
     op = PartitionOp(a, t.keys[0])
     flight._send(op)
     flight._expire(op)
-    with pytest.raises(OpTimeoutError, match="round 0, never sent: its copy off the GPU, or its encoder there"):
+    never = "round 0, never sent: its copy off the GPU, or its encoder there, did not finish"
+    with pytest.raises(OpTimeoutError, match=never):
         a.future.result(0)
+    assert stages.pushed == [(0, 0, 0.1, True)] and never in stages.headers[0]["refused"]
+    assert t.keys[0].in_flight is None, "the key is not free for its next round"
     stages.go.set()
     stages.finished(1)
-    assert stages.pushed == [], "a failed round went out"
+    assert len(stages.pushed) == 1, "the payload went out after the refusal"
     stages.host_copies.close(5)
 
 
