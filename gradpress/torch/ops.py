@@ -12,8 +12,6 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-from typing import Callable
-
 import torch
 
 from .. import allocator, exit_gc, gil, logs
@@ -241,8 +239,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
               and (spec is not None or tensor.dtype in DEVICE_RAW))
     direct = (tensor.device.type == "cpu" and output.device.type == "cpu" and wire_dtype(tensor.dtype) == tensor.dtype
               and contiguous)
-    finish: Callable[[], None] | None = None
-    abandon = None  # (what a failed one leaves to undo: handles.Pending)
+    finish = abandon = None  # what a finished one leaves to do, and a failed one to undo (handles.Pending)
     if on_gpu:  # CUDA kernels compress, or the DMA copies read, straight from device memory
         src = tensor.detach().reshape(-1)
         out = src if output is tensor else output.detach().reshape(-1)
@@ -263,7 +260,11 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
         # an integer average is the sum floor-divided, as BytePS's floor_divide_ gives it
         # (dividing in float64 and copying back would round toward zero: -3/2 -> -1, not -2)
         floor_by = divisor if integral(output.dtype) else 1
-        future = client.push_pull_async(name, arr, arr, divisor // floor_by, priority, spec, lr, ready=copied)
+        try:
+            future = client.push_pull_async(name, arr, arr, divisor // floor_by, priority, spec, lr, ready=copied)
+        except BaseException:  # refused at once (a mismatch, the job over): the buffer is not left busy
+            _staging.failed(name, buffer)
+            raise
 
         def copy_back(buffer=buffer, output=output, floor_by=floor_by) -> None:
             try:
@@ -292,9 +293,8 @@ def push_pull_rows_async_inplace(tensor: torch.Tensor, average: bool = True, nam
 def _start_rows(client: WorkerClient, tensor: torch.Tensor, rows, name: str, divisor: int, priority: int,
                 dense_out: torch.Tensor | None) -> int:
     future, result = sparse.start(client, tensor, rows, name, divisor, priority, _settings.sparse_seed, dense_out)
-    pending = handles.Pending(future, tensor, None)
-
-    def finish() -> None:
-        pending.output = result()
-    pending.finish = finish
+    # failed on a GPU: the consumer's stream waits for what finding the rows queued there
+    pending = handles.Pending(future, tensor, None, functools.partial(staging.after_failure, tensor)
+                              if tensor.is_cuda else None)
+    pending.finish = lambda: setattr(pending, "output", result())
     return handles.register(pending)

@@ -1,7 +1,8 @@
 """The failing-worker drill: a worker that raises, calls os._exit(3), fails in init(), or
-whose communication thread fails (a bug, a CUDA error on it) stops the whole job in under 2x PS_HEARTBEAT_TIMEOUT, and every survivor's error names
-the failed worker (and its first error line when it had one), never a tensor mismatch.
-Both launches: processes started by hand (DMLC_* variables) and ``gradpress-launch --local``.
+whose communication thread fails (a bug, a CUDA error on it) stops the whole job in under
+2x PS_HEARTBEAT_TIMEOUT, and every survivor's error names the failed worker (and its first
+error line when it had one), never a tensor mismatch. Both launches: processes started by
+hand (DMLC_* variables) and ``gradpress-launch --local``.
 """
 import os
 import subprocess
