@@ -91,7 +91,7 @@ class PartitionFlight:
         wk.in_flight = op  # (before the send: a push waiting for its copy checks it is still wanted)
         op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
         if filling is not None:  # its source is still being copied off the GPU: waited for off this thread
-            self.stages.host_copies.after(filling, lambda: self._filled(op), what=op.wkey.describe())
+            self.stages.host_copies.after(filling, lambda: self._filled(op), what=op.wkey.describe)
             return
         if self.stages.encodes_on_device(op):  # launches and a wait for the payload: off this thread
             self.stages.host_copies.run(lambda: self._encode(op, rounds), lambda made: self._encoded(op, made))

@@ -45,7 +45,7 @@ class HostCopies:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def copy(self, chunk: Any, host: Any, then: Callable[[], None], what: str = "") -> None:
+    def copy(self, chunk: Any, host: Any, then: Callable[[], None], what: Callable[[], str] | None = None) -> None:
         """Queue ``host[:] = chunk`` (a CUDA chunk, on gradpress's stream of its device) and
         run ``then`` on the communication thread once it is done (``after``)."""
         from ..kernels.cuda import device
@@ -54,13 +54,13 @@ class HostCopies:
         self.after(done, then, functools.partial(device.copied, done, chunk), what)
 
     def after(self, done: Any, then: Callable[[], None], waited: Callable[[], None] | None = None,
-              what: str = "") -> None:
+              what: Callable[[], str] | None = None) -> None:
         """Run ``then`` on the communication thread once ``done`` (an event recorded after
         a queued copy) has happened: at once where it has already (a copy from pageable
         memory, which the driver finishes before returning), else after every earlier
         pending one's, from ``run_finished``. ``waited``, where given, runs first, on the
-        thread that saw it happen (the event's owner reuses it). ``what`` the copy is of (a
-        partition, ``WorkerKey.describe``) names it where the copy failed."""
+        thread that saw it happen (the event's owner reuses it). ``what`` says what the copy
+        is of (a partition's ``WorkerKey.describe``), called only where the copy failed."""
         query = getattr(done, "query", None)  # (the simulator's events have none)
         if query is not None and query():
             if waited is not None:
@@ -143,8 +143,8 @@ def _reraise(error: Exception) -> None:
     raise error
 
 
-def _raiser(error: Exception, what: str) -> Callable[[], None]:
+def _raiser(error: Exception, what: Callable[[], str] | None) -> Callable[[], None]:
     def fail() -> None:  # a CUDA error, which a device keeps: the worker cannot go on
-        raise RuntimeError(f"a copy from the GPU to the host failed{' (' + what + ')' if what else ''}: "
-                           f"{error!r}") from error
+        of = f" ({what()})" if what is not None else ""
+        raise RuntimeError(f"a copy from the GPU to the host failed{of}: {error!r}") from error
     return fail

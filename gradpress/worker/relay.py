@@ -78,7 +78,7 @@ class Relay:
             if owned.host is None:  # pinned, as the stages' own staging buffers: the copy is DMA
                 owned.host = device.pinned_host(op.wkey.count, np.dtype(op.wkey.tensor.dtype))
             owned.copying.add(op.round)
-            self.host_copies.copy(mine, owned.host, lambda: self._copied(op), op.wkey.describe())
+            self.host_copies.copy(mine, owned.host, lambda: self._copied(op), op.wkey.describe)
             return
         self._try(op.wkey.key, op.round)
 

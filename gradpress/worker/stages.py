@@ -202,7 +202,7 @@ class PartitionStages:
         if is_device_array(chunk):
             wk = op.wkey
             host = wk.push_view if wk.push_view is not None else self._host_stage(wk)
-            self.host_copies.copy(chunk, host, lambda: self._send_copied(op, host), wk.describe())
+            self.host_copies.copy(chunk, host, lambda: self._send_copied(op, host), wk.describe)
             return
         self._push(op, payload, chunk)
 

@@ -84,7 +84,7 @@ def test_a_failed_copy_raises_on_the_caller_naming_the_partition_and_later_copie
     wakes, ran = Wakes(), []
     copies = HostCopies(wakes)
     bad, good = Copy(fails=True), Copy()
-    copies.after(bad, lambda: ran.append("bad"), what="tensor 'w': partition 2 (key 7)")
+    copies.after(bad, lambda: ran.append("bad"), what=lambda: "tensor 'w': partition 2 (key 7)")
     copies.after(good, lambda: ran.append("good"))
     bad.done.set()
     good.done.set()
