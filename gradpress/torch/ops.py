@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+
 import torch
 
 from .. import allocator, exit_gc, gil, logs
@@ -293,8 +294,7 @@ def push_pull_rows_async_inplace(tensor: torch.Tensor, average: bool = True, nam
 def _start_rows(client: WorkerClient, tensor: torch.Tensor, rows, name: str, divisor: int, priority: int,
                 dense_out: torch.Tensor | None) -> int:
     future, result = sparse.start(client, tensor, rows, name, divisor, priority, _settings.sparse_seed, dense_out)
-    # failed on a GPU: the consumer's stream waits for what finding the rows queued there
-    pending = handles.Pending(future, tensor, None, functools.partial(staging.after_failure, tensor)
-                              if tensor.is_cuda else None)
+    abandon = functools.partial(staging.after_failure, tensor) if tensor.is_cuda else None  # (as _start's)
+    pending = handles.Pending(future, tensor, None, abandon)
     pending.finish = lambda: setattr(pending, "output", result())
     return handles.register(pending)
