@@ -67,38 +67,39 @@ class HostCopies:
                 waited()
             then()  # no hand-off through the thread and the pipe: its latency would be all it adds
             return
-        self._put(done, None, then, (waited, what))
+        self._put(done, None, then, waited, what)
 
     def run(self, work: Callable[[], Any], then: Callable[[Any], None]) -> None:
         """Call ``work`` on this module's thread, after every copy and work queued before it
         (a compress of a CUDA chunk: launches on gradpress's stream, then a wait for its
         payload's copy), and ``then(what it returned)`` on the communication thread. What
         ``work`` raises is raised there instead."""
-        self._put(None, work, then, None)
+        self._put(None, work, then)
 
-    def _put(self, done: Any, work: Any, then: Callable, waited: tuple | None) -> None:
+    def _put(self, done: Any, work: Any, then: Callable, waited: Callable[[], None] | None = None,
+             what: Callable[[], str] | None = None) -> None:
         if self._thread is None:  # a worker that never copies from a GPU never starts it
             self._thread = threading.Thread(target=self._wait, name="gp-host-copies", daemon=True)
             # it does GPU work and nothing else: it may keep numba's device and its torch
             # stream set (``kernels/cuda/streams.py``)
             self._thread.owns_gpu_work = True
             self._thread.start()
-        self._queued.put((done, work, then, waited))
+        self._queued.put((done, work, then, waited, what))
 
     def _wait(self) -> None:
         while (item := self._queued.get()) is not None:
             if self._closed:
                 continue  # the job is over: what is still queued is dropped
-            done, work, then, waited = item
+            done, work, then, waited, what = item
             try:
                 if work is None:
                     done.synchronize()  # (without the GIL)
-                    if waited[0] is not None:
-                        waited[0]()
+                    if waited is not None:
+                        waited()
                 else:
                     then = functools.partial(then, work())
             except Exception as e:  # noqa: BLE001 - the communication thread raises it
-                then = _raiser(e, waited[1]) if work is None else functools.partial(_reraise, e)
+                then = _raiser(e, what) if work is None else functools.partial(_reraise, e)
             self._finished.append(then)
             self._wake()
 
