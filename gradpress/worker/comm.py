@@ -74,8 +74,8 @@ class CommunicationThread(threading.Thread):
                                          self._start_push_pull)
         self._handlers = {cmd.Declare: self.declarations.declare, cmd.StartPushPull: self._start_push_pull,
                           cmd.Barrier: self._barrier, cmd.GetServerState: self._get_server_state,
-                          cmd.LoadServerState: self._load_server_state,
-                          cmd.LoadCompressorState: self._load_compressor_state, cmd.Finish: self._finish_job,
+                          cmd.LoadServerState: self._load_state, cmd.LoadCompressorState: self._load_state,
+                          cmd.Finish: self._finish_job,
                           cmd.Abort: self._abort_job, cmd.Release: self._release}
 
     def submit(self, command: Any) -> None:
@@ -119,6 +119,9 @@ class CommunicationThread(threading.Thread):
                 self.flight.describe = self.group.describe
             self.ready.set()
             self._loop(servers)
+            for fut in self._waiting():  # the job ended (SHUTDOWN, or finish() gave up): none is answered now
+                fut.fail(JobError(f"{fut.what}: the job ended before it finished (gradpress was shut down "
+                                  "on this worker)"))
         except JobError as e:
             self._die(e)
         except BaseException as e:  # never leave callers waiting on a dead thread
@@ -172,9 +175,6 @@ class CommunicationThread(threading.Thread):
             self.link.tick()
             self._deadlines.expire(time.monotonic())
 
-    def _deadline(self) -> float:
-        return time.monotonic() + self.s.op_timeout_s
-
     # ---- commands ---------------------------------------------------------------
 
     def _start_push_pull(self, c: cmd.StartPushPull) -> None:
@@ -193,18 +193,14 @@ class CommunicationThread(threading.Thread):
                 continue
             wk.state_request = request
             transport.send(self.stages.servers[wk.server], Op.STATE_GET, self.link.name, key=wk.key)
-        self._deadlines.add_future(self._deadline(), c.future, self.s.op_timeout_s)
+        self._deadlines.add_future(time.monotonic() + self.s.op_timeout_s, c.future, self.s.op_timeout_s)
 
-    def _load_server_state(self, c: cmd.LoadServerState) -> None:
+    def _load_state(self, c: cmd.LoadServerState | cmd.LoadCompressorState) -> None:
         try:
-            self.table.load_server_state(c.name, c.states)
-            c.future.set()
-        except ValueError as e:
-            c.future.fail(e)
-
-    def _load_compressor_state(self, c: cmd.LoadCompressorState) -> None:
-        try:
-            self.table.load_compressor_state(c.name, c.state)
+            if isinstance(c, cmd.LoadServerState):
+                self.table.load_server_state(c.name, c.states)
+            else:
+                self.table.load_compressor_state(c.name, c.state)
             c.future.set()
         except ValueError as e:
             c.future.fail(e)
@@ -285,6 +281,13 @@ class CommunicationThread(threading.Thread):
         if report and self.link is not None:  # (delivered within the link's linger after it closes)
             with contextlib.suppress(zmq.ZMQError):
                 self.link.send(Op.ABORT, reason=str(error)[:MAX_REASON_CHARS])
+        for fut in self._waiting():
+            fut.fail(error)
+        if isinstance(error, NodeLostError) and self._finish is None:
+            exit_later(self.s.heartbeat_timeout_s, error)
+
+    def _waiting(self) -> list[Future]:
+        """Every future still to be answered, the queued commands' included (taking them)."""
         waiting = self.flight.waiting() if self.flight else []
         waiting += self.declarations.futures()
         waiting += list(self._barriers.values())
@@ -293,8 +296,5 @@ class CommunicationThread(threading.Thread):
         while not self._commands.empty():
             future = getattr(self._commands.get_nowait(), "future", None)
             waiting += [future] if future is not None else []
-        for fut in waiting:
-            fut.fail(error)
-        if isinstance(error, NodeLostError) and self._finish is None:
-            exit_later(self.s.heartbeat_timeout_s, error)
+        return waiting
 
