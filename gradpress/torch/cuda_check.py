@@ -49,15 +49,24 @@ def check(local_rank: int = 0) -> None:
 
 
 def device_for_check(local_rank: int) -> int:
-    """The GPU to run the check on: torch's current one where the program already chose
-    it (``torch.cuda.set_device`` initialises CUDA), else the one BytePS's examples choose
-    right after ``init()``, the local rank's. A check on GPU 0 would give every worker of
-    the machine a CUDA context there, hundreds of MB each, and fail outright where GPUs
-    are in exclusive-process mode."""
+    """The GPU to run the check on: one the program already works on, else the one
+    BytePS's examples choose right after ``init()``, the local rank's. A check on GPU 0
+    would give every worker of the machine a CUDA context there, hundreds of MB each, and
+    fail outright where GPUs are in exclusive-process mode.
+
+    The program works on torch's current GPU where it has a CUDA context there
+    (``torch.cuda.set_device`` makes one); a model moved with ``.to("cuda:2")`` alone
+    leaves the current GPU at 0 with no context, and the context on GPU 2."""
     import torch
-    if torch.cuda.is_initialized():
-        return torch.cuda.current_device()
     count = torch.cuda.device_count()
+    if torch.cuda.is_initialized():
+        current = torch.cuda.current_device()
+        has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)  # asks, never makes one
+        if has_context is None:
+            return current
+        in_use = [d for d in [current, *range(count)] if has_context(d)]
+        if in_use:
+            return in_use[0]
     return local_rank % count if count else 0
 
 

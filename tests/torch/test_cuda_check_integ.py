@@ -53,17 +53,25 @@ def test_a_working_numba_cuda_passes_the_check(tmp_path):
         c.kill()
 
 
-@pytest.mark.parametrize("initialised, current, count, local_rank, expected", [
-    (False, None, 4, 0, 0), (False, None, 4, 3, 3), (False, None, 2, 3, 1),   # the local rank's GPU
-    (False, None, 1, 5, 0),                 # CUDA_VISIBLE_DEVICES gave each worker its own one
-    (True, 2, 4, 0, 2),                     # torch.cuda.set_device(2) before init(): that one
+@pytest.mark.parametrize("initialised, current, contexts, count, local_rank, expected", [
+    (False, None, set(), 4, 0, 0), (False, None, set(), 4, 3, 3), (False, None, set(), 2, 3, 1),  # the local rank's
+    (False, None, set(), 1, 5, 0),          # CUDA_VISIBLE_DEVICES gave each worker its own one
+    (True, 2, {2}, 4, 0, 2),                # torch.cuda.set_device(2) before init(): that one
+    (True, 0, {2}, 4, 0, 2),                # model.to("cuda:2") alone before init(): where its context is
+    (True, 0, {0, 2}, 4, 1, 0),             # torch works on GPU 0 (and 2): no new context
+    (True, 0, set(), 4, 3, 3),              # initialised, no context yet: the local rank's
+    (True, 1, None, 4, 0, 1),               # a torch that cannot say: its current GPU
 ])
-def test_the_check_runs_on_the_gpu_the_worker_will_use_not_always_gpu_0(monkeypatch, initialised, current, count,
-                                                                         local_rank, expected):
+def test_the_check_runs_on_the_gpu_the_worker_will_use_not_always_gpu_0(monkeypatch, initialised, current, contexts,
+                                                                         count, local_rank, expected):
     import torch
 
     from gradpress.torch import cuda_check
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialised)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    if contexts is None:
+        monkeypatch.delattr(torch._C, "_cuda_hasPrimaryContext", raising=False)
+    else:
+        monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda d: d in contexts, raising=False)
     assert cuda_check.device_for_check(local_rank) == expected
