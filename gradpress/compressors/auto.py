@@ -101,12 +101,14 @@ def options(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def for_dtypes(options_: dict[str, dict[str, Any]], dtypes: set[str]) -> dict[str, dict[str, Any]]:
-    """``options_`` for tensors of ``dtypes`` (``str`` of torch's): ``fp16_raw`` left out where none of
-    them would travel as float16 by it. ``Compression.fp16`` keeps bfloat16 (float16 would
-    overflow it), which travels widened to float32 as it does raw: there the option is no
-    codec at all, while the planner's model would count it at two bytes an element
-    (``none`` stands in where it was the only option)."""
-    if {d.removeprefix("torch.") for d in dtypes} != {"bfloat16"} or not any(map(raw_halves, options_.values())):
+    """``options_`` for tensors of ``dtypes`` (``str`` of torch's): ``fp16_raw`` left out where any of
+    them is bfloat16 (``none`` stands in where it was the only option).
+
+    ``Compression.fp16`` keeps bfloat16 (float16 would overflow it), which travels widened to
+    float32 as it does raw, while the planner's model counts the option at two bytes an
+    element; and a planned group of bfloat16 and float32 members fills one float32 buffer,
+    which the option would narrow to float16 as a whole, bfloat16's values with it."""
+    if "bfloat16" not in {d.removeprefix("torch.") for d in dtypes} or not any(map(raw_halves, options_.values())):
         return options_
     kept = {name: o for name, o in options_.items() if not raw_halves(o)}
     return kept or {"none": {"compressor": "none"}}

@@ -54,14 +54,19 @@ def cache_path(name: str, params: dict[str, Any], card: str = "") -> Path:
 def kernels_digest() -> str:
     """A digest of the codecs' and kernels' source: a changed kernel is measured again even
     where the version number did not move (a development tree, a patched install)."""
-    package = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    # (this module too: a change in how the costs are timed is measured again)
-    for path in sorted([*(package / "compressors").glob("*.py"), *(package / "kernels").rglob("*.py"),
-                        Path(__file__).resolve()]):
+    for path in measured_sources():
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def measured_sources() -> list[Path]:
+    """The codecs' and kernels' modules, and those that time them (a change in how the costs
+    are timed is measured again)."""
+    package = Path(__file__).resolve().parent.parent
+    return sorted([*(package / "compressors").glob("*.py"), *(package / "kernels").rglob("*.py"),
+                   Path(__file__).resolve(), package / "pipeline" / "planning" / "gpu_costs.py"])
 
 
 def codec_costs(options: dict[str, dict[str, Any]], on_device: Callable[[dict], CodecCost] | None = None,

@@ -110,11 +110,13 @@ def test_a_bfloat16_model_is_planned_as_its_bytes_travel():
 
     from gradpress.compressors import auto
     from gradpress.pipeline.planning.clock import StepClock
-    from gradpress.pipeline.planning.profiling import tensors
+    from gradpress.pipeline.planning.profiling import raw_bytes, tensors
     params = [torch.zeros(8, 4, dtype=dtype) for dtype in (torch.bfloat16, torch.float16, torch.float32)]
     clock = StepClock([id(p) for p in params])
     profiled = tensors(clock, params, {id(p): f"t{i}" for i, p in enumerate(params)}, {id(p): 0 for p in params})
     assert [(t.name, t.nbytes, t.itemsize) for t in profiled] == [("t0", 128, 4), ("t1", 128, 2), ("t2", 128, 4)]
+    # the bytes the sockets' CPU per byte is fitted over: the same widths
+    assert raw_bytes(params) == 128 + 64 + 128
     # an optimizer's float32 momentum of a float16 parameter travels as the float32 it is
     from gradpress.optim.momentum_codecs import state_dtype
     profiled = tensors(clock, params, {id(p): f"t{i}" for i, p in enumerate(params)}, {id(p): 0 for p in params},
@@ -123,7 +125,9 @@ def test_a_bfloat16_model_is_planned_as_its_bytes_travel():
     every = auto.options({"compressor": "auto"})
     assert "fp16_raw" not in auto.for_dtypes(every, {"torch.bfloat16"})
     assert auto.for_dtypes(every, {"torch.bfloat16"}) == {k: v for k, v in every.items() if k != "fp16_raw"}
-    assert auto.for_dtypes(every, {"torch.bfloat16", "torch.float32"}) == every   # float32's halve
+    # one group may hold both: its float32 buffer narrowed to float16 would overflow bfloat16's values
+    assert "fp16_raw" not in auto.for_dtypes(every, {"torch.bfloat16", "torch.float32"})
+    assert auto.for_dtypes(every, {"torch.float16", "torch.float32"}) == every
     assert auto.for_dtypes(every, {"torch.float16"}) == every
     only = auto.options({"compressor": "auto", "allowed": ["fp16_raw"]})
     assert auto.for_dtypes(only, {"torch.bfloat16"}) == {"none": {"compressor": "none"}}
@@ -758,3 +762,13 @@ def test_a_half_precision_tensor_goes_raw_at_its_own_bytes_and_through_a_codec_a
     assert Profile.from_json(json.dumps(old)).tensors[0].itemsize == 4
     with pytest.raises(ProfileError, match="itemsize 3"):
         replace(full, tensors=(replace(full.tensors[0], itemsize=3),))
+
+
+def test_a_change_in_how_the_gpu_times_the_codecs_measures_them_again():
+    """The calibration's cache is keyed by the source of the codecs and of what times them,
+    the GPU's timing included."""
+    from gradpress.planner import calibrate
+    names = {(p.parent.name, p.name) for p in calibrate.measured_sources()}
+    assert {("planning", "gpu_costs.py"), ("planner", "calibrate.py"), ("compressors", "onebit.py"),
+            ("cuda", "onebit.py")} <= names
+    assert all(p.is_file() for p in calibrate.measured_sources())

@@ -39,7 +39,7 @@ def first_profile(clock: StepClock, params: list[torch.Tensor], names: dict[int,
     message_s = fit_message(batches)
     link = fit_link(round_trips, comm.size(), costs["none"].add, message_s)
     s = comm.settings
-    moved = 2 * sum(p.numel() * sent_dtype(p).itemsize for p in given)
+    moved = 2 * raw_bytes(given, sent_dtype)
     profile = Profile(comm.size(), len(comm.client.book.servers), tensors(clock, params, names, priority, sent_dtype),
                       statistics.median(b for b, _ in clock.timeline),
                       statistics.median(t for _, t in clock.timeline), costs, link, message_s,
@@ -99,6 +99,11 @@ def tensors(clock: StepClock, params: list[torch.Tensor], names: dict[int, str],
     return tuple(TensorProfile(names[id(p)], 4 * p.numel(), typical[id(p)], priority[id(p)],
                                p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 1,
                                (wire_dtype(d) or d).itemsize) for p, d in zip(order, dtypes))
+
+
+def raw_bytes(tensors: Sequence[torch.Tensor], sent_dtype=lambda p: p.dtype) -> int:
+    """What the raw path pushes of ``tensors``: each in the dtype it travels as (bfloat16 as float32)."""
+    return sum(p.numel() * (wire_dtype(sent_dtype(p)) or sent_dtype(p)).itemsize for p in tensors)
 
 
 def host_share(clock: StepClock, comm: Comm, moved_per_step: int) -> HostShare | None:
