@@ -111,11 +111,13 @@ def floored_denominator(v_hat: torch.Tensor, floor: float, eps: float) -> torch.
 
 
 def state_dtype(p: torch.Tensor) -> torch.dtype:
-    """The dtype of ``p``'s Adam state: float32 for a float16 parameter, else its own. In
-    float16, eps = 1e-8 is 0 and ``g * g`` is 0 for every |g| below 2.4e-4, so a coordinate's
-    denominator is 0 and its step infinite (torch's Adam makes NaN parameters of it
-    silently; the momentum path's error feedback refuses it). bfloat16 has float32's range."""
-    return torch.float32 if p.dtype == torch.float16 else p.dtype
+    """The dtype of ``p``'s Adam state: float32 for a float16 or bfloat16 parameter, else its
+    own. In float16, eps = 1e-8 is 0 and ``g * g`` is 0 for every |g| below 2.4e-4, so a
+    coordinate's denominator is 0 and its step infinite (torch's Adam makes NaN parameters
+    of it silently; the momentum path's error feedback refuses it). bfloat16 has float32's
+    range but 8 bits of mantissa: ``0.999 * v`` rounds back to ``v``, so the variance never
+    decays (torch's Adam keeps it so), and OneBitAdam would freeze the largest it ever was."""
+    return torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
 
 
 def ensure_state(state: dict, p: torch.Tensor) -> None:

@@ -168,3 +168,16 @@ def test_empty_lists_run_no_op():
         assert adam_math.denominators([], [], EPS, FLOOR) == []
         adam_math.apply([], [], [], [], 0.1, 0.1)
     assert ops_of(run) == 0
+
+
+def test_a_half_precision_parameters_adam_state_is_float32():
+    """In bfloat16 Adam's variance never decays: 0.999 v rounds back to v (8 bits of mantissa);
+    in float16 eps is 0. A parameter of either keeps its state in float32; others their own."""
+    from gradpress.optim.momentum_codecs import ensure_state, state_dtype
+    v = torch.tensor([1.0, 3.0, 0.02], dtype=torch.bfloat16)
+    assert torch.equal(v * 0.999, v)
+    for dtype, kept in ((torch.float16, torch.float32), (torch.bfloat16, torch.float32),
+                        (torch.float32, torch.float32), (torch.float64, torch.float64)):
+        p, state = torch.nn.Parameter(torch.zeros(3, dtype=dtype)), {}
+        ensure_state(state, p)
+        assert state_dtype(p) == kept and state["exp_avg"].dtype == state["exp_avg_sq"].dtype == kept

@@ -1,11 +1,13 @@
-"""OneBitAdam and ZeroOneAdam on a float16 model (its parameters float16, not AMP, but for
-one float32 parameter amid them), two real workers. Adam's state in float16 does not work:
+"""OneBitAdam and ZeroOneAdam on a float16 or bfloat16 model (its parameters of that dtype,
+not AMP, but for one float32 parameter amid them), two real workers. Adam's state in float16
+does not work:
 eps = 1e-8 is 0 there and ``g * g`` is 0 for every |g| below 2.4e-4, so a coordinate gets
 an infinite step and the first compressed momentum is refused ("error feedback met
 NaN/inf"). The optimizers keep a float16 parameter's state in float32, as 1-bit Adam's
 float32 optimizer state does in DeepSpeed; the model trains, the workers agree, and a
 checkpoint keeps the float32 state bit for bit (torch's ``load_state_dict`` would cast it
-to the parameter's float16). The multi-tensor path a GPU takes, run here over a list per
+to the parameter's float16). In bfloat16 the variance never decays (``0.999 * v`` rounds
+back to ``v``): its state is float32 too. The multi-tensor path a GPU takes, run here over a list per
 dtype (the float32 parameter's list after the float16 ones'), gives the same bits."""
 import pytest
 import torch
@@ -19,13 +21,15 @@ for opt_name in ("OneBitAdam", "ZeroOneAdam"):
         # whole lists: the chunks a GPU's parameters get (float16 parameters, float32 state, in one op)
         lists(whole)
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), Scale(32), torch.nn.Linear(32, 4)).half()
-        model[2].s = torch.nn.Parameter(torch.ones(32))  # one float32 parameter amid float16 ones
+        half = getattr(torch, os.environ["GP_HALF"])
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), Scale(32), torch.nn.Linear(32, 4))
+        model = model.to(half)
+        model[2].s = torch.nn.Parameter(torch.ones(32))  # one float32 parameter amid half ones
         named = [(f"{opt_name}.{reload}.{whole}.{n}", p) for n, p in model.named_parameters()]
         params = [p for _, p in named]
         opt = build(opt_name, params, named, 3)
         g = torch.Generator().manual_seed(7)
-        x_eval = torch.randn(64, 16, generator=g).half()
+        x_eval = torch.randn(64, 16, generator=g).to(half)
         y_eval = torch.tanh(x_eval.float() @ torch.randn(16, 4, generator=g))
         def loss_of(x, y):
             return torch.nn.functional.mse_loss(model(x).float(), y)
@@ -52,16 +56,17 @@ bps.shutdown()
 """
 
 
-def test_a_float16_model_trains_through_both_optimizers(cluster):
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_a_half_precision_model_trains_through_both_optimizers(cluster, half):
     c = cluster(workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
-    c.start(WORKER).assert_success()
+    c.start(WORKER, worker_env={"GP_HALF": str(half).removeprefix("torch.")}).assert_success()
     got = [torch.load(c.tmp / f"w{r}.pt") for r in range(2)]
     assert got[0][("OneBitAdam", False, False)]["kinds"] == ["warm-up"] * 3 + ["frozen"] * 11
     assert {"variance", "momentum", "sync", "local"} <= set(got[0][("ZeroOneAdam", False, False)]["kinds"])
     for opt_name in ("OneBitAdam", "ZeroOneAdam"):
         run = got[0][(opt_name, False, False)]
         assert set(run["dtypes"].values()) == {torch.float32}, (opt_name, run["dtypes"])
-        assert [p.dtype for p in run["steps"][-1]] == [torch.float16] * 2 + [torch.float32] + [torch.float16] * 2
+        assert [p.dtype for p in run["steps"][-1]] == [half] * 2 + [torch.float32] + [half] * 2
         assert all(torch.isfinite(p).all() for p in run["steps"][-1])
         assert run["losses"][-1] < 0.7 * run["losses"][0], (opt_name, run["losses"])
         other = got[1][(opt_name, False, False)]["steps"]
