@@ -108,6 +108,9 @@ class LowRankReducer:
         # reconstruction: what the planner re-bases its low-rank costs on
         self.work_s = self.rebuild_s = 0.0
         self._in_sums = 0.0
+        # on a GPU, once the planner asks (``timings``): each compressed step's timing events,
+        # which time the same stretches on the device, where the ops run after the step's thread
+        self._marks: list | None = None
         self.math = NumbaMath if self.device.type == "cpu" else TorchMath
 
     # ---- one step ----------------------------------------------------------------------
@@ -153,6 +156,8 @@ class LowRankReducer:
     def _compressed_step(self, grads: dict[int, torch.Tensor]) -> None:
         math, workers = self.math, self.comm.size()
         start, self._in_sums = time.perf_counter(), 0.0
+        self._marks = None if self._marks is None else []
+        self._mark()
         if not self.factors_ready:
             self._seed_q()
         k = self.step - self.params.start_step
@@ -177,17 +182,34 @@ class LowRankReducer:
             math.factor_cols_subtract(ms, es, ps, qts, True)
             self._sum(self.q, "Q")
         rebuild = time.perf_counter()
+        self._mark()
         with self.comm.span(f"{self.params.method} reconstruct", step=self.step):
             math.reconstruct(ps, qts, 1.0 / workers, ms)
+        self._mark()
         self.work_s = rebuild - start - self._in_sums
         self.rebuild_s = time.perf_counter() - rebuild
+
+    def timings(self) -> tuple[float, float, list]:
+        """The last compressed step's factor work and reconstruction, seconds of the step's
+        thread, and on a GPU the events that time them on the device (``device_seconds``),
+        which every step records from the first call on."""
+        marks, self._marks = self._marks or [], [] if self.device.type == "cuda" else None
+        return self.work_s, self.rebuild_s, marks
+
+    def _mark(self) -> None:
+        if self._marks is not None:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            self._marks.append(event)
 
     def _sum(self, flat: torch.Tensor, which: str) -> None:
         """Every worker's factor summed, exactly, in place (uncompressed float32 push_pull)."""
         start = time.perf_counter()
+        self._mark()
         with self.comm.span(f"{self.params.method} round {which}", step=self.step):
             self.comm.wait(self.comm.start(flat, f"{self.prefix}LowRank.{which}", priority=self.priority,
                                            average=False))
+        self._mark()
         self._in_sums += time.perf_counter() - start
 
     def _seed_q(self) -> None:
@@ -247,3 +269,12 @@ def _matrix_view(t: torch.Tensor, m: _Matrix) -> torch.Tensor:
     return t.detach().reshape(m.rows, m.cols).contiguous()
 
 
+def device_seconds(marks: list) -> tuple[float, float] | None:
+    """A step's factor work and reconstruction on the device, in seconds, from its timing
+    events (``LowRankReducer.timings``): stretches of work alternate with the sums' rounds,
+    which are left out, and the reconstruction is the last; None without them (a host's)."""
+    if len(marks) < 5:
+        return None
+    marks[-1].synchronize()   # (read at the re-basing, steps later: done long since)
+    stretches = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]   # elapsed_time: ms
+    return sum(stretches[:-1:2]), stretches[-1]

@@ -82,8 +82,7 @@ def codec_costs(options: dict[str, dict[str, Any]], on_device: Callable[[dict], 
             continue
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        out[name] = measure(params) if on_device is None or params.get("compressor") in LOW_RANK \
-            else on_device(params)
+        out[name] = measure(params) if on_device is None else on_device(params)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(asdict(out[name])))

@@ -320,7 +320,7 @@ def test_the_planner_times_the_codecs_and_copies_on_the_gpu(tmp_path, monkeypatc
     from gradpress.planner import calibrate
     monkeypatch.setenv("GRADPRESS_CACHE_DIR", str(tmp_path))
     options = {"onebit": {"compressor": "onebit", "scaling": True, "ef": "vanilla"},
-               "fp16_raw": {"compressor": "fp16_raw"}}
+               "fp16_raw": {"compressor": "fp16_raw"}, "acpsgd": {"compressor": "acpsgd", "rank": 4}}
     dev = torch.device("cuda:0")
     costs = calibrate.codec_costs(options, lambda p: measure_on_device(p, dev), torch.cuda.get_device_name(dev))
     raw, onebit, halves = costs["none"], costs["onebit"], costs["fp16_raw"]
@@ -331,6 +331,9 @@ def test_the_planner_times_the_codecs_and_copies_on_the_gpu(tmp_path, monkeypatc
     assert raw.compress.per_byte_s > 0 and raw.decompress.per_byte_s > 0
     assert onebit.server_compress is not None  # the servers recompress on the host, not at the card's cost
     assert 0 < onebit.payload_ratio < 0.05
+    # the factor products and the reconstruction as torch ops on the card, one round of factors
+    acp = costs["acpsgd"]
+    assert acp.rank == 4 and acp.rounds == 1 and acp.compress.per_byte_s > 0 and acp.decompress.per_byte_s > 0
     # cached per card: a second call reads the same numbers back without measuring
     assert calibrate.codec_costs(options, lambda p: 1 / 0, torch.cuda.get_device_name(dev)) == costs
 

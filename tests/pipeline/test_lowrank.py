@@ -198,3 +198,80 @@ def test_reachable_from_the_job_file_and_rules(tmp_path):
     job.write_text('[compression.default]\ncompressor = "powersgd"\nrank = 0\n')
     with pytest.raises(ValueError, match=r"compression default: compression_params\['rank'\] = 0"):
         CompressionPolicy.from_job_file(str(job), 0)
+
+
+class _Clock:
+    """Stands in for the device's clock: each timing event records the time it is set to."""
+    now = 0.0
+
+
+class _TimingEvent:
+    """torch.cuda.Event(enable_timing=True) on a host: records ``_Clock.now`` (ms)."""
+    def __init__(self, enable_timing: bool = False):
+        assert enable_timing
+        self.at, self.waited = None, False
+
+    def record(self, stream=None) -> None:
+        self.at = _Clock.now
+
+    def synchronize(self) -> None:
+        self.waited = True
+
+    def elapsed_time(self, end: "_TimingEvent") -> float:
+        assert self.at is not None and end.at is not None
+        return end.at - self.at
+
+
+@pytest.mark.parametrize("method, sums", [("powersgd", 2), ("acpsgd", 1)])
+def test_a_gpu_reducers_factor_work_is_timed_on_the_device_for_the_planner(monkeypatch, method, sums):
+    """On a GPU the factor ops run after the step's thread launched them, and their time
+    shows in the sums' waits, which the host's figures leave out. Once the planner asks
+    (``timings``), each compressed step records timing events around the same stretches; the
+    re-basing takes the device's seconds where they are longer, the sums' rounds left out."""
+    from gradpress.pipeline import lowrank
+    from gradpress.pipeline.planning.profiling import factor_seconds
+    tensors = {"w": torch.zeros(12, 10), "b": torch.zeros(5)}
+    r = LowRankReducer(list(tensors.items()), LowRankParams(method, 2, 0, 0.5, 3), "t.", comm=FakeComm(size=1))
+    grads = lambda: {id(t): torch.randn(t.shape) for t in tensors.values()}  # noqa: E731
+    assert r.timings()[2] == []   # a host's reducer records none
+    r.reduce(grads())
+    assert r.timings()[2] == []
+    r.device = torch.device("cuda")   # (its ops stay on the host: only the events are the GPU's)
+    monkeypatch.setattr(torch.cuda, "Event", _TimingEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    r.reduce(grads())
+    assert r.timings()[2] == []   # not asked before this step: none recorded
+    wait, math = r.comm.wait, r.math
+
+    class Timed:   # the factor products take 1.5 ms of the device each, the reconstruction 7, a sum 50
+        @staticmethod
+        def factor_rows(*a):
+            math.factor_rows(*a)
+            _advance(1.5)
+
+        @staticmethod
+        def factor_cols_subtract(*a):
+            math.factor_cols_subtract(*a)
+            _advance(1.5)
+
+        @staticmethod
+        def reconstruct(*a):
+            math.reconstruct(*a)
+            _advance(7.0)
+        orthonormalize = math.orthonormalize
+    r.math = Timed
+    monkeypatch.setattr(r.comm, "wait", lambda *a, **k: (_advance(50.0), wait(*a, **k))[1])
+    r.reduce(grads())
+    host_work, host_rebuild, marks = r.timings()
+    assert len(marks) == 3 + 2 * sums
+    work, rebuild = lowrank.device_seconds(marks)
+    assert marks[-1].waited
+    assert work == pytest.approx(sums * 1.5e-3) and rebuild == pytest.approx(7e-3)   # one product a sum
+    assert factor_seconds(host_work, host_rebuild, marks) == (max(host_work, work), max(host_rebuild, rebuild))
+    assert factor_seconds(0.5, 0.25, []) == (0.5, 0.25)   # a host's: its own seconds
+    r.reduce(grads())   # every step from the first call on
+    assert len(r.timings()[2]) == 3 + 2 * sums
+
+
+def _advance(ms: float) -> None:
+    _Clock.now += ms

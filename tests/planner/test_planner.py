@@ -772,3 +772,21 @@ def test_a_change_in_how_the_gpu_times_the_codecs_measures_them_again():
     assert {("planning", "gpu_costs.py"), ("planner", "calibrate.py"), ("compressors", "onebit.py"),
             ("cuda", "onebit.py")} <= names
     assert all(p.is_file() for p in calibrate.measured_sources())
+
+
+@pytest.mark.parametrize("method, rounds", [("powersgd", 2), ("acpsgd", 1)])
+def test_a_gpu_workers_low_rank_option_is_timed_as_torch_ops_on_its_device(monkeypatch, method, rounds):
+    """A GPU worker's reducer runs the factor steps as torch ops (``TorchMath``), not the
+    host's Numba kernels: the calibration times those, on the worker's device, each finished
+    there. Here on the host's torch, with the device's wait a no-op."""
+    import torch
+
+    from gradpress.compressors.lowrank import LowRankParams
+    from gradpress.pipeline.planning import gpu_costs
+    waits = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waits.append(device))
+    cost = gpu_costs.measure_on_device({"compressor": method, "rank": 2}, torch.device("cpu"))
+    assert waits and set(waits) == {torch.device("cpu")}
+    assert cost.rank == 2 and cost.rounds == rounds and cost.payload_ratio == 0.0
+    assert cost.compress.per_byte_s > 0 and cost.decompress.per_byte_s > 0
+    assert cost.min_rate == LowRankParams.parse({"compressor": method}).min_compression_rate

@@ -14,7 +14,8 @@ class StepClock:
         self.backward_end = 0.0
         self.ready: dict[int, list[float]] = {pid: [] for pid in ids}   # since the iteration's start, per step
         self.timeline: list[tuple[float, float]] = []                    # (backward end, step s) per step
-        self.factors: list[tuple[float, float]] = []   # (factor work, reconstruction) s per planned step
+        # (factor work, reconstruction) s of the step's thread, and a GPU's timing events, per planned step
+        self.factors: list[tuple[float, float, list]] = []
         self.measured: list[float] = []                # iteration s of planned steps
         self.cpu_marks: list[tuple[float, float]] = []  # (training, sockets) CPU s at each step's end
         self._training_cpu: host.TrainingCpu | None = None

@@ -9,9 +9,12 @@ import torch
 
 from ...compressors import build_compressor
 from ...compressors.auto import raw_halves
+from ...compressors.lowrank import CODECS as LOW_RANK
+from ...compressors.lowrank import LowRankParams
 from ...kernels.cuda import device as gpu
-from ...planner.calibrate import SIZES, Turns, cold_keys, measure, median_s
+from ...planner.calibrate import MATRICES, SIZES, Turns, cold_keys, measure, median_s
 from ...planner.profile import CodecCost, fit_linear
+from ..lowrank_math import TorchMath
 
 
 def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
@@ -21,7 +24,9 @@ def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
     raw path's compress is the DMA copy of the partition into pinned host memory and its
     decompress the copy back with the divide on the device, as ``worker/stages.py`` does
     them; ``fp16_raw``'s the same at float16 with the casts on the device. The servers'
-    side is the host's (``measure``)."""
+    side is the host's (``measure``); a low-rank option's by ``measure_low_rank_on_device``."""
+    if params.get("compressor") in LOW_RANK:
+        return measure_low_rank_on_device(LowRankParams.parse(params), device)
     raw = params.get("compressor", "none") == "none"
     halves = raw_halves(params)
     host_side = measure(params)
@@ -74,3 +79,30 @@ def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
     return CodecCost(fit_linear(comp), fit_linear(decomp), host_side.add, host_side.payload_ratio,
                      server_compress=host_side.server_compress if host_side.server_compress is not None
                      else (None if raw else host_side.compress), uncompressed=host_side.uncompressed)
+
+
+def measure_low_rank_on_device(params: LowRankParams, device: Any) -> CodecCost:
+    """``calibrate.measure_low_rank`` for a GPU worker: the same steps as the reducer runs
+    them there (``TorchMath``, torch ops on the step's thread and torch's current stream),
+    each finished on the device before the clock stops. The servers only sum the factors:
+    the host's raw path."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    acp = params.method == "acpsgd"
+    comp, decomp = [], []
+    for rows, cols in MATRICES:
+        r = min(params.rank, rows, cols)
+        m, p, qt = (torch.randn(shape, device=device, generator=gen) for shape in ((rows, cols), (rows, r), (r, cols)))
+        e, out = torch.zeros_like(m), torch.empty_like(m)
+
+        def finished(fn):
+            def call():
+                fn()
+                torch.cuda.synchronize(device)
+            return call
+        both = median_s(finished(lambda: TorchMath.factor_rows([m], [e], [qt], [p], True, acp))) + \
+            median_s(finished(lambda: TorchMath.factor_cols_subtract([m] if acp else None, [e], [p], [qt], acp)))
+        comp.append((4 * rows * cols, both if params.method == "powersgd" else both / 2))
+        decomp.append((4 * rows * cols, median_s(finished(lambda: TorchMath.reconstruct([p], [qt], 0.5, [out])))))
+    raw = measure({"compressor": "none"})
+    return CodecCost(fit_linear(comp), fit_linear(decomp), raw.add, 0.0, params.rank,
+                     2 if params.method == "powersgd" else 1, params.min_compression_rate)

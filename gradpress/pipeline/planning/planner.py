@@ -126,7 +126,7 @@ class AutoPlanner:
                 clock.mark_cpu(self.comm.client.comm)
                 clock.timeline.append((clock.backward_end, step_s))
                 if self.route.reducer is not None:
-                    clock.factors.append((self.route.reducer.work_s, self.route.reducer.rebuild_s))
+                    clock.factors.append(self.route.reducer.timings())
                 if len(clock.timeline) > tuning.refine_steps:
                     self._refine()
             elif self._steps % tuning.drift_check_steps == 0 and self._drift_agreed():

@@ -17,6 +17,7 @@ from ...planner.simulate import predict
 from ...server.engine import engine_count, local_engine_count
 from ...torch.dtypes import wire_dtype
 from ..comm import Comm
+from ..lowrank import device_seconds
 from .clock import StepClock
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,15 @@ def tensors(clock: StepClock, params: list[torch.Tensor], names: dict[int, str],
                                (wire_dtype(d) or d).itemsize) for p, d in zip(order, dtypes))
 
 
+def factor_seconds(work_s: float, rebuild_s: float, marks: list) -> tuple[float, float]:
+    """A planned step's factor work and reconstruction: the step's thread's seconds, or the
+    device's where they took longer there (a GPU's ops run after the thread launched them)."""
+    on_device = device_seconds(marks)
+    if on_device is None:
+        return work_s, rebuild_s
+    return max(work_s, on_device[0]), max(rebuild_s, on_device[1])
+
+
 def raw_bytes(tensors: Sequence[torch.Tensor], sent_dtype=lambda p: p.dtype) -> int:
     """What the raw path pushes of ``tensors``: each in the dtype it travels as (bfloat16 as float32)."""
     return sum(p.numel() * (wire_dtype(sent_dtype(p)) or sent_dtype(p)).itemsize for p in tensors)
@@ -149,7 +159,7 @@ def rebased(profile: Profile, plan: Plan, clock: StepClock, names: dict[int, str
                                          measured_s=statistics.median(clock.measured[1:])))
     plan_cpu_s = 0.0  # the plan's own work on the training thread (factors)
     if plan.low_rank and len(clock.factors) > 1:  # (the first also seeds Q)
-        factors = clock.factors[1:]
+        factors = [factor_seconds(*f) for f in clock.factors[1:]]
         work_s, rebuild_s = statistics.median(w for w, _ in factors), statistics.median(r for _, r in factors)
         out = low_rank.measured(out, plan.low_rank_option, plan.low_rank, work_s, rebuild_s)
         plan_cpu_s = work_s + rebuild_s
