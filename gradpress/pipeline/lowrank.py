@@ -108,9 +108,10 @@ class LowRankReducer:
         # reconstruction: what the planner re-bases its low-rank costs on
         self.work_s = self.rebuild_s = 0.0
         self._in_sums = 0.0
-        # on a GPU, once the planner asks (``timings``): each compressed step's timing events,
-        # which time the same stretches on the device, where the ops run after the step's thread
+        # on a GPU, in the step after the planner asked (``timings``): timing events, which time
+        # the same stretches on the device, where the ops run after the step's thread
         self._marks: list | None = None
+        self._timed = False
         self.math = NumbaMath if self.device.type == "cpu" else TorchMath
 
     # ---- one step ----------------------------------------------------------------------
@@ -156,7 +157,7 @@ class LowRankReducer:
     def _compressed_step(self, grads: dict[int, torch.Tensor]) -> None:
         math, workers = self.math, self.comm.size()
         start, self._in_sums = time.perf_counter(), 0.0
-        self._marks = None if self._marks is None else []
+        self._marks, self._timed = ([] if self._timed else None), False
         self._mark()
         if not self.factors_ready:
             self._seed_q()
@@ -192,8 +193,8 @@ class LowRankReducer:
     def timings(self) -> tuple[float, float, list]:
         """The last compressed step's factor work and reconstruction, seconds of the step's
         thread, and on a GPU the events that time them on the device (``device_seconds``),
-        which every step records from the first call on."""
-        marks, self._marks = self._marks or [], [] if self.device.type == "cuda" else None
+        which the next compressed step records (none where it was not asked for)."""
+        marks, self._marks, self._timed = self._marks or [], None, self.device.type == "cuda"
         return self.work_s, self.rebuild_s, marks
 
     def _mark(self) -> None:

@@ -226,7 +226,7 @@ class _TimingEvent:
 def test_a_gpu_reducers_factor_work_is_timed_on_the_device_for_the_planner(monkeypatch, method, sums):
     """On a GPU the factor ops run after the step's thread launched them, and their time
     shows in the sums' waits, which the host's figures leave out. Once the planner asks
-    (``timings``), each compressed step records timing events around the same stretches; the
+    (``timings``), the next compressed step records timing events around the same stretches; the
     re-basing takes the device's seconds where they are longer, the sums' rounds left out."""
     from gradpress.pipeline import lowrank
     from gradpress.pipeline.planning.profiling import factor_seconds
@@ -269,7 +269,10 @@ def test_a_gpu_reducers_factor_work_is_timed_on_the_device_for_the_planner(monke
     assert work == pytest.approx(sums * 1.5e-3) and rebuild == pytest.approx(7e-3)   # one product a sum
     assert factor_seconds(host_work, host_rebuild, marks) == (max(host_work, work), max(host_rebuild, rebuild))
     assert factor_seconds(0.5, 0.25, []) == (0.5, 0.25)   # a host's: its own seconds
-    r.reduce(grads())   # every step from the first call on
+    r.reduce(grads())   # the step after each call
+    r.reduce(grads())
+    assert r.timings()[2] == []   # the planner stopped asking: none
+    r.reduce(grads())
     assert len(r.timings()[2]) == 3 + 2 * sums
 
 
