@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 
+from ..torch.handles import wait_all
 from .comm import OPS, Comm
 from .table import ParameterTable
 
@@ -44,9 +45,7 @@ class AsyncParameters:
         return loss
 
     def _exchange(self) -> None:
-        handles = [self._start(p) for p in self.table.trainable]
-        for h in handles:
-            self.comm.wait(h)
+        wait_all([self._start(p) for p in self.table.trainable], self.comm.wait)
 
     def _start(self, p: torch.Tensor) -> int:
         return self.comm.start(p.data, "AsyncParam." + self.table.names[id(p)], average=False,

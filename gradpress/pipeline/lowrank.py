@@ -35,6 +35,7 @@ import torch
 
 from ..compressors.lowrank import LowRankParams
 from ..torch.dtypes import HALVES, dtype_name
+from ..torch.handles import wait_all
 from .comm import OPS, Comm
 from .lowrank_math import NumbaMath, TorchMath
 from .routes.bucket import Bucket
@@ -142,8 +143,7 @@ class LowRankReducer:
                     out = views[m.tensor_id]
                     if out.data_ptr() != tensors[m.tensor_id].data_ptr():
                         tensors[m.tensor_id].copy_(out.view_as(tensors[m.tensor_id]))
-        for handle in handles:
-            comm.wait(handle)
+        wait_all(handles, comm.wait)
         if self.raw_bucket is not None:
             self.raw_bucket.finish()
         self.step += 1

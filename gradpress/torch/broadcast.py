@@ -15,7 +15,7 @@ import msgpack
 import numpy as np
 import torch
 
-from . import ops
+from . import handles, ops
 from .dtypes import dtype_name
 from .objects import MAX_OBJECT_BYTES, broadcast_bytes, check_root
 
@@ -41,13 +41,11 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
             raise TypeError(f"broadcast_parameters: {name!r} is a {type(t).__name__}, not a tensor")
     with torch.no_grad():
         for wave in _waves(_distinct(items)):
-            handles = []
-            for name, t in wave:
-                if ops.rank() != root_rank:
-                    t.zero_()
-                handles.append(ops.push_pull_async_inplace(t.data, average=False, name=prefix + name))
-            for h in handles:
-                ops.synchronize(h)
+            with handles.all_waited(ops.synchronize) as started:
+                for name, t in wave:
+                    if ops.rank() != root_rank:
+                        t.zero_()
+                    started.append(ops.push_pull_async_inplace(t.data, average=False, name=prefix + name))
 
 
 def _distinct(items: list) -> list:
@@ -153,19 +151,17 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
             error = str(e)
     layout = _unpack(broadcast_bytes(packed, error, root_rank, prefix + "optimizer_layout"))
     state = {}
-    handles = []
-    for pid, entries in sorted(layout["state"].items()):
-        state[pid] = {}
-        for k, (kind, *spec) in sorted(entries.items()):
-            if kind == "value":
-                state[pid][k] = spec[0]
-                continue
-            shape, dtype = spec
-            t = sd["state"][pid][k] if is_root else torch.zeros(shape, dtype=getattr(torch, dtype))
-            state[pid][k] = t
-            handles.append(ops.push_pull_async_inplace(t, average=False, name=f"{prefix}opt.{pid}.{k}"))
-    for h in handles:
-        ops.synchronize(h)
+    with handles.all_waited(ops.synchronize) as started:
+        for pid, entries in sorted(layout["state"].items()):
+            state[pid] = {}
+            for k, (kind, *spec) in sorted(entries.items()):
+                if kind == "value":
+                    state[pid][k] = spec[0]
+                    continue
+                shape, dtype = spec
+                t = sd["state"][pid][k] if is_root else torch.zeros(shape, dtype=getattr(torch, dtype))
+                state[pid][k] = t
+                started.append(ops.push_pull_async_inplace(t, average=False, name=f"{prefix}opt.{pid}.{k}"))
     if not is_root:
         _placed(layout["param_groups"], layout["group_devices"], optimizer)
         optimizer.load_state_dict({"state": state, "param_groups": layout["param_groups"]})

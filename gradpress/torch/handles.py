@@ -1,9 +1,10 @@
 """Handles: what the asynchronous push_pulls return, and what ``synchronize`` waits on."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -60,3 +61,34 @@ def wait(handle: int, timeout_s: float) -> torch.Tensor:
         return pending.output
     finally:
         _handles.pop(handle, None)
+
+
+def wait_all(handles: list[int], wait: Callable[[int], Any]) -> list:
+    """``wait`` for each of ``handles`` in turn, each one even after another failed, so that
+    none is left pending and each failed one's clean-up runs (``abandon``: a CUDA
+    consumer's stream waits for what gradpress's streams still write into its tensor); their
+    outputs, or the first failure raised. Each push_pull has its own deadline: no longer
+    than the slowest of them."""
+    outputs, first = [], None
+    for handle in handles:
+        try:
+            outputs.append(wait(handle))
+        except Exception as e:  # noqa: BLE001 - the first is raised once every one is over
+            first = first or e
+    if first is not None:
+        raise first
+    return outputs
+
+
+@contextlib.contextmanager
+def all_waited(wait: Callable[[int], Any]) -> Iterator[list[int]]:
+    """A list for the handles a block starts, each waited for (``wait_all``) when it ends,
+    also when it raised, before its own error goes on (a start refused midway)."""
+    started: list[int] = []
+    try:
+        yield started
+    except Exception:
+        with contextlib.suppress(Exception):
+            wait_all(started, wait)
+        raise
+    wait_all(started, wait)

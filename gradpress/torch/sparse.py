@@ -130,10 +130,10 @@ def start(client: WorkerClient, tensor: torch.Tensor, rows: SparseRows | Callabl
         indices = torch.from_numpy(union.indices)
         values = torch.from_numpy(np.ascontiguousarray(union.values))
         with torch.no_grad():
-            if dense_out is not None:
-                flat = dense_out.view(dense_out.shape[0], -1)
-                flat.zero_()
-                flat[indices.to(flat.device)] = values.to(flat.device, flat.dtype)
+            if dense_out is not None:  # indexed by rows as it is: a channels_last one has no flat view
+                dense_out.zero_()
+                dense_out[indices.to(dense_out.device)] = values.to(dense_out.device, dense_out.dtype).reshape(
+                    (values.shape[0],) + tuple(dense_out.shape[1:]))
                 return dense_out
             values = values.reshape((values.shape[0],) + tuple(tensor.shape[1:])).to(tensor.dtype)
             return torch.sparse_coo_tensor(indices.unsqueeze(0), values, tuple(tensor.shape),

@@ -75,7 +75,7 @@ class PartitionFlight:
         self.stages.introduce(wk, op.job.src)
         op.round = wk.next_round
         relayed = wk.pushers and self.relay is not None
-        filling = None if relayed else _filling(op.job)
+        filling = _filling(op.job)
         if filling is None:
             self.stages.await_source(op.job)
         if relayed:  # ours to sum for the machine: the peers' pushes first
@@ -84,7 +84,7 @@ class PartitionFlight:
             op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
             op.acked = True  # taken, as a server's ack takes a push: credit must not wait for the peers
             self._queue.release()
-            self.relay.contribute(op)
+            self.relay.contribute(op, filling)
             return
         rounds = self._together(op)
         wk.next_round += 1

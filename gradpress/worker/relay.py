@@ -69,9 +69,16 @@ class Relay:
 
     # ---- our own contribution and the server's answer ------------------------------
 
-    def contribute(self, op: PartitionOp) -> None:
+    def contribute(self, op: PartitionOp, filling: object | None = None) -> None:
+        """``op``'s round of a key this worker sums for the machine; ``filling``: the event of
+        the copy still filling its host source (a CUDA tensor staged through pinned memory),
+        waited for off the communication thread, as a chunk's own copy off the device is."""
         owned = self.keys.setdefault(op.wkey.key, _Owned())
         owned.own[op.round] = op
+        if filling is not None:
+            owned.copying.add(op.round)
+            self.host_copies.after(filling, lambda: self._copied(op), what=op.wkey.describe)
+            return
         mine = op.chunk
         if is_device_array(mine):  # to the host now, while the peers' pushes come in (``HostCopies``)
             from ..kernels.cuda import device

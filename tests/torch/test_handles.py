@@ -39,3 +39,39 @@ def test_a_finished_push_pull_lands_and_is_not_abandoned():
     future.set(None)
     assert torch.equal(handles.wait(handle, 1.0), torch.zeros(3))
     assert undone == ["finish"]
+
+
+def test_every_handle_of_a_group_is_waited_for_past_a_failed_one():
+    """``wait_all`` (a broadcast's handles, a reducer's): after one fails, the later ones are
+    still waited for, so none stays pending and each failed one is abandoned; the first
+    failure is raised."""
+    futures = [Future(f"push_pull {i}") for i in range(4)]
+    started = [start(f) for f in futures]
+    futures[0].set(None)
+    futures[1].fail(JobError("tensor 't1': a mismatch"))
+    futures[2].set(None)
+    futures[3].fail(JobError("tensor 't3': a server died"))
+    with pytest.raises(JobError, match="'t1': a mismatch"):
+        handles.wait_all([h for h, _ in started], lambda h: handles.wait(h, 1.0))
+    assert [undone for _, undone in started] == [["finish"], ["abandon"], ["finish"], ["abandon"]]
+    assert not any(h in handles._handles for h, _ in started)
+
+
+def test_handles_started_before_a_refused_start_are_waited_for_and_the_refusal_stands():
+    futures = [Future(f"push_pull {i}") for i in range(2)]
+    started = [start(f) for f in futures]
+    futures[0].set(None)
+    futures[1].fail(JobError("the job ended"))
+    with pytest.raises(ValueError, match="a bad dtype"):
+        with handles.all_waited(lambda h: handles.wait(h, 1.0)) as group:
+            group += [h for h, _ in started]
+            raise ValueError("a bad dtype")
+    assert [undone for _, undone in started] == [["finish"], ["abandon"]]
+    assert not any(h in handles._handles for h, _ in started)
+    future = Future("push_pull")
+    handle, undone = start(future)
+    future.set(None)
+    with handles.all_waited(lambda h: handles.wait(h, 1.0)) as group:
+        group.append(handle)
+        assert undone == []   # waited for when the block ends
+    assert undone == ["finish"]

@@ -66,6 +66,14 @@ dense = torch.zeros(ROWS, WIDTH)
 dense.index_put_((torch.from_numpy(ids),), torch.from_numpy(vals).float(), accumulate=True)
 out = bps.synchronize(ops.push_pull_rows_async_inplace(dense, average=False, name="dense-rows"))
 assert out is dense and np.array_equal(dense.double().numpy(), reference("zipf")[1]), "dense rows"
+def conv_of(k):  # a conv weight's gradient, rows by worker
+    t = torch.zeros(ROWS, 2, 2, 2)
+    t[torch.from_numpy(np.unique(batch("zipf", k)[0]))] = torch.arange(8.0).view(2, 2, 2) + k
+    return t
+conv = conv_of(r).to(memory_format=torch.channels_last)  # rows that no flat view reaches
+out = bps.synchronize(ops.push_pull_rows_async_inplace(conv, average=False, name="conv-rows"))
+assert out is conv and torch.equal(conv, sum(conv_of(k) for k in range(n))), "channels_last rows"
+assert conv.is_contiguous(memory_format=torch.channels_last), "the gradient's layout changed"
 try:  # a layout that cannot travel is named, not met by torch's own error deep inside
     bps.push_pull(torch.eye(3).to_sparse_csr(), name="csr")
     raise AssertionError("a CSR tensor was pushed")

@@ -71,3 +71,33 @@ def test_a_failed_push_pulls_buffer_is_never_reused(monkeypatch):
     staging._busy.add("w")
     staging.failed("w", other)
     assert staging._buffers["w"] is kept and "w" in staging._busy
+
+
+def test_a_machines_owner_waits_for_its_staged_source_off_the_communication_thread(monkeypatch):
+    """The worker that sums a key for its machine (local reduce) and whose source is still
+    being copied into pinned memory (a staged CUDA tensor) hands the copy's event to the
+    host-copies thread, as a CUDA chunk's own copy is, and sums once it is done; the
+    communication thread never waits on the event."""
+    from gradpress.worker.relay import Relay
+
+    class Filling:
+        def synchronize(self):
+            raise AssertionError("the communication thread waited for the copy")
+    later = []
+    relay = Relay.__new__(Relay)
+    relay.keys = {}
+    relay.host_copies = SimpleNamespace(after=lambda done, then, what=None: later.append((done, then, what)))
+    tried = []
+    monkeypatch.setattr(relay, "_try", lambda key, rnd: tried.append((key, rnd)))
+    wkey = SimpleNamespace(key=7, describe=lambda: "tensor 'w' [0:4]", in_flight=None)
+    op = SimpleNamespace(wkey=wkey, round=3, chunk=np.zeros(4, np.float32))
+    wkey.in_flight = op
+    filling = Filling()
+    relay.contribute(op, filling)
+    assert tried == [] and relay.keys[7].copying == {3}
+    (done, then, what), = later
+    assert done is filling and what() == "tensor 'w' [0:4]"
+    then()   # on the communication thread once the copy is done
+    assert tried == [(7, 3)] and relay.keys[7].copying == set()
+    relay.contribute(SimpleNamespace(wkey=wkey, round=4, chunk=np.zeros(4, np.float32)))   # filled: at once
+    assert tried == [(7, 3), (7, 4)] and len(later) == 1

@@ -9,6 +9,7 @@ import time
 import torch
 
 from ...planner.profile import probe_batches
+from ...torch.handles import wait_all
 from ..comm import Comm
 from .tuning import PlanTuning
 
@@ -58,9 +59,7 @@ class Agreement:
         times = []
         for r in range(self.tuning.probe_repeats + 1):
             t = time.perf_counter()
-            handles = [self.comm.start(x, n, average=False) for x, n in zip(tensors, names)]
-            for h in handles:
-                self.comm.wait(h)
+            wait_all([self.comm.start(x, n, average=False) for x, n in zip(tensors, names)], self.comm.wait)
             if r:  # the first declares the keys and sets the servers up
                 times.append(time.perf_counter() - t)
         return statistics.median(times)
