@@ -15,9 +15,12 @@ torch does on CPU). ``zero_grad()`` is a no-op (the updater zeroes each gradient
 call ``synchronize()`` before reading parameters outside a forward pass (checkpoints,
 evaluation). Differences from BytePS: every ``step()`` crosses the barrier (BytePS
 steps the first one locally), and any optimizer works, not only SGD, Adam and RMSprop.
+On a GPU the updater queues its work on the training thread's stream as of ``step()``
+(``training_streams``), so a training loop on a stream of its own is ordered after it.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -108,7 +111,7 @@ class _CrossBarrier:
         hyper = {id(p): self._hyper(p) for p in batch}
         pipeline.next_step()
         self._opt.set_backward_passes_per_step(self._opt.backward_passes_per_step)
-        self._work.put((batch, hyper))
+        self._work.put((batch, hyper, training_streams(batch)))
         self._step += 1
         if self._step >= self._final_step:
             self.synchronize()
@@ -128,11 +131,12 @@ class _CrossBarrier:
 
     def _update_loop(self) -> None:
         while (item := self._work.get()) is not _STOP:
-            batch, hyper = item
+            batch, hyper, streams = item
             for p in batch:
                 try:
                     if self._error is None:
-                        self._update(p, hyper[id(p)])
+                        with _on(streams.get(p.device)):
+                            self._update(p, hyper[id(p)])
                 except BaseException as e:  # surfaced in the training thread at its next wait
                     log.exception("CrossBarrier: updating a parameter failed")
                     self._error = e
@@ -149,6 +153,19 @@ class _CrossBarrier:
         single.step()
         with torch.no_grad():
             p.grad.zero_()
+
+
+def training_streams(params: list[torch.Tensor]) -> dict[torch.device, object]:
+    """The training thread's current CUDA stream on each device of ``params``. The updater
+    queues each parameter's wait for its average, its step and its gradient's zeroing there:
+    the next forward and backward, queued after it sees the parameter updated, are ordered
+    after them on the device even where they run on a stream of their own
+    (``torch.cuda.stream(s)``), which does not wait for the updater thread's default one."""
+    return {p.device: torch.cuda.current_stream(p.device) for p in params if p.is_cuda}
+
+
+def _on(stream):
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def CrossBarrier(model: torch.nn.Module, optimizer: torch.optim.Optimizer, named_parameters=None,

@@ -1,0 +1,44 @@
+"""``CrossBarrier``'s updater queues each parameter's step on the training thread's CUDA
+stream as it was at ``step()``: a forward or backward on a stream of its own
+(``torch.cuda.stream(s)``) does not wait for the updater thread's default stream, and the
+threading event the forward hook waits for only says the update was queued. Stand-ins take
+torch's CUDA parts (this host has no GPU)."""
+import contextlib
+import queue
+import threading
+from types import SimpleNamespace
+
+import torch
+
+from gradpress.torch import cross_barrier
+
+
+def test_the_updater_queues_each_update_on_the_training_threads_stream(monkeypatch):
+    side = {0: "side stream of cuda:0", 1: "side stream of cuda:1"}
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: side[device.index])
+    on_gpu = [SimpleNamespace(is_cuda=True, device=torch.device("cuda", i)) for i in (0, 1, 1)]
+    on_host = SimpleNamespace(is_cuda=False, device=torch.device("cpu"))
+    streams = cross_barrier.training_streams(on_gpu + [on_host])
+    assert streams == {torch.device("cuda", 0): side[0], torch.device("cuda", 1): side[1]}
+
+    current = []
+
+    @contextlib.contextmanager
+    def stream(s):
+        current.append(s)
+        yield
+        current.pop()
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    barrier = cross_barrier._CrossBarrier.__new__(cross_barrier._CrossBarrier)
+    barrier._error, barrier._work = None, queue.Queue()
+    batch = on_gpu[:2] + [on_host]
+    barrier._ready = {id(p): threading.Event() for p in batch}
+    updated = []
+    barrier._update = lambda p, hyper: updated.append((p.device, list(current), hyper))
+    barrier._work.put((batch, {id(p): {"lr": 0.1} for p in batch}, streams))
+    barrier._work.put(cross_barrier._STOP)
+    barrier._update_loop()
+    assert updated == [(torch.device("cuda", 0), [side[0]], {"lr": 0.1}),
+                       (torch.device("cuda", 1), [side[1]], {"lr": 0.1}),
+                       (torch.device("cpu"), [], {"lr": 0.1})]   # a host parameter: no stream
+    assert all(barrier._ready[id(p)].is_set() for p in batch)
