@@ -22,6 +22,7 @@ every parameter a bucket of its own, named ``Gradient.<name>`` as BytePS names i
 from __future__ import annotations
 
 import collections
+import threading
 import warnings
 from contextlib import contextmanager
 
@@ -90,6 +91,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
         self._every = list(module.parameters())  # frozen ones too: they may be unfrozen later
         self._late: list[torch.Tensor] = []  # this backward's parameters unfrozen since wrapping
+        # a model over several GPUs: autograd runs each device's hooks on a thread of its own
+        self._submitting = threading.Lock()
         if module.state_dict():
             broadcast_parameters(module.state_dict(), root_rank=0, prefix=f"Parameter.{self._prefix}")
 
@@ -113,13 +116,15 @@ class DistributedDataParallel(torch.nn.Module):
         if not self._sync:
             return
         pipeline = self._gradpress
-        if not pipeline.any_submitted:  # this backward's first gradient: finish at its end
-            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
-            # a check per backward, on the hook thread: over the parameters kept at wrapping
-            # (8 us for 102; walking the module again took 90), names only where one is found
-            self._late = [q for q in self._every if q.requires_grad and id(q) not in self._param]
-        pipeline.submit(p, p.grad)
-        if pipeline.all_submitted and not self._late:
+        with self._submitting:  # one thread at a time submits, and exactly one sees the last
+            if not pipeline.any_submitted:  # this backward's first gradient: finish at its end
+                torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+                # a check per backward, on the hook thread: over the parameters kept at wrapping
+                # (8 us for 102; walking the module again took 90), names only where one is found
+                self._late = [q for q in self._every if q.requires_grad and id(q) not in self._param]
+            pipeline.submit(p, p.grad)
+            last = pipeline.all_submitted and not self._late
+        if last:
             self.synchronize()  # the last gradient of this backward: finish before it returns
 
     def _backward_done(self) -> None:

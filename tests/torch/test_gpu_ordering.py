@@ -1,8 +1,10 @@
-"""``CrossBarrier``'s updater queues each parameter's step on the training thread's CUDA
+"""Ordering on a GPU worker that the device's streams and autograd's threads need.
+``CrossBarrier``'s updater queues each parameter's step on the training thread's CUDA
 stream as it was at ``step()``: a forward or backward on a stream of its own
 (``torch.cuda.stream(s)``) does not wait for the updater thread's default stream, and the
-threading event the forward hook waits for only says the update was queued. Stand-ins take
-torch's CUDA parts (this host has no GPU)."""
+threading event the forward hook waits for only says the update was queued. DDP over a
+model on two GPUs finishes each backward once. Stand-ins take torch's CUDA parts and
+autograd's device threads (this host has no GPU)."""
 import contextlib
 import queue
 import threading
@@ -42,3 +44,41 @@ def test_the_updater_queues_each_update_on_the_training_threads_stream(monkeypat
                        (torch.device("cuda", 1), [side[1]], {"lr": 0.1}),
                        (torch.device("cpu"), [], {"lr": 0.1})]   # a host parameter: no stream
     assert all(barrier._ready[id(p)].is_set() for p in batch)
+
+
+def test_a_ddp_model_over_two_gpus_finishes_its_backward_once(monkeypatch):
+    """Autograd runs each device's gradient hooks on a thread of its own: two hooks submitting
+    at once must not both see the last gradient submitted (two finishes, one of them flushing
+    a bucket the other thread is still filling)."""
+    import time
+
+    from gradpress.torch.parallel.distributed import DistributedDataParallel
+
+    class Pipeline:
+        trainable = 2
+
+        def __init__(self):
+            self.given = []
+
+        @property
+        def any_submitted(self):
+            return True   # (the first gradient's callback is autograd's: past here)
+
+        @property
+        def all_submitted(self):
+            return len(self.given) == self.trainable
+
+        def submit(self, p, grad):
+            self.given.append(p)
+            time.sleep(0.05)   # a bucket's copies and its start, the GIL let go meanwhile
+    ddp = DistributedDataParallel.__new__(DistributedDataParallel)
+    finished = []
+    vars(ddp).update(_sync=True, _gradpress=Pipeline(), _late=[], _submitting=threading.Lock(),
+                     synchronize=lambda: finished.append(threading.current_thread().name))
+    hooks = [threading.Thread(target=ddp._on_grad, args=(SimpleNamespace(grad=None),), name=f"cuda:{i}")
+             for i in range(2)]
+    for hook in hooks:
+        hook.start()
+    for hook in hooks:
+        hook.join(10)
+    assert len(finished) == 1, finished
