@@ -29,7 +29,11 @@ class Carried(NamedTuple):
 
 def carrier(tensor: torch.Tensor, output: torch.Tensor, compressed: bool, divisor: int) -> Carried | None:
     """How ``tensor`` travels for an ``output`` averaged over ``divisor`` workers, or None
-    where it travels as itself."""
+    where it travels as itself. A sparse tensor travels as its rows (``sparse.py``), whose
+    own dtype check names what they cannot carry: a carrier of it would be a sparse tensor
+    of another shape, its result never landed in ``output``."""
+    if tensor.layout != torch.strided:
+        return None
     if tensor.is_complex():
         return Carried(torch.view_as_real(tensor), torch.view_as_real(output), None)
     if compressed and tensor.dtype in HALVES:

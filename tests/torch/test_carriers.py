@@ -40,3 +40,20 @@ def test_complex_travels_as_its_real_view_and_halves_widen_only_to_be_compressed
     assert carriers.carrier(h, h, False, 2) is None
     c = carriers.carrier(h, h, True, 2)
     assert c.travels.dtype == torch.float32 and not c.summed
+
+
+def test_a_sparse_tensor_travels_as_its_rows_never_by_a_carrier():
+    """A complex sparse COO tensor's real view is a sparse tensor of another shape: its
+    sums came back in a new tensor while the caller got the empty output; a CUDA int64 one
+    failed in a reshape. Rows refuse what they cannot carry, by name."""
+    import pytest
+
+    from gradpress.torch import carriers, sparse
+    index = torch.tensor([[0, 2]])
+    for values, device in ((torch.ones(2, dtype=torch.complex64), "cpu"), (torch.ones(2, dtype=torch.int64), "meta")):
+        t = torch.sparse_coo_tensor(index, values, (4,), device=device, check_invariants=False)
+        for compressed in (False, True):
+            assert carriers.carrier(t, t, compressed, 2) is None, (t.dtype, compressed)
+    complex_rows = torch.sparse_coo_tensor(index, torch.ones(2, dtype=torch.complex64), (4,))
+    with pytest.raises(ValueError, match="'emb': a row-sparse torch.complex64 tensor"):
+        sparse.rows_of_coo(complex_rows, "emb")
