@@ -14,6 +14,7 @@ change it made to each parameter and pulls the servers' current parameters.
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 import warnings
 from contextlib import contextmanager
@@ -65,6 +66,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._known = {id(p) for p in table.trainable}
         self._passes_left = {id(p): backward_passes_per_step for p in table.trainable}
         self._should_sync = True
+        self._submitting = threading.Lock()  # a model over several GPUs: a hook thread per device
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in table.trainable]
         for p in table.trainable:
             ops.declare("Gradient." + table.names[id(p)])
@@ -97,13 +99,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._passes_left[key] = self.backward_passes_per_step
 
     def _on_gradient(self, p: torch.Tensor) -> None:
-        left = self._passes_left[id(p)]
-        if left <= 0:
-            raise AssertionError("gradients were computed more than backward_passes_per_step times "
-                                 "before step(); raise backward_passes_per_step to accumulate locally")
-        self._passes_left[id(p)] = left - 1
-        if left == 1:
-            self._gradpress.submit(p, p.grad)
+        with self._submitting:  # one hook thread at a time: a bucket or a vote is filled by one
+            left = self._passes_left[id(p)]
+            if left <= 0:
+                raise AssertionError("gradients were computed more than backward_passes_per_step times "
+                                     "before step(); raise backward_passes_per_step to accumulate locally")
+            self._passes_left[id(p)] = left - 1
+            if left == 1:
+                self._gradpress.submit(p, p.grad)
 
     def synchronize(self) -> None:
         """Finish every gradient's push_pull (starting those backward did not reach)."""

@@ -47,11 +47,11 @@ class PartitionFlight:
             self._queue.put(PartitionOp(job, wk), priority)
 
     def waiting(self) -> list[Future]:
-        """The futures of every push_pull queued or in flight (to fail them all on a fatal error)."""
-        futures = [wk.in_flight.job.future for wk in self.table.values() if wk.in_flight is not None]
-        while (op := self._queue.take()) is not None:
-            futures.append(op.job.future)
-        return futures
+        """The futures of every push_pull queued (whatever the credit), held behind its key's
+        round or in flight, taking the queued ones (to fail them all when the job ends)."""
+        ops = [wk.in_flight for wk in self.table.values() if wk.in_flight is not None]
+        ops += [op for wk in self.table.values() for op in wk.held] + self._queue.drain()
+        return [op.job.future for op in ops]
 
     def busy(self, names: list[str]) -> list[str]:
         """Those of tensors ``names`` with a partition queued, waiting for its key or in flight."""

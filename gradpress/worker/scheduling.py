@@ -35,6 +35,11 @@ class CreditQueue:
     def release(self) -> None:
         self.in_flight -= 1
 
+    def drain(self) -> list[Any]:
+        """Every item not taken yet, taken now whatever the credit (the job ended)."""
+        items, self._heap = [item for _, _, item in sorted(self._heap)], []
+        return items
+
     def waiting(self) -> list[Any]:
         """The items not taken yet."""
         return [item for _, _, item in self._heap]

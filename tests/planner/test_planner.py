@@ -788,5 +788,5 @@ def test_a_gpu_workers_low_rank_option_is_timed_as_torch_ops_on_its_device(monke
     cost = gpu_costs.measure_on_device({"compressor": method, "rank": 2}, torch.device("cpu"))
     assert waits and set(waits) == {torch.device("cpu")}
     assert cost.rank == 2 and cost.rounds == rounds and cost.payload_ratio == 0.0
-    assert cost.compress.per_byte_s > 0 and cost.decompress.per_byte_s > 0
+    assert cost.compress(4 << 20) > 0 and cost.decompress(4 << 20) > 0   # (fitted lines: noise may flatten one)
     assert cost.min_rate == LowRankParams.parse({"compressor": method}).min_compression_rate

@@ -158,8 +158,9 @@ def test_a_job_on_slow_links_shuts_down_cleanly(namespaces, tmp_path):
     assert "without the SHUTDOWN acknowledgement" not in logs["sched"], everything
 
 
-# Worker 0 leaves with a push_pull under way (its peer never pushes that round) and one
-# whose tensor only it declared; worker 1 finishes after one round.
+# Worker 0 leaves with a push_pull under way (its peer never pushes that round), the next
+# round of that tensor held behind it, and one whose tensor only it declared; worker 1
+# finishes after one round.
 LEAVING_EARLY_WORKER = """
 import os, numpy as np
 from gradpress.config import Settings
@@ -171,6 +172,7 @@ out = np.empty(1000, np.float32)
 c.push_pull_async("t", np.ones(1000, np.float32), out, 1, 0).result(30)
 if c.rank == 0:
     pending = [c.push_pull_async("t", np.ones(1000, np.float32), out, 1, 0),
+               c.push_pull_async("t", np.ones(1000, np.float32), np.empty(1000, np.float32), 1, 0),  # held
                c.push_pull_async("only0", np.ones(10, np.float32), np.empty(10, np.float32), 1, 0)]
 c.finish()
 if c.rank == 0:
@@ -192,4 +194,4 @@ def test_a_push_pull_still_under_way_when_the_worker_finishes_fails_at_once(clus
     c = cluster(workers=2, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "120"}).start(LEAVING_EARLY_WORKER)
     c.assert_success(60)
     log = c.log("worker 0")
-    assert log.count("failed: ") == 2 and log.count("ended before it finished") == 2, log
+    assert log.count("failed: ") == 3 and log.count("ended before it finished") == 3, log

@@ -82,3 +82,31 @@ def test_a_ddp_model_over_two_gpus_finishes_its_backward_once(monkeypatch):
     for hook in hooks:
         hook.join(10)
     assert len(finished) == 1, finished
+
+
+def test_a_distributed_optimizers_hook_threads_submit_one_at_a_time():
+    """The same for DistributedOptimizer's hooks: a bucket's members, the sparse-density vote
+    and the planner are filled by one thread at a time."""
+    import time
+
+    from gradpress.torch.optimizer import _DistributedOptimizer
+
+    class Pipeline:
+        inside, most, given = 0, 0, []
+
+        def submit(self, p, grad):
+            Pipeline.inside += 1
+            Pipeline.most = max(Pipeline.most, Pipeline.inside)
+            time.sleep(0.05)   # the GIL let go meanwhile
+            Pipeline.given.append(p)
+            Pipeline.inside -= 1
+    opt = _DistributedOptimizer.__new__(_DistributedOptimizer)
+    params = [SimpleNamespace(grad=None) for _ in range(2)]
+    vars(opt).update(_gradpress=Pipeline(), _submitting=threading.Lock(),
+                     _passes_left={id(p): 1 for p in params})
+    hooks = [threading.Thread(target=opt._on_gradient, args=(p,)) for p in params]
+    for hook in hooks:
+        hook.start()
+    for hook in hooks:
+        hook.join(10)
+    assert Pipeline.most == 1 and sorted(map(id, Pipeline.given)) == sorted(map(id, params))
