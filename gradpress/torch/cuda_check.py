@@ -55,8 +55,8 @@ def device_for_check(local_rank: int) -> int:
     fail outright where GPUs are in exclusive-process mode.
 
     The program works on torch's current GPU where it has a CUDA context there
-    (``torch.cuda.set_device(2)`` makes one on GPU 2; torch skips setting GPU 0 where it is
-    current already, which then counts as unchosen); a model moved with ``.to("cuda:2")``
+    (``torch.cuda.set_device`` makes one under CUDA 12; a GPU where it made none counts as
+    unchosen, and the local rank's is taken); a model moved with ``.to("cuda:2")``
     alone leaves the current GPU at 0 with no context, and the context on GPU 2."""
     import torch
     count = torch.cuda.device_count()
