@@ -46,6 +46,7 @@ class _CrossBarrier:
         self._model, self._opt = model, opt
         self._pipeline = opt._gradpress
         self._step, self._final_step = 0, num_steps
+        self._streams: dict = {}   # where the last step's updates were queued, by device
         self._forward_order: dict[int, int] = {}
         self._ready: dict[int, threading.Event] = {}
         self._single: dict[int, torch.optim.Optimizer] = {}
@@ -111,7 +112,8 @@ class _CrossBarrier:
         hyper = {id(p): self._hyper(p) for p in batch}
         pipeline.next_step()
         self._opt.set_backward_passes_per_step(self._opt.backward_passes_per_step)
-        self._work.put((batch, hyper, training_streams(batch)))
+        self._streams = training_streams(batch)
+        self._work.put((batch, hyper, self._streams))
         self._step += 1
         if self._step >= self._final_step:
             self.synchronize()
@@ -120,9 +122,12 @@ class _CrossBarrier:
         return loss
 
     def synchronize(self) -> None:
-        """Wait until every parameter has been updated."""
+        """Wait until every parameter has been updated; on a GPU the caller's stream waits
+        (on the device) for those the updates were queued on, should it be another."""
         for event in self._ready.values():
             self._wait(event)
+        for device, stream in self._streams.items():
+            torch.cuda.current_stream(device).wait_stream(stream)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """A no-op: the updater zeroes each gradient once its parameter is updated."""

@@ -44,6 +44,20 @@ def test_the_updater_queues_each_update_on_the_training_threads_stream(monkeypat
                        (torch.device("cuda", 1), [side[1]], {"lr": 0.1}),
                        (torch.device("cpu"), [], {"lr": 0.1})]   # a host parameter: no stream
     assert all(barrier._ready[id(p)].is_set() for p in batch)
+    # synchronize(), say for an evaluation on another stream: that stream waits for the updates'
+    waited = []
+
+    class Default:
+        def __init__(self, device):
+            self.device = device
+
+        def wait_stream(self, s):
+            waited.append((self.device.index, s))
+    monkeypatch.setattr(torch.cuda, "current_stream", Default)
+    barrier._streams = streams
+    barrier._wait = lambda event: None
+    barrier.synchronize()
+    assert sorted(waited) == [(0, side[0]), (1, side[1])]
 
 
 def test_a_ddp_model_over_two_gpus_finishes_its_backward_once(monkeypatch):
