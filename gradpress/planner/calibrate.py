@@ -138,23 +138,30 @@ def measure_low_rank(params: LowRankParams) -> CodecCost:
     (ACP-SGD: the mean of a P step and a Q step; PowerSGD: both), and the reconstruction.
     The servers only sum the factors (the raw path's cost)."""
     rng = np.random.default_rng(0)
-    comp, decomp = [], []
-    for rows, cols in MATRICES:
-        r = min(params.rank, rows, cols)
+    acp = params.method == "acpsgd"
+
+    def timed(rows: int, cols: int, r: int) -> tuple[float, float, float]:
         m = rng.standard_normal((rows, cols)).astype(np.float32)
         e, out = np.zeros_like(m), np.empty_like(m)
         p = rng.standard_normal((rows, r)).astype(np.float32)
         qt = rng.standard_normal((r, cols)).astype(np.float32)
 
-        def p_step():
-            lowrank.factor_rows(m, e, qt, p, True, params.method == "acpsgd")
-
         def q_step():
-            lowrank.factor_cols(m, e, p, qt, params.method == "acpsgd")
-            lowrank.subtract_product(m, e, p, qt, params.method == "acpsgd")
-        both = median_s(p_step) + median_s(q_step)
-        comp.append((4 * rows * cols, both if params.method == "powersgd" else both / 2))
-        decomp.append((4 * rows * cols, median_s(lambda: lowrank.reconstruct(p, qt, 0.5, out))))
+            lowrank.factor_cols(m, e, p, qt, acp)
+            lowrank.subtract_product(m, e, p, qt, acp)
+        return (median_s(lambda: lowrank.factor_rows(m, e, qt, p, True, acp)), median_s(q_step),
+                median_s(lambda: lowrank.reconstruct(p, qt, 0.5, out)))
+    return low_rank_cost(params, timed)
+
+
+def low_rank_cost(params: LowRankParams, timed: Callable[[int, int, int], tuple[float, float, float]]) -> CodecCost:
+    """A low-rank option's cost from ``timed(rows, cols, rank)``: the seconds of one such
+    matrix's P step, Q step and reconstruction (on a host, or a GPU worker's device)."""
+    comp, decomp = [], []
+    for rows, cols in MATRICES:
+        p_s, q_s, rebuild_s = timed(rows, cols, min(params.rank, rows, cols))
+        comp.append((4 * rows * cols, p_s + q_s if params.method == "powersgd" else (p_s + q_s) / 2))
+        decomp.append((4 * rows * cols, rebuild_s))
     raw = measure({"compressor": "none"})
     return CodecCost(fit_linear(comp), fit_linear(decomp), raw.add, 0.0, params.rank,
                      2 if params.method == "powersgd" else 1, params.min_compression_rate)

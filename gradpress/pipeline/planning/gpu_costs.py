@@ -12,7 +12,7 @@ from ...compressors.auto import raw_halves
 from ...compressors.lowrank import CODECS as LOW_RANK
 from ...compressors.lowrank import LowRankParams
 from ...kernels.cuda import device as gpu
-from ...planner.calibrate import MATRICES, SIZES, Turns, cold_keys, measure, median_s
+from ...planner.calibrate import SIZES, Turns, cold_keys, low_rank_cost, measure, median_s
 from ...planner.profile import CodecCost, fit_linear
 from ..lowrank_math import TorchMath
 
@@ -88,9 +88,8 @@ def measure_low_rank_on_device(params: LowRankParams, device: Any) -> CodecCost:
     the host's raw path."""
     gen = torch.Generator(device=device).manual_seed(0)
     acp = params.method == "acpsgd"
-    comp, decomp = [], []
-    for rows, cols in MATRICES:
-        r = min(params.rank, rows, cols)
+
+    def timed(rows: int, cols: int, r: int) -> tuple[float, float, float]:
         m, p, qt = (torch.randn(shape, device=device, generator=gen) for shape in ((rows, cols), (rows, r), (r, cols)))
         e, out = torch.zeros_like(m), torch.empty_like(m)
 
@@ -99,10 +98,7 @@ def measure_low_rank_on_device(params: LowRankParams, device: Any) -> CodecCost:
                 fn()
                 torch.cuda.synchronize(device)
             return call
-        both = median_s(finished(lambda: TorchMath.factor_rows([m], [e], [qt], [p], True, acp))) + \
-            median_s(finished(lambda: TorchMath.factor_cols_subtract([m] if acp else None, [e], [p], [qt], acp)))
-        comp.append((4 * rows * cols, both if params.method == "powersgd" else both / 2))
-        decomp.append((4 * rows * cols, median_s(finished(lambda: TorchMath.reconstruct([p], [qt], 0.5, [out])))))
-    raw = measure({"compressor": "none"})
-    return CodecCost(fit_linear(comp), fit_linear(decomp), raw.add, 0.0, params.rank,
-                     2 if params.method == "powersgd" else 1, params.min_compression_rate)
+        return (median_s(finished(lambda: TorchMath.factor_rows([m], [e], [qt], [p], True, acp))),
+                median_s(finished(lambda: TorchMath.factor_cols_subtract([m] if acp else None, [e], [p], [qt], acp))),
+                median_s(finished(lambda: TorchMath.reconstruct([p], [qt], 0.5, [out]))))
+    return low_rank_cost(params, timed)
