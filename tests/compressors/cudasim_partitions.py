@@ -218,7 +218,7 @@ def lines_cases():
     stale copy there."""
     seg_len = 3 * CHUNK + 5  # four chunks a segment, the last segment two
     x = gaussian(2 * seg_len + CHUNK + 1, seed=8)
-    norms.launch_totals(cuda.to_device(x), cuda.to_device(x), np.float32(0), False, seg_len)
+    norms.launch_totals(cuda.to_device(x), cuda.to_device(x), np.float64(0), False, seg_len)
     work = scratch.grown("norms-work", (2, 3, 3 * LINE), np.float64).copy_to_host()
     problem = ""
     for s in range(3):

@@ -66,21 +66,45 @@ def rejection_cases():
 
 
 def wrapper_cases():
-    """Worker-side ErrorFeedback with device state against the host wrapper (lambda = 1)."""
-    for name in ("onebit-l1", "topk-frac", "dither-natural-max"):
-        params = {**dict(CODEC_PARAMS)[name], "ef": "vanilla"}
+    """Worker-side ErrorFeedback with device state against the host wrapper: vanilla
+    (lambda = 1), and corrected with learning rates whose ratios are not float32 values
+    (0.1 / 0.07, 0.07 / 0.03): the device must round g + lambda * e where the CPU does,
+    not fuse the multiply into the add."""
+    kinds = [("onebit-l1", "vanilla")] + [(name, "corrected") for name in
+                                          ("onebit-l1", "topk-frac", "randomk", "fp16", "dither-natural-max")]
+    for name, kind in kinds:
+        params = {**dict(CODEC_PARAMS)[name], "ef": kind}
         host, device = build_compressor(params, "worker"), build_compressor(params, "worker")
         problem = ""
-        for round in range(3):
+        for round, lr in enumerate((0.1, 0.07, 0.03)):
             g = gaussian(200, seed=round)
-            problem = problem or same_payload(host.compress(g, key=1, round=round),
+            problem = problem or same_payload(host.compress(g, key=1, round=round, lr=lr),
                                               device.compress(cuda.to_device(g), key=1,
-                                                              round=round))
-        residual_host = host.state_dict()["residuals"][1]
-        residual_device = device.state_dict()["residuals"][1]
-        if not problem and not np.array_equal(residual_host, residual_device):
-            problem = "residuals differ"
-        yield f"error-feedback/{name}", problem
+                                                              round=round, lr=lr))
+            residual_host = host.state_dict()["residuals"][1]
+            residual_device = device.state_dict()["residuals"][1]
+            if not problem and residual_host.tobytes() != residual_device.tobytes():
+                problem = f"residuals differ at round {round}"
+        yield f"error-feedback/{name}/{kind}", problem
+
+
+def compensate_cases():
+    """The element-wise steps of the generic wrapper (``add_scaled``, ``compensate``) on
+    the device against the CPU's, byte for byte, with a lambda that is not a float32."""
+    from gradpress.compressors.array_ops import HostOps
+    from gradpress.kernels.cpu import elementwise as host_kernels
+    from gradpress.kernels.cuda import elementwise as device_kernels
+    g, e, lam = gaussian(150, seed=7), gaussian(150, seed=8), 0.1 / 0.07
+    want = np.empty(150, np.float32)
+    host_kernels.compensate(g, e, lam, want)
+    got = cuda.device_array(150, np.float32)
+    finite = device_kernels.compensate_checked(cuda.to_device(g), cuda.to_device(e), lam, got)
+    yield "compensate-checked", "" if finite and got.copy_to_host().tobytes() == want.tobytes() else \
+        f"differs at {np.flatnonzero(got.copy_to_host() != want)[:5]}"
+    HostOps.add_scaled(want, g, lam, e)
+    device_kernels.DeviceOps.add_scaled(got, cuda.to_device(g), lam, cuda.to_device(e))
+    yield "add-scaled", "" if got.copy_to_host().tobytes() == want.tobytes() else \
+        f"differs at {np.flatnonzero(got.copy_to_host() != want)[:5]}"
 
 
 def fused_cases():
@@ -271,7 +295,7 @@ def sparse_feedback_cases():
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
     with np.errstate(over="ignore"):
-        for source in (codec_cases, rejection_cases, wrapper_cases, decompress_case,
+        for source in (codec_cases, rejection_cases, wrapper_cases, compensate_cases, decompress_case,
                        device_decode_cases, fused_cases, topk_kernel_cases,
                        sparse_feedback_cases, chunked_cases, pooled_payload_case):
             for case, problem in source():

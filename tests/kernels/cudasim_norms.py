@@ -17,6 +17,7 @@ simulated.prepare()  # before any kernel runs
 
 from numba import cuda  # noqa: E402
 
+from gradpress.kernels.cpu import elementwise as cpu_elementwise  # noqa: E402
 from gradpress.kernels.cpu import norms as cpu_norms  # noqa: E402
 from gradpress.kernels.cuda import device, norms, scratch  # noqa: E402
 from gradpress.kernels.reduction import CHUNK, pairwise_total  # noqa: E402
@@ -52,21 +53,22 @@ def chunk_cases():
     for n in (5, 4096, 8192 + 77, many):
         x = (rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6, n)).astype(np.float32)
         if n < many:  # the simulator takes 10 s for each of the largest
-            got = norms.launch_totals(cuda.to_device(x), cuda.to_device(x), np.float32(0), False)
+            got = norms.launch_totals(cuda.to_device(x), cuda.to_device(x), np.float64(0), False)
             got = got.copy_to_host()
             want = [cpu_norms.abs_sum(x), cpu_norms.square_sum(x),
                     np.uint32(cpu_norms.max_abs_bits(x)).view(np.float32)]
             yield f"chunks/x/{n}", "" if got.tobytes() == np.array(want).tobytes() else f"{got} vs {want}"
         e = rng.standard_normal(n).astype(np.float32)
-        lam = np.float32(0.3)
-        p = (x + lam * e).astype(np.float32)
-        got = norms.launch_totals(cuda.to_device(x), cuda.to_device(e), lam, True).copy_to_host()
+        lam = 0.3  # not a float32: p is rounded as the CPU's error feedback rounds it
+        p = np.empty(n, np.float32)
+        cpu_elementwise.compensate(x, e, lam, p)
+        got = norms.launch_totals(cuda.to_device(x), cuda.to_device(e), np.float64(lam), True).copy_to_host()
         want = [cpu_norms.abs_sum(p), cpu_norms.square_sum(p),
                 np.uint32(cpu_norms.max_abs_bits(p)).view(np.float32)]
         yield f"chunks/p/{n}", "" if got.tobytes() == np.array(want).tobytes() else f"{got} vs {want}"
     x = np.ones(4100, np.float32)
     x[4097] = np.nan
-    got = norms.launch_totals(cuda.to_device(x), cuda.to_device(x), np.float32(0), False).copy_to_host()
+    got = norms.launch_totals(cuda.to_device(x), cuda.to_device(x), np.float64(0), False).copy_to_host()
     yield "chunks/nan", "" if np.isnan(got[0]) and got[2] == np.inf else f"{got}"
     yield "max-abs-bits", "" if norms.max_abs_bits(cuda.to_device(x)) >= cpu_norms.INF_BITS else "NaN missed"
 

@@ -74,7 +74,7 @@ def _encode(g, e, lam, feedback, seg_len, seg_blocks, totals, l2, s, natural, wi
     pack_byte(stage, width, codes[start:start + (n + per_byte - 1) // per_byte], t, block)
 
 
-def _run(g, e, lam: np.float32, feedback: bool, config, draws: list, e_out, host_of, seg_len: int = 0) -> list:
+def _run(g, e, lam: np.float64, feedback: bool, config, draws: list, e_out, host_of, seg_len: int = 0) -> list:
     """Queue the two kernels over every segment of ``seg_len`` elements (0: g is one),
     segment q drawing from stream ``draws[q]``, copy [norms, codes] into
     ``host_of(layout)``, synchronise."""
@@ -93,7 +93,7 @@ def _run(g, e, lam: np.float32, feedback: bool, config, draws: list, e_out, host
 
 def encode(x, config, draws: np.uint64) -> list:
     """[norm, packed codes] for a ``Dithering`` configuration; ValueError for a NaN or inf."""
-    buffers = _run(x, x, np.float32(0), False, config, [draws], x,
+    buffers = _run(x, x, np.float64(0), False, config, [draws], x,
                    lambda layout: scratch.pooled_host(layout.nbytes))
     if np.isnan(buffers[0][0]):
         raise ValueError("dithering input contains NaN or inf")
@@ -104,7 +104,7 @@ def encode_feedback(g, e, lam: float, config, draws: np.uint64, e_out, reuse=Non
     """Error feedback fused into dithering: pass 1 the norms of p, pass 2 codes and
     residual. [norm, codes], or None (e_out untouched) for a NaN/inf in p; the payload
     lands in ``reuse``'s host buffer where it is this layout's."""
-    buffers = _run(g, e, np.float32(lam), True, config, [draws], e_out,
+    buffers = _run(g, e, np.float64(lam), True, config, [draws], e_out,
                    lambda layout: scratch.feedback_host(layout, reuse))
     return None if np.isnan(buffers[0][0]) else buffers
 
@@ -118,7 +118,7 @@ def encode_feedback_segments(g, e, lam: float, config, draws: list, e_out, seg_l
     pinned host array behind them: ``reuse`` where it fits, which the caller passes only
     once nobody reads the payloads it holds."""
     host = scratch.Reusing(reuse)
-    norms_host, codes = _run(g, e, np.float32(lam), True, config, draws, e_out, host, seg_len)
+    norms_host, codes = _run(g, e, np.float64(lam), True, config, draws, e_out, host, seg_len)
     return [None if np.isnan(norms_host[q]) else
             [norms_host[q:q + 1], segment_codes(codes, g.shape[0], seg_len, config.width, q)]
             for q in range(norms_host.shape[0])], host.array

@@ -7,6 +7,7 @@ from numba import cuda
 
 from gradpress.kernels.cpu.norms import INF_BITS
 from gradpress.kernels.cuda import device, norms, scratch
+from gradpress.kernels.cuda.compensation import compensated
 from gradpress.kernels.cuda.device import THREADS, blocks
 
 
@@ -14,7 +15,7 @@ from gradpress.kernels.cuda.device import THREADS, blocks
 def _add_scaled(out, a, alpha, b):
     i = cuda.grid(1)
     if i < out.shape[0]:
-        out[i] = a[i] + alpha * b[i]
+        out[i] = compensated(a[i], alpha, b[i])
 
 
 @cuda.jit(cache=True)
@@ -41,7 +42,7 @@ class DeviceOps:
 
     @staticmethod
     def add_scaled(out: Any, a: Any, alpha: float, b: Any) -> None:
-        _add_scaled[blocks(out.shape[0]), THREADS, device.stream()](out, a, np.float32(alpha), b)
+        _add_scaled[blocks(out.shape[0]), THREADS, device.stream()](out, a, np.float64(alpha), b)
 
     @staticmethod
     def subtract(out: Any, a: Any, b: Any) -> None:
@@ -65,7 +66,7 @@ def _compensate_checked(g, e, lam, e_out, flag, epoch):
     (see ``scratch.epoch``)."""
     i = cuda.grid(1)
     if i < e_out.shape[0]:
-        p = g[i] + lam * e[i]
+        p = compensated(g[i], lam, e[i])
         e_out[i] = p
         if not abs(p) < np.inf:
             flag[0] = epoch
@@ -78,7 +79,7 @@ def compensate_flagged(g: Any, e: Any, lam: float, e_out: Any, flag: Any, epoch:
     """e_out = g + lam * e on gradpress's stream; ``flag[0]`` (a device int) becomes
     ``epoch`` on a NaN/inf, for a later kernel or copy to read: the host does not wait for it."""
     _compensate_checked[blocks(e_out.shape[0]), THREADS, device.stream()](
-        g, e, np.float32(lam), e_out, flag, np.int32(epoch))
+        g, e, np.float64(lam), e_out, flag, np.int32(epoch))
 
 
 def compensate_checked(g: Any, e: Any, lam: float, e_out: Any) -> bool:
@@ -86,6 +87,6 @@ def compensate_checked(g: Any, e: Any, lam: float, e_out: Any) -> bool:
     whole, (flag,) = scratch.staged(_FLAG)
     epoch = scratch.epoch()
     _compensate_checked[blocks(e_out.shape[0]), THREADS, device.stream()](
-        g, e, np.float32(lam), e_out, flag, epoch)
+        g, e, np.float64(lam), e_out, flag, epoch)
     (flag_host,) = scratch.copy_back(whole, _FLAG, scratch.pinned("flag", _FLAG.nbytes, np.uint8))
     return bool(flag_host[0] != epoch)

@@ -5,6 +5,7 @@ import numpy as np
 from numba import cuda
 
 from gradpress.kernels.cuda import device, scratch, uploads
+from gradpress.kernels.cuda.compensation import compensated
 from gradpress.kernels.cuda.device import THREADS, blocks
 
 
@@ -30,7 +31,7 @@ def _encode_feedback(g, e, lam, seg_len, half, e_out, flags, epoch):
     is not finite (an earlier call's flag holds another epoch, so nothing clears it)."""
     i = cuda.grid(1)
     if i < g.shape[0]:
-        p = g[i] + lam * e[i]
+        p = compensated(g[i], lam, e[i])
         h = np.float16(p)
         half[i] = h
         residual = p - np.float32(h)
@@ -47,7 +48,7 @@ def encode_feedback(g, e, lam: float, e_out, reuse=None) -> np.ndarray | None:
     whole, (half, flag) = scratch.staged(layout)
     epoch = scratch.epoch()
     _encode_feedback[blocks(g.shape[0]), THREADS, device.stream()](
-        g, e, np.float32(lam), max(g.shape[0], 1), half, e_out, flag, epoch)
+        g, e, np.float64(lam), max(g.shape[0], 1), half, e_out, flag, epoch)
     bits, flag_host = scratch.copy_back(whole, layout, scratch.feedback_host(layout, reuse))
     return None if flag_host[0] == epoch else bits.view(np.uint16)
 
@@ -65,7 +66,7 @@ def encode_feedback_segments(g, e, lam: float, e_out, seg_len: int,
     whole, (half,) = scratch.grown_staged("fp16-halves", layout)
     flags = scratch.zeroed((segments,), np.int32, "fp16-flags")
     epoch = scratch.epoch()
-    _encode_feedback[blocks(n), THREADS, device.stream()](g, e, np.float32(lam), seg_len, half, e_out, flags, epoch)
+    _encode_feedback[blocks(n), THREADS, device.stream()](g, e, np.float64(lam), seg_len, half, e_out, flags, epoch)
     (bits,), flags_host, host = scratch.copy_back_flagged(whole, layout, flags, reuse)
     bits = bits.view(np.uint16)
     return [None if flags_host[s] == epoch else bits[s * seg_len:(s + 1) * seg_len]

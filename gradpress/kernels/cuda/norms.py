@@ -19,6 +19,7 @@ import numpy as np
 from numba import config, cuda, float32, float64, uint32
 
 from gradpress.kernels.cuda import device, scratch
+from gradpress.kernels.cuda.compensation import compensated
 from gradpress.kernels.cuda.device import THREADS, blocks, device_line_padded, line_padded
 from gradpress.kernels.reduction import CHUNK, LANES, chunk_count
 
@@ -36,10 +37,9 @@ ABS, SQUARE, LARGEST = 0, 1, 2  # rows of the chunk values and of the totals
 
 @cuda.jit(device=True, inline=True)
 def load(g, e, lam, feedback, i):
-    """p_i = g_i + lam * e_i with error feedback (the arithmetic of ``elementwise``'s
-    ``_add_scaled``), else g_i."""
+    """p_i = g_i + lam * e_i with error feedback (``compensation.compensated``), else g_i."""
     if feedback:
-        return g[i] + lam * e[i]
+        return compensated(g[i], lam, e[i])
     return g[i]
 
 
@@ -176,7 +176,7 @@ def _totals(work, totals):
     _pair_totals(work, totals, cuda.threadIdx.x, TOTAL_THREADS, values, top)
 
 
-def launch_totals(g: Any, e: Any, lam: np.float32, feedback: bool, seg_len: int = 0) -> Any:
+def launch_totals(g: Any, e: Any, lam: np.float64, feedback: bool, seg_len: int = 0) -> Any:
     """Queue, on gradpress's stream, the norms of p (of g alone without ``feedback``) in
     each segment of ``seg_len`` elements (0: one segment, all of g): a device float64 array
     of 3 per segment (sum |p|, sum p^2, largest |p| with inf for a NaN/inf) that the

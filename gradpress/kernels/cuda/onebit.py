@@ -49,7 +49,7 @@ def _pack(g, e, lam, feedback, seg_len, seg_blocks, totals, scaling, scales, bit
     pack_byte(stage, 1, bits[start:start + (n + 7) // 8], t, block)
 
 
-def _run(g, e, lam: np.float32, feedback: bool, scaling: str, e_out, host_of, seg_len: int = 0) -> list:
+def _run(g, e, lam: np.float64, feedback: bool, scaling: str, e_out, host_of, seg_len: int = 0) -> list:
     """Queue the two kernels over every segment of ``seg_len`` elements (0: g is one),
     copy the payload into ``host_of(layout)``, synchronise: [scales, bits]."""
     n = g.shape[0]
@@ -64,7 +64,7 @@ def _run(g, e, lam: np.float32, feedback: bool, scaling: str, e_out, host_of, se
 
 def encode(x, scaling: str) -> tuple[dict, list]:
     """Fields and [scale, sign bits] of ``x``; ValueError for a NaN or inf."""
-    buffers = _run(x, x, np.float32(0), False, scaling, x, lambda layout: scratch.pooled_host(layout.nbytes))
+    buffers = _run(x, x, np.float64(0), False, scaling, x, lambda layout: scratch.pooled_host(layout.nbytes))
     reject_non_finite(float(buffers[0][0]))
     return {}, buffers
 
@@ -73,7 +73,7 @@ def encode_feedback(g, e, lam: float, scaling: str, e_out, reuse=None) -> tuple[
     """Error feedback fused into onebit on the GPU: pass 1 the norms of p, pass 2 the signs
     and the residual. None (e_out untouched) for a non-finite p. The payload lands in
     ``reuse``'s host buffer where it is this layout's (see ``scratch.feedback_host``)."""
-    buffers = _run(g, e, np.float32(lam), True, scaling, e_out,
+    buffers = _run(g, e, np.float64(lam), True, scaling, e_out,
                    lambda layout: scratch.feedback_host(layout, reuse))
     if not np.isfinite(buffers[0][0]):
         return None
@@ -88,7 +88,7 @@ def encode_feedback_segments(g, e, lam: float, scaling: str, e_out, seg_len: int
     e_out untouched), and the pinned host array behind them: ``reuse`` where it fits,
     which the caller passes only once nobody reads the payloads it holds."""
     host = scratch.Reusing(reuse)
-    scales, bits = _run(g, e, np.float32(lam), True, scaling, e_out, host, seg_len)
+    scales, bits = _run(g, e, np.float64(lam), True, scaling, e_out, host, seg_len)
     return [({}, [scales[s:s + 1], segment_codes(bits, g.shape[0], seg_len, 1, s)]) if np.isfinite(scales[s])
             else None for s in range(scales.shape[0])], host.array
 

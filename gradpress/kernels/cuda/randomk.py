@@ -13,6 +13,7 @@ from numba import cuda
 
 from gradpress.kernels.cuda import device, randomk_ahead, randomk_draws, scratch, sparse_buffers
 from gradpress.kernels.cuda.device import THREADS, blocks
+from gradpress.kernels.cuda.compensation import compensated
 from gradpress.kernels.cuda.elementwise import compensate_flagged
 from gradpress.kernels.cuda.uploads import upload
 
@@ -97,7 +98,7 @@ def _compensate_segments(g, e, lam, seg_len, e_out, flags, epoch):
     """e_out = p = g + lam * e; flags[i // seg_len] = epoch on a NaN/inf."""
     i = cuda.grid(1)
     if i < e_out.shape[0]:
-        p = g[i] + lam * e[i]
+        p = compensated(g[i], lam, e[i])
         e_out[i] = p
         if not abs(p) < np.inf:
             flags[i // seg_len] = epoch
@@ -148,7 +149,7 @@ def gather_feedback_segments(g, e, lam: float, e_out, seg_len: int, ks: list, st
     whole, (values,) = scratch.grown_staged("randomk-values", layout)
     flags = scratch.zeroed((segments,), np.int32, "randomk-flags")
     epoch = scratch.epoch()
-    _compensate_segments[blocks(n), THREADS, stream](g, e, np.float32(lam), seg_len, e_out, flags, epoch)
+    _compensate_segments[blocks(n), THREADS, stream](g, e, np.float64(lam), seg_len, e_out, flags, epoch)
     _take_segments[blocks(total), THREADS, stream](e_out, indices, seg_len, np.float64(scales[0]),
                                                    np.float64(scales[1]), segments - 1, values, flags, epoch)
     (values_host,), flags_host, host = scratch.copy_back_flagged(whole, layout, flags, reuse)

@@ -11,6 +11,7 @@ import numpy as np
 from numba import cuda
 
 from gradpress.kernels.cuda import device, scratch
+from gradpress.kernels.cuda.compensation import compensated
 from gradpress.kernels.cuda.device import THREADS, blocks
 from gradpress.kernels.cuda.topk import _select
 from gradpress.kernels.cuda.topk_radix import NONFINITE, STATE
@@ -22,7 +23,7 @@ def _compensate_states(g, e, lam, seg_len, e_out, state, epoch):
     becomes ``epoch`` (an earlier call's flag holds another number: nothing clears it)."""
     i = cuda.grid(1)
     if i < e_out.shape[0]:
-        p = g[i] + lam * e[i]
+        p = compensated(g[i], lam, e[i])
         e_out[i] = p
         if not abs(p) < np.inf:
             state[(i // seg_len) * STATE + NONFINITE] = epoch
@@ -44,7 +45,7 @@ def select_feedback_segments(g, e, lam: float, e_out, seg_len: int, k: int, k_la
     state = scratch.zeroed((segments * STATE,), np.int64, "topk-segment-states")  # (TICKETs left at 0)
     epoch = scratch.epoch()
     stream = device.stream()
-    _compensate_states[blocks(n), THREADS, stream](g, e, np.float32(lam), seg_len, e_out, state, epoch)
+    _compensate_states[blocks(n), THREADS, stream](g, e, np.float64(lam), seg_len, e_out, state, epoch)
     payload = _select(e_out, k, state, True, epoch, (seg_len, k_last, _grown))
     host = scratch.Reusing(reuse)
     words = host(scratch.Layout(((np.uint32, payload.shape[0]),), 1))[:4 * payload.shape[0]].view(np.uint32)
