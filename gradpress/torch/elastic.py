@@ -10,23 +10,34 @@ What lives in gradpress itself is carried across: each compressed tensor's worke
 error-feedback residuals and the servers' residuals (checkpointed at suspend, installed
 before the tensor's first push in the new job, by rank 0 for the servers', or by each key's
 owner where workers reduce locally), so a compressed run continues the same trajectory.
+``suspend()`` first lets every push_pull under way end (up to its deadline: a
+``CrossBarrier``'s ``step()`` returns with them in flight), so that every worker's
+checkpoint is taken after the same rounds. The servers' residuals are sums over the
+workers; where the new job has another number of workers they are scaled to it, so that
+each still adds to the average what it lacked before. A tensor carried in but not used
+in a job is carried on to the next one as it was (two scale events in a row).
 """
 from __future__ import annotations
 
 import os
 from typing import Any
 
+import numpy as np
+
 from ..errors import JobError
-from . import ops
+from . import handles, ops
 
 _carried: dict[str, tuple[Any, dict | None]] | None = None
+_carried_size = 0                                     # the workers of the job they come from
+_loaded: dict[str, tuple[Any, dict | None]] = {}      # what resume() installed, as it was
 
 
 def suspend() -> None:
     """Stop communicating: leave the job (waiting for every worker to suspend too)."""
-    global _carried
+    global _carried, _carried_size
     client = ops.client()
-    carried: dict[str, tuple[Any, dict | None]] = {}
+    handles.settle(client.s.op_timeout_s + 5)
+    carried = {name: state for name, state in _loaded.items() if not client.ever_declared(name)}
     for name, tensor in client.tensors.items():
         if tensor.spec is None:
             continue
@@ -34,8 +45,10 @@ def suspend() -> None:
         if all(residual is None for residual, _ in servers.values()):
             servers = None
         carried[name] = (client.compressor_state(name), servers)
+    size = ops.size()
     ops.shutdown()
-    _carried = carried
+    _carried, _carried_size = carried, size
+    _loaded.clear()
 
 
 def resume(num_workers: int, num_servers: int, global_rank: int | None = None, context: Any = None) -> None:
@@ -61,7 +74,11 @@ def resume(num_workers: int, num_servers: int, global_rank: int | None = None, c
         os.environ["DMLC_WORKER_ID"] = str(global_rank // local_size)
     ops.init()
     client = ops.client()
+    scale = ops.size() / _carried_size
     for name, (worker_state, server_state) in _carried.items():
+        if server_state is not None and scale != 1:
+            server_state = {i: (_scaled(residual, scale), lr) for i, (residual, lr) in server_state.items()}
+        _loaded[name] = (worker_state, server_state)
         if worker_state is not None:
             client.load_compressor_state(name, worker_state)
         # rank 0 restores the servers' residuals; where a machine's workers reduce locally, every
@@ -69,3 +86,8 @@ def resume(num_workers: int, num_servers: int, global_rank: int | None = None, c
         if server_state is not None and (ops.rank() == 0 or client.book.local_size > 1):
             client.load_server_state(name, server_state)
     _carried = None
+
+
+def _scaled(residual: np.ndarray | None, scale: float) -> np.ndarray | None:
+    """A servers' residual, a sum over the old job's workers, for a sum over the new job's."""
+    return None if residual is None else (residual * scale).astype(residual.dtype)

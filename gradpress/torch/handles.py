@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -61,6 +62,15 @@ def wait(handle: int, timeout_s: float) -> torch.Tensor:
         return pending.output
     finally:
         _handles.pop(handle, None)
+
+
+def settle(timeout_s: float) -> None:
+    """Wait until every push_pull started through a handle is over (its result in, or
+    failed), up to ``timeout_s`` in all; the handles stay for their ``synchronize``."""
+    deadline = time.monotonic() + timeout_s
+    for pending in list(_handles.values()):
+        with contextlib.suppress(Exception):  # a failure is the synchronize's to raise
+            pending.future.result(deadline - time.monotonic())
 
 
 def wait_all(handles: list[int], wait: Callable[[int], Any]) -> list:

@@ -128,6 +128,10 @@ class WorkerClient:
         """Every tensor this worker has declared, by name."""
         return dict(self.comm.table.tensors)
 
+    def ever_declared(self, name: str) -> bool:
+        """Whether this worker declared ``name`` in this job (since released, perhaps)."""
+        return name in self.comm.table.declared
+
     def tensor(self, name: str) -> Tensor | None:
         """The declared tensor ``name`` (keys, partitions, compressor), or None."""
         return self.comm.table.tensors.get(name)

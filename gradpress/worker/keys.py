@@ -128,6 +128,7 @@ class KeyTable:
 
     def __init__(self) -> None:
         self.tensors: dict[str, "Tensor"] = {}   # written by the communication thread, read by callers
+        self.declared: set[str] = set()           # every name declared in this job, released ones too
         self._keys: dict[int, WorkerKey] = {}
         self._compressor_states: dict[str, Any] = {}
         self._server_states: dict[str, dict] = {}
@@ -155,6 +156,7 @@ class KeyTable:
         self._compressor_states.pop(t.name, None)
         self._server_states.pop(t.name, None)
         self.tensors[t.name] = t
+        self.declared.add(t.name)
         self._keys.update((wk.key, wk) for wk in t.keys)
 
     def release(self, names: list[str]) -> list["Tensor"]:

@@ -1,6 +1,8 @@
 """``handles.wait``: what a push_pull that failed leaves to undo runs once it is over (the
 consumer's stream waits for the worker's GPU work, a staging buffer is given back), and not
 where only the wait ran out while the push_pull may still write into its tensors."""
+import contextlib
+
 import pytest
 import torch
 
@@ -75,3 +77,22 @@ def test_handles_started_before_a_refused_start_are_waited_for_and_the_refusal_s
         group.append(handle)
         assert undone == []   # waited for when the block ends
     assert undone == ["finish"]
+
+
+def test_settle_waits_for_every_push_pull_to_end_and_leaves_the_handles_to_synchronize():
+    import threading
+    import time
+    done, failed, stuck = Future("a"), Future("b"), Future("c")
+    handles_ = [start(f)[0] for f in (done, failed, stuck)]
+    threading.Timer(0.2, done.set).start()
+    threading.Timer(0.2, failed.fail, (JobError("a server died"),)).start()
+    began = time.monotonic()
+    handles.settle(1.0)   # the stuck one is waited for until the deadline, in all
+    assert done.done() and failed.done()
+    assert 0.9 < time.monotonic() - began < 3
+    for handle in handles_:
+        handles.lookup(handle)  # still there for synchronize
+    stuck.set(None)
+    for handle in handles_:
+        with pytest.raises(JobError) if handle == handles_[1] else contextlib.nullcontext():
+            handles.wait(handle, 1.0)
