@@ -13,6 +13,9 @@ from ..worker.future import Future
 
 _handles: dict[int, "Pending"] = {}
 _ids = itertools.count(1)
+# push_pulls whose wait ran out while they went on: undone (``abandon``) once they are over,
+# so that a staging buffer they hold is not kept busy for good
+_orphans: list["Pending"] = []
 
 
 @dataclass
@@ -33,6 +36,8 @@ class Pending:
 
 
 def register(pending: Pending) -> int:
+    if _orphans:
+        _undo_orphans()
     handle = next(_ids)
     _handles[handle] = pending
     return handle
@@ -53,15 +58,27 @@ def wait(handle: int, timeout_s: float) -> torch.Tensor:
             pending.future.result(timeout_s)
         except BaseException:
             # failed: the program may go on (an elastic restart) and free the tensors. Not
-            # where only this wait ran out: the push_pull may still write into them.
-            if pending.future.done() and pending.abandon is not None:
-                pending.abandon()
+            # where only this wait ran out: the push_pull may still write into them (it is undone
+            # once over, at a later start).
+            if pending.abandon is not None:
+                if pending.future.done():
+                    pending.abandon()
+                else:
+                    _orphans.append(pending)
             raise
         if pending.finish is not None:
             pending.finish()
         return pending.output
     finally:
         _handles.pop(handle, None)
+
+
+def _undo_orphans() -> None:
+    for pending in [p for p in _orphans if p.future.done()]:
+        with contextlib.suppress(ValueError):  # (taken by another thread meanwhile)
+            _orphans.remove(pending)
+            with contextlib.suppress(Exception):  # its error was the wait's to raise, and it did
+                pending.abandon()
 
 
 def settle(timeout_s: float) -> None:

@@ -30,7 +30,7 @@ _lock = threading.Lock()
 _noname = itertools.count()
 _epoch = 0  # how many jobs this process joined (resume() joins another): per-job counters key on it
 _atexit_registered = False
-_staging = staging.HostStaging()   # pinned host buffers of CUDA tensors, by name, reused every call
+_staging = staging.HostStaging(lambda name: _client is not None and _client.tensor(name) is not None)  # pinned, by name
 DEVICE_RAW = (torch.float32, torch.float16, torch.float64)  # CUDA dtypes that travel uncompressed from the device
 
 
@@ -186,7 +186,7 @@ def push_pull(tensor: torch.Tensor, average: bool = True, name: str | None = Non
     """
     compressed, ctx = compression.compress(tensor)
     if name is None:  # the backward pass reuses the forward's name: fix it now
-        name = f"push_pull.noname.{next(_noname)}"
+        name = f"{staging.NONAME}{next(_noname)}"
     out = _PushPull.apply(compressed, average, name, version, priority, compression_params, lr)
     return compression.decompress(out, ctx)
 
@@ -212,7 +212,7 @@ def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str 
            priority: int, compression_params: dict | CodecSpec | None = None, lr: float | None = None) -> int:
     client = _require()
     if name is None:
-        name = f"push_pull.noname.{next(_noname)}"
+        name = f"{staging.NONAME}{next(_noname)}"
     spec = None
     if compression_params is not None:
         spec = CodecSpec.from_params(compression_params, f"push_pull of {name!r}: compression_params")
@@ -286,7 +286,7 @@ def push_pull_rows_async_inplace(tensor: torch.Tensor, average: bool = True, nam
     """Start summing a dense tensor of 2+ dimensions in place, sending only its non-zero
     rows (hashed over the servers); rows no worker touched come back zero."""
     client = _require()
-    name = name if name is not None else f"push_pull.noname.{next(_noname)}"
+    name = name if name is not None else f"{staging.NONAME}{next(_noname)}"
     rows = sparse.dense_rows(tensor, name)  # on a GPU: found later, off this thread
     return _start_rows(client, tensor, rows, name, client.size if average else 1, priority, tensor)
 

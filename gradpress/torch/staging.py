@@ -16,19 +16,31 @@ for the event recorded after the output's last copy or kernel.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from . import exact_ints
 
+NONAME = "push_pull.noname."  # the names of unnamed push_pulls, one a call
+
 
 class HostStaging:
-    def __init__(self):
+    """Args:
+        declared: whether a name is a declared tensor of the job in force. Buffers of names
+            that are not (an old plan's released groups, a job left) are dropped whenever a
+            new buffer is made, so pinned memory follows the tensors in use; unnamed
+            push_pulls (``push_pull.noname.N``, a name a call) get buffers of their own.
+    """
+
+    def __init__(self, declared: Callable[[str], bool] = lambda name: True):
+        self._declared = declared
         self._buffers: dict[str, torch.Tensor] = {}   # pinned, by tensor name
         self._busy: set[str] = set()
         # by name: the event after the last copy out of its buffer onto a GPU (a non-blocking
-        # copy reads the pinned buffer later, on the consumer's stream); the next copy into
-        # it, perhaps on another stream, waits for it on the device
-        self._read: dict[str, torch.cuda.Event] = {}
+        # copy reads the pinned buffer later, on the consumer's stream), and that GPU; the
+        # next copy into it, perhaps on another stream or GPU, waits for it on the device
+        self._read: dict[str, tuple[torch.cuda.Event, int]] = {}
         # by name: the event after the copy into its buffer, given back to the pool once the
         # average is out (every partition has been sent: nothing waits on it any more)
         self._copied: dict[str, tuple[torch.cuda.Event, int]] = {}
@@ -47,13 +59,19 @@ class HostStaging:
         from ..kernels.cuda import streams
         index = tensor.device.index
         buffer = self._take(name, source.numel(), wire)
-        read = self._read.pop(name, None) if buffer is self._buffers.get(name) else None
-        if read is not None:
-            torch.cuda.current_stream(tensor.device).wait_event(read)
-            streams.recycle(read, index)
-        buffer.copy_(source, non_blocking=True)
-        copied = streams.event(index)  # (reused: a fresh one is a driver event made and destroyed a call)
-        copied.record(torch.cuda.current_stream(tensor.device))
+        try:
+            read = self._read.pop(name, None) if buffer is self._buffers.get(name) else None
+            if read is not None:
+                torch.cuda.current_stream(tensor.device).wait_event(read[0])
+                streams.recycle(*read)
+            buffer.copy_(source, non_blocking=True)
+            # reused (a fresh one is a driver event made and destroyed a call); blocking: the
+            # host-copies thread waits for it, asleep rather than spinning a core
+            copied = streams.event(index, blocking=True)
+            copied.record(torch.cuda.current_stream(tensor.device))
+        except BaseException:
+            self.failed(name, buffer)
+            raise
         if buffer is self._buffers.get(name):
             self._copied[name] = (copied, index)
         return buffer, copied
@@ -67,13 +85,31 @@ class HostStaging:
         return buffer.view(output.shape)
 
     def _take(self, name: str, n: int, dtype: torch.dtype) -> torch.Tensor:
-        if name in self._busy:  # the same name twice in flight: the second gets its own buffer
+        if name in self._busy or name.startswith(NONAME):
+            # the same name twice in flight: the second gets its own buffer
             return torch.empty(n, dtype=dtype, pin_memory=True)
         buffer = self._buffers.get(name)
         if buffer is None or buffer.numel() != n or buffer.dtype != dtype:
+            self._drop_unused(name)
             buffer = self._buffers[name] = torch.empty(n, dtype=dtype, pin_memory=True)
         self._busy.add(name)
         return buffer
+
+    def _drop_unused(self, taking: str) -> None:
+        """Forget the buffers of names no longer declared (torch's pinned allocator keeps a
+        freed buffer from reuse until the copies queued on it are done)."""
+        for name in [n for n in self._buffers if n != taking and n not in self._busy and not self._declared(n)]:
+            self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        from ..kernels.cuda import streams
+        del self._buffers[name]
+        read = self._read.pop(name, None)
+        if read is not None:  # nothing will wait for it
+            streams.recycle(*read)
+        copied = self._copied.pop(name, None)
+        if copied is not None:
+            streams.recycle(*copied, blocking=True)
 
     def done(self, name: str, buffer: torch.Tensor, read_on: torch.device | None = None) -> None:
         """``buffer`` (``stage``'s) may be reused: its average has been copied out (onto GPU
@@ -81,10 +117,11 @@ class HostStaging:
         if self._buffers.get(name) is buffer:
             from ..kernels.cuda import streams
             if name in self._copied:
-                streams.recycle(*self._copied.pop(name))
+                streams.recycle(*self._copied.pop(name), blocking=True)
             if read_on is not None and read_on.type == "cuda":
-                read = self._read[name] = streams.event(read_on.index)
+                read = streams.event(read_on.index)
                 read.record(torch.cuda.current_stream(read_on))
+                self._read[name] = (read, read_on.index)
             self._busy.discard(name)
 
     def failed(self, name: str, buffer: torch.Tensor) -> None:

@@ -64,8 +64,9 @@ def test_a_failed_push_pulls_buffer_is_never_reused(monkeypatch):
         getattr(staging, outcome)("w", buffer)
         assert "w" not in staging._busy and "w" not in staging._copied
         assert (staging._buffers.get("w") is buffer) == (outcome == "done"), outcome
-        # reused once the average is out; a failed job's partitions still queued may wait on it
-        assert (copied[0] in streams._events[3, False]) == (outcome == "done"), outcome
+        # reused once the average is out (a blocking event: the host waits for it); a failed
+        # job's partitions still queued may wait on it
+        assert (copied[0] in streams._events[3, True]) == (outcome == "done"), outcome
     other = torch.empty(4)   # the second of one name in flight at once: not the name's buffer
     staging._buffers["w"] = kept = torch.empty(4)
     staging._busy.add("w")
