@@ -184,9 +184,9 @@ class PartitionFlight:
             return  # the job already failed; its late partitions are dropped
         try:
             self.stages.land(op, h, frames)
-        except (ValueError, OSError, TypeError, KeyError) as e:
-            self._fail_job(op, JobError(f"push_pull of tensor {job.tensor.name!r}: bad pull reply for "
-                                        f"key {op.wkey.key}: {e}"))
+        except Exception as e:  # a bad reply, or the device's error (out of memory, CUDA): this job fails
+            what = "bad pull reply" if isinstance(e, (ValueError, OSError, TypeError, KeyError)) else "landing failed"
+            self._fail_job(op, JobError(f"push_pull of tensor {job.tensor.name!r}: {what} for key {op.wkey.key}: {e}"))
             return
         job.remaining -= 1
         if job.remaining == 0:

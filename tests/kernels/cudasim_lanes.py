@@ -56,31 +56,71 @@ def cases():
 
 def upload_cases():
     """Pulled payloads through pinned staging (``uploads``): the frame may be rewritten once
-    the call returns; a stage is reused by its role's next payload of the same size class,
-    one per lane and role, and never shared with a larger class."""
+    the call returns; a role's payloads of one size class take ``_TURNS`` stages in turn
+    (back-to-back landings do not wait for each other), then reuse them, one set per lane and
+    role, and never shared with a larger class."""
     frame = np.arange(100, dtype=np.float32)
-    earlier = len(uploads._local.__dict__.get("stages", {}))  # the decodes' above
+
+    def kinds():  # (device, lane, role, size class) of each stage made, without its turn
+        return {key[:-1] for key in uploads._local.__dict__.get("stages", {})}
+    earlier = kinds()  # the decodes' above
     with streams.working_on(x, landing=True):
         first = uploads.upload(frame, "test-role")
         frame[:] = -1  # the pulled frame's memory goes back to ZeroMQ
         landed = first.copy_to_host()
+        for _ in range(uploads._TURNS - 1):
+            uploads.upload(np.ones(90, np.float32), "test-role")      # 360 bytes: 400's class (512)
         stages = uploads._local.stages
         before = {key: stage.host for key, stage in stages.items()}
-        uploads.upload(np.ones(90, np.float32), "test-role")          # 360 bytes: 400's class (512)
+        uploads.upload(np.ones(90, np.float32), "test-role")          # the first turn's again
         reused = {key: stage.host for key, stage in stages.items()} == before
+        turns = len([key for key in stages if key[2] == "test-role"])
         uploads.upload(np.ones(200, np.float32), "test-role")         # 800 bytes: a class of its own
         uploads.upload(np.ones(90, np.float32), "other-role")
-        count = len(stages) - earlier
+        count = len(kinds() - earlier)
     with streams.working_on(x):
         pushed = uploads.upload(np.arange(100, dtype=np.float32), "test-role").copy_to_host()
-        lanes = len(uploads._local.stages) - earlier - count
+        lanes = len(kinds() - earlier) - count
     yield "upload/bytes", "" if landed.tobytes() == np.arange(100, dtype=np.float32).tobytes() else \
         f"the device got {landed[:4]}: the frame was read after the call returned"
-    yield "upload/stage-reused", "" if reused else "a payload of the same size class took a new stage"
-    yield "upload/stage-per-class-and-role", "" if count == 3 else f"{count} stages for 3 classes and roles"
+    yield "upload/stage-reused", "" if reused and turns == uploads._TURNS else \
+        f"{turns} stages for one class ({uploads._TURNS} expected), or a turn's stage was not reused"
+    yield "upload/stage-per-class-and-role", "" if count == 3 else f"{count} kinds of stage for 3 classes and roles"
     yield "upload/stage-per-lane", "" if lanes == 1 and pushed.tobytes() == np.arange(100, dtype=np.float32).tobytes() \
-        else f"the push lane took {lanes} new stages (1 expected), or its bytes differ"
+        else f"the push lane took {lanes} new kinds of stage (1 expected), or its bytes differ"
 
 
-for name, problem in list(cases()) + list(upload_cases()):
+def back_to_back_cases():
+    """A tensor's partitions landing one after another (their servers' replies read in one
+    turn of the loop): no upload waits on the host for the copy of the one before it (the
+    simulator's copies end at once: these events stay pending until waited for)."""
+    class Pending:
+        def __init__(self):
+            self.pending, self.waited = False, 0
+
+        def record(self, stream):
+            self.pending = True
+
+        def synchronize(self):
+            self.waited += self.pending
+            self.pending = False
+    made, real = [], uploads._Stage
+
+    class Stage(real):
+        def __init__(self, nbytes):
+            super().__init__(nbytes)
+            self.done = Pending()
+            made.append(self)
+    uploads._Stage = Stage
+    try:
+        with streams.working_on(x, landing=True):
+            for part in range(uploads._TURNS):
+                uploads.upload(np.full(1000, part, np.float32), "back-to-back")
+    finally:
+        uploads._Stage = real
+    waits = sum(stage.done.waited for stage in made)
+    yield "upload/back-to-back", "" if waits == 0 else f"{waits} host waits for the previous partition's copy"
+
+
+for name, problem in list(cases()) + list(upload_cases()) + list(back_to_back_cases()):
     print(json.dumps({"case": name, "problem": problem}), flush=True)

@@ -8,8 +8,11 @@ first copied on the host into a pinned buffer of this thread's (a memcpy at memo
 and the copy to the device from there is queued without waiting.
 
 A staging buffer is written again only once the device has read it: an event recorded after
-its copy is waited for first (done long before, as a rule: the next landing comes a round
-trip later). The device array it lands in is scratch reused in stream order, as before.
+its copy is waited for first. Each role and size has a few buffers used in turn
+(``_TURNS``): a tensor's partitions land back to back where their servers' replies are read
+in one turn of the loop, and with one buffer each upload waited on the host for the one
+before it, queued behind that partition's decode. The device array it lands in is scratch
+reused in stream order, as before.
 """
 import threading
 from typing import Any
@@ -19,7 +22,8 @@ from numba import config, cuda
 
 from gradpress.kernels.cuda import device, scratch, streams
 
-_MOST_STAGES = 32  # per thread (each at most a partition): a few roles and sizes; a job of many is not hoarded
+_MOST_STAGES = 64  # per thread (each at most a partition): a few roles and sizes; a job of many is not hoarded
+_TURNS = 4  # buffers per role and size, used in turn
 _local = threading.local()
 
 
@@ -37,8 +41,11 @@ def _stage(nbytes: int, role: str) -> _Stage:
     """This thread's staging buffer for ``role`` on the current device and lane, of at least
     ``nbytes`` (a power of two: payloads of one partition vary in size from round to round)."""
     stages = _local.__dict__.setdefault("stages", {})
+    turns = _local.__dict__.setdefault("turns", {})
     size = 1 << max(6, (nbytes - 1).bit_length())
-    key = (streams.current_index(), streams.current_lane(), role, size)
+    kind = (streams.current_index(), streams.current_lane(), role, size)
+    turn = turns[kind] = (turns.get(kind, -1) + 1) % _TURNS
+    key = (*kind, turn)
     stage = stages.get(key)
     if stage is None:
         if len(stages) >= _MOST_STAGES:
@@ -62,7 +69,7 @@ def upload(host: np.ndarray, role: str) -> Any:
     if host.nbytes == 0:
         return on_device
     stage = _stage(host.nbytes, role)
-    stage.done.synchronize()  # the device has read the previous payload staged here
+    stage.done.synchronize()  # the device has read the payload staged here _TURNS uploads ago
     staged = stage.host[:host.nbytes].view(host.dtype).reshape(host.shape)
     np.copyto(staged, host)
     s = device.stream()
