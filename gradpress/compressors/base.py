@@ -177,10 +177,15 @@ class Compressor(ABC):
         if is_device_array(out):
             from gradpress.kernels.cuda import device
             single = device.itemsize(out) == 4  # else divided in out's own dtype, after the copy
-            if single and isinstance(header, dict) and "raw" not in header:
+            if single and isinstance(header, dict):
                 self._check_header(header, device.length(out))
                 with device.working_on(out, landing=True):
-                    if self._decode_device(header, buffers, device.as_device(out), key, round, divisor):
+                    if "raw" in header:  # the encoding would not have been smaller: goes over as it came
+                        values = self._raw_values(header, buffers, device.length(out))
+                        if values.dtype == np.float32:
+                            device.land_divided(values, out, divisor, wait=False)
+                            return
+                    elif self._decode_device(header, buffers, device.as_device(out), key, round, divisor):
                         return
             host = device.host_scratch(device.length(out))  # pinned and reused: the copy is DMA
             self._decode_checked(header, buffers, host, False, key, round, divisor if single else 1)
@@ -230,14 +235,18 @@ class Compressor(ABC):
             raise ValueError(f"payload has n={header.get('n')!r} elements, output has {n}")
 
     @staticmethod
-    def _decode_raw(header: Header, buffers: Sequence[Any], out: np.ndarray,
-                    accumulate: bool) -> None:
+    def _raw_values(header: Header, buffers: Sequence[Any], n: int) -> np.ndarray:
         dtype = FLOAT_DTYPES.get(header["raw"])
         if dtype is None:
             raise ValueError(f"payload raw dtype must be one of {list(FLOAT_DTYPES)}, "
                              f"got {header['raw']!r}")
         expect_buffer_count(buffers, 1)
-        values = buffer_array(buffers, 0, dtype, out.shape[0], "raw values")
+        return buffer_array(buffers, 0, dtype, n, "raw values")
+
+    @classmethod
+    def _decode_raw(cls, header: Header, buffers: Sequence[Any], out: np.ndarray,
+                    accumulate: bool) -> None:
+        values = cls._raw_values(header, buffers, out.shape[0])
         if accumulate:  # add D(payload) as a float32 array, as every other codec does
             out += values.astype(np.float32, copy=False)
         else:

@@ -229,6 +229,29 @@ def device_decode_cases():
             else f"host/device: {problems}"
 
 
+def raw_fallback_cases():
+    """A compressed key whose payload went raw (its encoding would not be smaller: top-k of
+    3/4 of the elements) lands in a device array as its float32 values, divided there: the
+    host decoder's bytes, without a decode on the host and a blocking copy of the result."""
+    from gradpress.kernels.cuda import device
+    c = build_compressor({"compressor": "topk", "k": 0.75}, "server")
+    header, buffers = c.compress(gaussian(150, seed=9), key=KEY, round=ROUND)
+    blocking, real = [], device.copy_from_host
+    device.copy_from_host = lambda host, out: (blocking.append(host.shape), real(host, out))
+    try:
+        for divisor in (1, 3):
+            on_host, on_device = np.empty(150, np.float32), cuda.device_array(150, np.float32)
+            c.decompress(header, buffers, on_host, key=KEY, round=ROUND, divisor=divisor)
+            c.decompress(header, buffers, on_device, key=KEY, round=ROUND, divisor=divisor)
+            got = on_device.copy_to_host()
+            problem = "" if "raw" in header else "the payload did not go raw"
+            problem = problem or ("" if got.tobytes() == on_host.tobytes() else
+                                  f"differs at {np.flatnonzero(got != on_host)[:5]}")
+            yield f"raw-fallback/{divisor}", problem or ("" if not blocking else "decoded on the host, copied blocking")
+    finally:
+        device.copy_from_host = real
+
+
 def topk_kernel_cases():
     """The device top-k against the CPU's full selection at its edges: ties at the
     threshold, all equal, k near n, tiny n, and the estimate off (the fallback)."""
@@ -296,7 +319,7 @@ if __name__ == "__main__":
     warnings.simplefilter("ignore")
     with np.errstate(over="ignore"):
         for source in (codec_cases, rejection_cases, wrapper_cases, compensate_cases, decompress_case,
-                       device_decode_cases, fused_cases, topk_kernel_cases,
+                       device_decode_cases, raw_fallback_cases, fused_cases, topk_kernel_cases,
                        sparse_feedback_cases, chunked_cases, pooled_payload_case):
             for case, problem in source():
                 print(json.dumps({"case": case, "problem": problem}), flush=True)
