@@ -3,10 +3,12 @@
 A parameter server only sums, so a gather is two sums: first every worker's first
 dimension (a vector with each worker's count at its rank, and a digest of its row shape
 and dtype, so that workers that disagree fail at once), then a buffer of the total size
-in which each worker writes its rows at its offset and zeros elsewhere. Adding zeros is
-exact in every float type; narrow integers travel as float64, 64-bit ones as their 32-bit
-words and complex tensors as their real and imaginary parts, all exact. Names carry the
-total size, so calls of a recurring shape reuse their keys.
+in which each worker writes its rows at its offset and negative zeros elsewhere. Adding
+-0.0 is exact in every float type, the sign of a zero included (+0.0 turned -0.0 into
++0.0); narrow integers travel as float64, 64-bit ones as their 32-bit words and complex
+tensors as their real and imaginary parts, all exact. Names carry the total size rounded
+up to four significant bits (``objects.padded``, the buffer padded to it), so calls of a
+recurring shape reuse their keys, and calls whose totals vary take few.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch
 
 from . import ops
 from .dtypes import wire_dtype
-from .objects import MAX_OBJECT_BYTES, ObjectError, bytes_to_float16, float16_to_bytes
+from .objects import MAX_OBJECT_BYTES, ObjectError, bytes_to_float16, float16_to_bytes, padded, unpickled
 
 
 class _Allgather(torch.autograd.Function):
@@ -33,8 +35,11 @@ class _Allgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        reduced = ops.push_pull(grad_output.contiguous(), average=True, name=f"Allgather.{ctx.name}.grad",
-                                priority=ctx.priority)
+        # the gradient's shape and dtype in its name: a later call of another total (an
+        # epoch's last, smaller batch) has keys of its own
+        shape = "x".join(map(str, grad_output.shape))
+        reduced = ops.push_pull(grad_output.contiguous(), average=True, priority=ctx.priority,
+                                name=f"Allgather.{ctx.name}.grad.{shape}.{str(grad_output.dtype).removeprefix('torch.')}")
         rank = ops.rank()
         return reduced.narrow(0, sum(ctx.rows[:rank]), ctx.rows[rank]), None, None
 
@@ -90,10 +95,12 @@ def _gather(tensor: torch.Tensor, name: str, priority: int,
     dtype the caller gathers, where ``tensor`` is a view of them in another dtype."""
     described = described or f"rows of {tuple(tensor.shape[1:])} {str(tensor.dtype).removeprefix('torch.')}"
     if tensor.is_complex():  # its real and imaginary parts, each gathered exactly
-        gathered, rows = _gather(torch.view_as_real(tensor), name, priority, described)
+        gathered, rows = _gather(torch.view_as_real(tensor.resolve_conj().resolve_neg()), name, priority, described)
         return torch.view_as_complex(gathered), rows
     if tensor.dtype in (torch.int64, torch.uint64):  # its 32-bit words: float64 is exact for those only
-        words = tensor.contiguous().view(torch.int32)  # the last dimension doubles
+        # the last dimension doubles (flat first: a "contiguous" tensor may have a last stride
+        # other than 1, where its dimension is 1, which view(dtype) refuses)
+        words = tensor.reshape(-1).view(torch.int32).view(*tensor.shape[:-1], 2 * tensor.shape[-1])
         gathered, rows = _gather(words, name, priority, described)
         return gathered.view(tensor.dtype), (rows if tensor.dim() > 1 else [r // 2 for r in rows])
     rank = ops.rank()
@@ -103,15 +110,15 @@ def _gather(tensor: torch.Tensor, name: str, priority: int,
     for d in row_shape:
         row_elems *= d
     wire = wire_dtype(tensor.dtype) or torch.float64
-    total = sum(rows)
-    buffer = torch.zeros(total * row_elems, dtype=wire)
+    total, room = sum(rows), padded(sum(rows), bits=4)
+    buffer = torch.full((room * row_elems,), -0.0, dtype=wire)
     start = sum(rows[:rank]) * row_elems
     buffer[start:start + tensor.numel()] = tensor.detach().reshape(-1).to("cpu", wire)
     # the per-row shape is in the name: workers that disagree on it get a clear mismatch error
     shape_tag = "x".join(map(str, row_shape)) or "scalar"
-    ops.push_pull_inplace(buffer, average=False, name=f"Allgather.{name}.{shape_tag}.{total}.{wire}",
+    ops.push_pull_inplace(buffer, average=False, name=f"Allgather.{name}.{shape_tag}.{room}.{wire}",
                           priority=priority)
-    return buffer.view(total, *row_shape).to(tensor.device, tensor.dtype), rows
+    return buffer[:total * row_elems].view(total, *row_shape).to(tensor.device, tensor.dtype), rows
 
 
 def _exchange_counts(count: int, described: str, name: str, priority: int) -> list[int]:
@@ -140,7 +147,8 @@ def allgather_object(obj: Any, name: str | None = None, max_bytes: int = MAX_OBJ
     Raises:
         ObjectError: on every worker, when a worker's object does not pickle or is too
             large. A worker that failed alone would leave the others pairing this call
-            with its next one: it announces the failure (length -1) instead.
+            with its next one: it announces the failure (length -1) instead. On a
+            worker where another's object does not unpickle, naming that worker.
     """
     error = None
     try:
@@ -162,10 +170,6 @@ def allgather_object(obj: Any, name: str | None = None, max_bytes: int = MAX_OBJ
     if any(n < 0 or n > max_bytes for n in sizes) or sum(sizes) > max_bytes * size:
         raise ValueError(f"allgather_object: workers announced {sizes} bytes; the limit is "
                          f"max_bytes={max_bytes} each")
-    gathered = allgather(bytes_to_float16(payload), same_shape=False, name=f"Object.{name}")
-    raw = float16_to_bytes(gathered)
-    out, at = [], 0
-    for n in sizes:
-        out.append(pickle.loads(raw[at:at + n]))
-        at += n
-    return out
+    each = padded(max(sizes))  # every worker's bytes padded alike: few sizes, so few keys
+    raw = float16_to_bytes(allgather(bytes_to_float16(payload, each), name=f"Object.{name}"))
+    return [unpickled(raw[w * each:w * each + n], f"worker {w}") for w, n in enumerate(sizes)]

@@ -17,7 +17,7 @@ import torch
 
 from . import handles, ops
 from .dtypes import dtype_name
-from .objects import MAX_OBJECT_BYTES, broadcast_bytes, check_root
+from .objects import MAX_OBJECT_BYTES, broadcast_bytes, check_root, unpickled
 
 _EXT_TUPLE, _EXT_NDARRAY, _EXT_TENSOR = 1, 2, 3
 
@@ -111,7 +111,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 
     Raises:
         ObjectError: on every worker, when the root's object does not pickle or pickles
-            to more than ``max_bytes`` (the root's reason is in the message).
+            to more than ``max_bytes`` (the root's reason is in the message); on a
+            worker where it does not unpickle, naming the root.
     """
     check_root(root_rank, "broadcast_object")
     payload, error = None, None
@@ -121,7 +122,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
         except Exception as e:  # noqa: BLE001 - pickling raises many types; all end the same way
             error = f"{type(obj).__name__} does not pickle: {type(e).__name__}: {e}"
     data = broadcast_bytes(payload, error, root_rank, name or "broadcast_object", max_bytes)
-    return pickle.loads(data)
+    # the root keeps its own object, as in BytePS (not a copy that costs an unpickle)
+    return obj if ops.rank() == root_rank else unpickled(data, f"the root (rank {root_rank})")
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,

@@ -11,6 +11,7 @@ they allocate anything.
 from __future__ import annotations
 
 import collections
+import pickle
 from typing import Any
 
 import numpy as np
@@ -36,8 +37,29 @@ def check_root(root_rank: Any, what: str) -> None:
         raise ValueError(f"{what}: root_rank={root_rank!r} is not a worker's rank (0 to {ops.size() - 1})")
 
 
-def bytes_to_float16(data: bytes) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).astype(np.float16))
+def padded(n: int, bits: int = 3) -> int:
+    """``n`` rounded up to ``bits`` significant bits (three: at most 25% more, four sizes an
+    octave; four: 12.5%, eight): a name's gathers and broadcasts of sizes that vary take few
+    sizes, and so few keys, reused call after call."""
+    shift = max(n.bit_length() - bits, 0)
+    return -(-n >> shift) << shift
+
+
+def bytes_to_float16(data: bytes, length: int | None = None) -> torch.Tensor:
+    """``data`` as float16 values 0..255, zeros after it up to ``length``."""
+    values = torch.zeros(len(data) if length is None else length, dtype=torch.float16)
+    values[:len(data)] = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).astype(np.float16))
+    return values
+
+
+def unpickled(data: bytes, sender: str) -> Any:
+    """``pickle.loads(data)``; ObjectError naming the sender where it does not unpickle here
+    (a class only the sender can import, say)."""
+    try:
+        return pickle.loads(data)
+    except Exception as e:  # noqa: BLE001 - unpickling raises many types; all end the same way
+        raise ObjectError(f"the object from {sender} does not unpickle on rank {ops.rank()}: "
+                          f"{type(e).__name__}: {e}") from e
 
 
 def float16_to_bytes(values: torch.Tensor) -> bytes:
@@ -47,18 +69,20 @@ def float16_to_bytes(values: torch.Tensor) -> bytes:
 def broadcast_bytes(payload: bytes | None, error: str | None, root_rank: int, name: str,
                     max_bytes: int = MAX_OBJECT_BYTES, made: list[str] | None = None) -> bytes:
     """The root's ``payload`` on every worker (the root passes it, or ``error``; others None).
-    ``made``, when given, gets the names of the tensors the broadcast pushed.
+    ``made``, when given, gets the names of the tensors the broadcast pushed, names of this
+    call's own, for the caller to release; else the name's keys are reused by its next calls.
 
     Raises:
         ObjectError: the root sent an error, or the length is over ``max_bytes``.
     """
     check_root(root_rank, f"broadcast of {name!r}")
     is_root = ops.rank() == root_rank
-    key = (ops.job_epoch(), name)
-    base = f"Object.{name}.{_calls[key]}"
-    _calls[key] += 1
+    base = f"Object.{name}"
     if made is not None:
-        made += [base + ".length", base + ".data"]
+        key = (ops.job_epoch(), name)
+        base = f"{base}.{_calls[key]}"
+        _calls[key] += 1
+        made.append(base + ".length")
     frame = b""
     if is_root:
         if error is None and len(payload) > max_bytes:
@@ -70,9 +94,11 @@ def broadcast_bytes(payload: bytes | None, error: str | None, root_rank: int, na
     if not 1 <= n <= max_bytes + 1:
         raise ObjectError(f"broadcast of {name!r} from rank {root_rank}: {n} bytes announced, "
                           f"outside 1..max_bytes+1={max_bytes + 1}")
-    data = bytes_to_float16(frame) if is_root else torch.zeros(n, dtype=torch.float16)
-    ops.push_pull_inplace(data, average=False, name=base + ".data")
-    received = float16_to_bytes(data)
+    data = bytes_to_float16(frame, padded(n)) if is_root else torch.zeros(padded(n), dtype=torch.float16)
+    if made is not None:
+        made.append(f"{base}.data.{padded(n)}")
+    ops.push_pull_inplace(data, average=False, name=f"{base}.data.{padded(n)}")
+    received = float16_to_bytes(data[:n])
     if received[0] == _ERROR:
         raise ObjectError(f"broadcast of {name!r}: the root (rank {root_rank}) could not send it: "
                           f"{received[1:].decode(errors='replace')}")

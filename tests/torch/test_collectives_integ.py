@@ -125,3 +125,55 @@ def test_byteps_allgather_cases_same_and_uneven_autograd_and_the_output_list(clu
     c.start(BYTEPS_ALLGATHER).assert_success()
     for w in range(3):
         assert "OK byteps allgather" in c.log(f"worker {w}"), c.logs()
+
+
+EDGES = """
+import torch, gradpress.torch as bps
+from gradpress.torch.objects import ObjectError
+bps.init()
+r, n = bps.rank(), bps.size()
+def tensors():
+    return len(bps.ops.client().tensors)
+
+# a differentiable allgather called again with another total (an epoch's last, smaller batch)
+for rows in (2, 3, 2):
+    x = torch.ones(rows + r, 2, requires_grad=True)
+    bps.allgather(x).sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x)), (rows, x.grad)
+# -0.0 keeps its sign; int64 of a last stride other than 1; a conjugated complex tensor
+assert torch.signbit(bps.allgather(torch.tensor([-0.0, 1.0]), name="signs")).tolist() == [True, False] * n
+column = torch.tensor([[r, r + 1, 2**40 + r]]).T   # shape (3, 1), strides (1, 3)
+assert bps.allgather(column, name="column").tolist() == [[v] for w in range(n) for v in (w, w + 1, 2**40 + w)]
+assert bps.allgather(torch.tensor([complex(r, 1)]).conj(), name="conj").tolist() == [complex(w, -1) for w in range(n)]
+# calls of one name whose sizes vary reuse a few keys, not one (or two) a call
+def declared(name):
+    return len([t for t in bps.ops.client().tensors if name in t])
+for again in (False, True):
+    before = tensors()
+    for i in range(12):
+        assert bps.broadcast_object({"epoch": i, "pad": "x" * (100 * i)}, root_rank=0, name="meta")["epoch"] == i
+        objects = bps.allgather_object("y" * (i + 100 + 20 * r), name="sizes")
+        assert objects == ["y" * (i + 100 + 20 * w) for w in range(n)]
+        got = bps.allgather(torch.full((i + r + 1,), float(r)), name="vary")
+        assert got.tolist() == [float(w) for w in range(n) for _ in range(i + w + 1)]
+    assert not again or tensors() == before, f"{tensors() - before} tensors declared by the same calls again"
+assert declared("Object.sizes") <= 4, f"{declared('Object.sizes')} tensors of allgather_object within an octave"
+# an object the receivers cannot unpickle: an error naming its sender
+if r == 0:
+    class Local:  # a class of the root's __main__ alone
+        pass
+try:
+    got = bps.broadcast_object(Local() if r == 0 else None, root_rank=0, name="local")
+    assert r == 0 and isinstance(got, Local), got   # the root keeps its own object
+except ObjectError as e:
+    assert r != 0 and "from the root (rank 0) does not unpickle" in str(e), e
+print("OK edges", flush=True)
+bps.shutdown()
+"""
+
+
+def test_allgather_and_objects_at_their_edges(cluster):
+    c = cluster(workers=2, servers=1)
+    c.start(EDGES).assert_success()
+    for w in range(2):
+        assert "OK edges" in c.log(f"worker {w}"), c.logs()
