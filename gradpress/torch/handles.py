@@ -13,6 +13,7 @@ from ..worker.future import Future
 
 _handles: dict[int, "Pending"] = {}
 _ids = itertools.count(1)
+_issued = 0  # the latest handle
 # push_pulls whose wait ran out while they went on: undone (``abandon``) once they are over,
 # so that a staging buffer they hold is not kept busy for good
 _orphans: list["Pending"] = []
@@ -38,7 +39,8 @@ class Pending:
 def register(pending: Pending) -> int:
     if _orphans:
         _undo_orphans()
-    handle = next(_ids)
+    global _issued
+    handle = _issued = next(_ids)
     _handles[handle] = pending
     return handle
 
@@ -50,8 +52,12 @@ def lookup(handle: int) -> Pending:
         raise ValueError(f"unknown push_pull handle {handle} (already synchronized?)") from None
 
 
-def wait(handle: int, timeout_s: float) -> torch.Tensor:
-    """Wait up to ``timeout_s`` for the push_pull behind ``handle``; its output tensor."""
+def wait(handle: int, timeout_s: float) -> torch.Tensor | None:
+    """Wait up to ``timeout_s`` for the push_pull behind ``handle``; its output tensor. A
+    handle waited for already gives None, as BytePS's ``synchronize`` does; one never
+    issued raises ValueError."""
+    if isinstance(handle, int) and 0 < handle <= _issued and handle not in _handles:
+        return None
     pending = lookup(handle)
     try:
         try:

@@ -96,3 +96,13 @@ def test_settle_waits_for_every_push_pull_to_end_and_leaves_the_handles_to_synch
     for handle in handles_:
         with pytest.raises(JobError) if handle == handles_[1] else contextlib.nullcontext():
             handles.wait(handle, 1.0)
+
+
+def test_a_handle_synchronized_twice_gives_none_as_in_byteps_and_one_never_issued_raises():
+    future = Future("a push_pull")
+    handle, _ = start(future)
+    future.set(None)
+    assert torch.equal(handles.wait(handle, 1.0), torch.zeros(3))
+    assert handles.wait(handle, 1.0) is None
+    with pytest.raises(ValueError, match="unknown push_pull handle"):
+        handles.wait(handle + 10**6, 1.0)
