@@ -23,6 +23,8 @@ from gradpress.compressors.arrays import is_device_array
 from gradpress.compressors.wrapper import Wrapper
 from gradpress.compressors.base import MAX_ELEMENTS, Compressor, FeedbackRefused, Header, Buffers
 
+MOST_PARTITIONS = 65535  # compressed together (CUDA's limit of a grid's second dimension)
+
 
 class ErrorFeedback(Wrapper):
     """Wraps a stateless ``Compressor``; offers the same compress/decompress interface.
@@ -87,7 +89,10 @@ class ErrorFeedback(Wrapper):
         ops = ops_for(x)
         g = ops.working(x)
         counts = [min(part, g.shape[0] - i * part) for i in range(len(keys))]
-        if len(keys) < 2 or counts[-1] <= 0 or sum(counts) != g.shape[0] or g.shape[0] > MAX_ELEMENTS or \
+        # (a grid's second dimension, which top-k's kernels give the partition, has at most
+        # 65,535 blocks: more partitions, as BYTEPS_PARTITION_BYTES of a few KiB make, go key by key)
+        if not 2 <= len(keys) <= MOST_PARTITIONS or counts[-1] <= 0 or sum(counts) != g.shape[0] or \
+                g.shape[0] > MAX_ELEMENTS or \
                 any(self.inner.encoded_nbytes(c, 4) >= 4 * c for c in counts):
             return None  # (random-k indexes the whole tensor with uint32)
         try:

@@ -151,6 +151,11 @@ def declined_cases():
         got = method(data if label == "host-input" else cuda.to_device(data), KEYS, size, 0.1)
         touched = any(c.residual(k) is not before[k] for k in KEYS)
         yield f"declined/{label}", "" if got is None and not touched else "not declined, or state touched"
+    # more partitions than a grid's second dimension holds (top-k's kernels give it the partition)
+    many = build_compressor({"compressor": "topk", "k": 0.25, "ef": "vanilla"}, "worker")
+    keys = list(range(65536))  # of 8 elements, 2 kept: the pairs are half the size
+    got = many.compress_partitions(cuda.to_device(np.ones(8 * len(keys), np.float32)), keys, 8, 0.1)
+    yield "declined/over-a-grids-height", "" if got is None else "compressed together"
 
 
 def alternating_case():
