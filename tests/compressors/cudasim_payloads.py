@@ -54,15 +54,17 @@ def codec_cases():
 
 
 def rejection_cases():
-    x = gaussian(50)
-    x[::2] = np.nan  # random-k only checks the values it sends: make sure it sends one
-    for name in ("onebit-l1", "topk-frac", "randomk", "dither-linear-max"):
-        c = build_compressor(dict(CODEC_PARAMS)[name], "server")
-        try:
-            c.compress(cuda.to_device(x), key=0, round=0)
-            yield f"nan-rejected/{name}", "no ValueError for NaN input"
-        except ValueError:
-            yield f"nan-rejected/{name}", ""
+    for bad in (np.nan, np.inf, -np.inf):
+        x = gaussian(50)
+        x[::2] = bad  # random-k only checks the values it sends: make sure it sends one
+        for name in ("onebit-l1", "topk-frac", "randomk", "dither-linear-max"):
+            c = build_compressor(dict(CODEC_PARAMS)[name], "server")
+            case = f"nan-rejected/{name}" + ("" if np.isnan(bad) else f"/{bad}")
+            try:
+                c.compress(cuda.to_device(x), key=0, round=0)
+                yield case, f"no ValueError for {bad} input"
+            except ValueError:
+                yield case, ""
 
 
 def wrapper_cases():
@@ -132,15 +134,17 @@ def fused_cases():
         c = ErrorFeedback(build_compressor(params, "server"), True)
         c.compress(cuda.to_device(gaussian(FUSED_LENGTHS[-1], seed=1)), key=1, round=0, lr=0.1)
         before = c.residual(1).copy_to_host()
-        bad = gaussian(FUSED_LENGTHS[-1], seed=2)
-        bad[123] = np.nan
-        try:
-            c.compress(cuda.to_device(bad), key=1, round=1, lr=0.1)
-            problem = "no ValueError for NaN input"
-        except ValueError:
-            unchanged = c.residual(1).copy_to_host().tobytes() == before.tobytes()
-            problem = "" if unchanged else "the residual changed"
-        yield f"fused-nan/{name}", problem
+        # NaN for every codec; an infinity for two (each case costs the simulator seconds)
+        for value in (np.nan,) + ((np.inf, -np.inf) if name in ("onebit-l1", "topk-frac") else ()):
+            bad = gaussian(FUSED_LENGTHS[-1], seed=2)
+            bad[123] = value
+            try:
+                c.compress(cuda.to_device(bad), key=1, round=1, lr=0.1)
+                problem = f"no ValueError for {value} input"
+            except ValueError:
+                unchanged = c.residual(1).copy_to_host().tobytes() == before.tobytes()
+                problem = "" if unchanged else "the residual changed"
+            yield f"fused-nan/{name}" + ("" if np.isnan(value) else f"/{value}"), problem
 
 
 CHUNKED = 2 * 4096 + 300  # three chunks of kernels/reduction.py, the last partial: an odd count
