@@ -290,11 +290,13 @@ def _train(tmp_path, runs, dtypes, env=None):
 
 
 @pytest.mark.integ
+@pytest.mark.timeout(330)  # (_train's job may take 300 s: pytest's default of 180 would cut it)
 def test_cuda_training_with_every_codec_in_every_float_dtype(tmp_path):
     _train(tmp_path, CODECS, ["float32", "float16", "bfloat16"], {"GP_STEPS": "8"})
 
 
 @pytest.mark.integ
+@pytest.mark.timeout(330)
 def test_training_with_partitions_compressed_together_is_the_key_by_key_training(tmp_path):
     runs = {"onebit": CODECS["onebit"], "fp16": {"compressor": "fp16", "ef": "vanilla"}, "randomk": CODECS["randomk"],
             "topk": CODECS["topk"], "dithering": {**CODECS["dithering"], "ef": "vanilla"}}
@@ -340,7 +342,7 @@ def test_the_planner_times_the_codecs_and_copies_on_the_gpu(tmp_path, monkeypatc
 ADAM = """
 import json, os, torch, gradpress.torch as bps
 from gradpress.optim import adam_math
-each_tensor = lambda ts: [[t] for t in ts]
+each_tensor, chunks_of_lists = (lambda ts: [[t] for t in ts]), adam_math.chunks  # the latter before any run
 SCALE_CLASS
 bps.init()
 device = torch.device(os.environ.get("GP_DEVICE", "cuda:0"))
@@ -379,10 +381,11 @@ for opt_name in ("OneBitAdam", "ZeroOneAdam"):
             results[(opt_name, codec, way)] = {"steps": steps, "losses": losses}
 torch.save(results, os.path.join(os.environ["GP_TEST_DIR"], f"w{bps.rank()}.pt"))
 bps.shutdown()
-""".replace("chunks_of_lists", "adam_math.chunks").replace("SCALE_CLASS", SCALE)
+""".replace("SCALE_CLASS", SCALE)
 
 
 @pytest.mark.integ
+@pytest.mark.timeout(330)
 def test_onebit_and_zero_one_adam_on_cuda_parameters(tmp_path):
     """Their arithmetic on a GPU runs multi-tensor ops over whole lists: the workers end each
     synchronising step identical, and the lists land where one tensor at a time does (to
