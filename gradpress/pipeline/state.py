@@ -23,6 +23,7 @@ class PipelineState:
         buckets' residuals and its factors' state, which a restore resumes exactly."""
         out = {"lowrank": self.lowrank.reducer.state_dict() if self.lowrank is not None else None}
         if residuals:
+            out["workers"] = self.comm.size()  # the servers' residuals are sums over this many
             out["worker_residuals"], out["server_residuals"] = self._save_states(self._own_tensors())
             if self.planner is not None:
                 out["planned_residuals"] = {self.table.names[pid]: part
@@ -42,8 +43,11 @@ class PipelineState:
                 raise ValueError(f"{self.owner}: this state holds powersgd / acpsgd state, but no tensor here "
                                  "has low-rank compression")
             self.lowrank.reducer.load_state_dict(state["lowrank"])
+        # a job of another size: each server residual still adds to the average what it lacked
+        scale = self.comm.size() / state.get("workers", self.comm.size())
         if state.get("worker_residuals") or state.get("server_residuals"):
-            self._load_states(self._own_tensors(), state.get("worker_residuals", {}), state.get("server_residuals", {}))
+            self._load_states(self._own_tensors(), state.get("worker_residuals", {}), state.get("server_residuals", {}),
+                              scale)
         planned, plan = state.get("planned_residuals") or {}, state.get("plan")
         if (planned or plan) and self.planner is None:
             raise ValueError(f"{self.owner}: the state holds a planned path (compressor 'auto'); this one has no "
@@ -51,7 +55,7 @@ class PipelineState:
         if plan is not None:  # the plan in force resumes under its own keys, its residuals in place
             route = self.planner.restore(plan)
             groups = {g.name: g.name for g in route.groups if g.spec is not None}
-            self._load_states(groups, plan["worker_residuals"], plan["server_residuals"])
+            self._load_states(groups, plan["worker_residuals"], plan["server_residuals"], scale)
             if plan.get("lowrank") is not None:
                 route.reducer.load_state_dict(plan["lowrank"])
         elif planned:  # profiled when saved: the residuals join the first plan's pushes
@@ -72,8 +76,9 @@ class PipelineState:
                 servers[label] = to_torch(client.server_state(tensor))
         return workers, servers
 
-    def _load_states(self, tensors: dict[str, str], workers: dict, servers: dict) -> None:
-        """``_save_states``' output back to this worker and (at each key's next push) the servers."""
+    def _load_states(self, tensors: dict[str, str], workers: dict, servers: dict, scale: float = 1.0) -> None:
+        """``_save_states``' output back to this worker and (at each key's next push) the
+        servers, theirs times ``scale``."""
         client = self.comm.client
         unknown = sorted((set(workers) | set(servers)) - set(tensors))
         if unknown:
@@ -81,8 +86,8 @@ class PipelineState:
         for label, state in workers.items():
             client.load_compressor_state(tensors[label], to_numpy(state))
         for label, states in servers.items():
-            client.load_server_state(tensors[label], {i: (r, lr) for i, (r, lr) in to_numpy(states).items()
-                                                      if r is not None})
+            client.load_server_state(tensors[label], {i: (r if scale == 1 else (r * scale).astype(r.dtype), lr)
+                                                      for i, (r, lr) in to_numpy(states).items() if r is not None})
 
     def _load_planned(self, saved: dict[str, torch.Tensor]) -> None:
         """A checkpoint's plan residuals: added to each parameter's first planned push."""

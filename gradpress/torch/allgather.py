@@ -35,11 +35,13 @@ class _Allgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        # the gradient's shape and dtype in its name: a later call of another total (an
-        # epoch's last, smaller batch) has keys of its own
-        shape = "x".join(map(str, grad_output.shape))
-        reduced = ops.push_pull(grad_output.contiguous(), average=True, priority=ctx.priority,
-                                name=f"Allgather.{ctx.name}.grad.{shape}.{str(grad_output.dtype).removeprefix('torch.')}")
+        # padded as the forward's buffer, its size and dtype in its name: a later call of
+        # another total (an epoch's last, smaller batch) has keys of its own, and few
+        total, room = grad_output.shape[0], padded(grad_output.shape[0], bits=4)
+        grad = torch.cat([grad_output, grad_output.new_zeros(room - total, *grad_output.shape[1:])])
+        shape = "x".join(map(str, grad.shape))
+        reduced = ops.push_pull(grad, average=True, priority=ctx.priority,
+                                name=f"Allgather.{ctx.name}.grad.{shape}.{str(grad.dtype).removeprefix('torch.')}")
         rank = ops.rank()
         return reduced.narrow(0, sum(ctx.rows[:rank]), ctx.rows[rank]), None, None
 

@@ -14,7 +14,8 @@ owner where workers reduce locally), so a compressed run continues the same traj
 ``CrossBarrier``'s ``step()`` returns with them in flight), so that every worker's
 checkpoint is taken after the same rounds. The servers' residuals are sums over the
 workers; where the new job has another number of workers they are scaled to it, so that
-each still adds to the average what it lacked before. A tensor carried in but not used
+each still adds to the average what it lacked before (as every optimizer's push_pulls
+average: a compressed ``push_pull(average=False)``'s are scaled all the same). A tensor carried in but not used
 in a job is carried on to the next one as it was (two scale events in a row).
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ def suspend() -> None:
     global _carried, _carried_size
     client = ops.client()
     handles.settle(client.s.op_timeout_s + 5)
-    carried = {name: state for name, state in _loaded.items() if not client.ever_declared(name)}
+    carried = {name: state for name, state in _loaded.items() if not client.took_loaded(name)}
     for name, tensor in client.tensors.items():
         if tensor.spec is None:
             continue

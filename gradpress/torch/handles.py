@@ -14,6 +14,8 @@ from ..worker.future import Future
 _handles: dict[int, "Pending"] = {}
 _ids = itertools.count(1)
 _issued = 0  # the latest handle
+_failed: dict[int, BaseException] = {}  # handles whose wait raised, recent ones: a second wait raises again
+_MOST_FAILED = 64  # (an error holds its traceback's frames)
 # push_pulls whose wait ran out while they went on: undone (``abandon``) once they are over,
 # so that a staging buffer they hold is not kept busy for good
 _orphans: list["Pending"] = []
@@ -37,12 +39,19 @@ class Pending:
 
 
 def register(pending: Pending) -> int:
-    if _orphans:
-        _undo_orphans()
     global _issued
-    handle = _issued = next(_ids)
+    handle = next(_ids)
+    _issued = max(_issued, handle)
     _handles[handle] = pending
     return handle
+
+
+def before_start() -> None:
+    """Undo the push_pulls whose wait ran out and which are over since (``_orphans``), before
+    a new one starts: their staging buffers free for it, and a failed GPU one's wait on the
+    device not queued behind the new one's work."""
+    if _orphans:
+        _undo_orphans()
 
 
 def lookup(handle: int) -> Pending:
@@ -54,15 +63,21 @@ def lookup(handle: int) -> Pending:
 
 def wait(handle: int, timeout_s: float) -> torch.Tensor | None:
     """Wait up to ``timeout_s`` for the push_pull behind ``handle``; its output tensor. A
-    handle waited for already gives None, as BytePS's ``synchronize`` does; one never
-    issued raises ValueError."""
+    handle waited for already gives None, as BytePS's ``synchronize`` does, unless that
+    wait raised: then it raises the same error again (the push_pull may still write into its
+    tensor). One never issued raises ValueError."""
+    if handle in _failed:
+        raise _failed[handle]
     if isinstance(handle, int) and 0 < handle <= _issued and handle not in _handles:
         return None
     pending = lookup(handle)
     try:
         try:
             pending.future.result(timeout_s)
-        except BaseException:
+        except BaseException as e:
+            _failed[handle] = e
+            if len(_failed) > _MOST_FAILED:
+                del _failed[next(iter(_failed))]
             # failed: the program may go on (an elastic restart) and free the tensors. Not
             # where only this wait ran out: the push_pull may still write into them (it is undone
             # once over, at a later start).

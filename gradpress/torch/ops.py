@@ -211,8 +211,8 @@ def synchronize(handle: int) -> torch.Tensor:
 def _start(tensor: torch.Tensor, output: torch.Tensor, average: bool, name: str | None,
            priority: int, compression_params: dict | CodecSpec | None = None, lr: float | None = None) -> int:
     client = _require()
-    if name is None:
-        name = f"{staging.NONAME}{next(_noname)}"
+    handles.before_start()
+    name = name if name is not None else f"{staging.NONAME}{next(_noname)}"
     spec = None
     if compression_params is not None:
         spec = CodecSpec.from_params(compression_params, f"push_pull of {name!r}: compression_params")

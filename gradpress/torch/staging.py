@@ -98,12 +98,14 @@ class HostStaging:
     def _drop_unused(self, taking: str) -> None:
         """Forget the buffers of names no longer declared (torch's pinned allocator keeps a
         freed buffer from reuse until the copies queued on it are done)."""
-        for name in [n for n in self._buffers if n != taking and n not in self._busy and not self._declared(n)]:
-            self._forget(name)
+        for name in list(self._buffers):  # (a copy: another thread may drop a failed one meanwhile)
+            if name != taking and name not in self._busy and not self._declared(name):
+                self._forget(name)
 
     def _forget(self, name: str) -> None:
         from ..kernels.cuda import streams
-        del self._buffers[name]
+        if self._buffers.pop(name, None) is None:
+            return
         read = self._read.pop(name, None)
         if read is not None:  # nothing will wait for it
             streams.recycle(*read)

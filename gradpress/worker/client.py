@@ -128,9 +128,10 @@ class WorkerClient:
         """Every tensor this worker has declared, by name."""
         return dict(self.comm.table.tensors)
 
-    def ever_declared(self, name: str) -> bool:
-        """Whether this worker declared ``name`` in this job (since released, perhaps)."""
-        return name in self.comm.table.declared
+    def took_loaded(self, name: str) -> bool:
+        """Whether ``name``, declared in this job (since released, perhaps), took the states
+        loaded for it before (``load_compressor_state``, ``load_server_state``)."""
+        return name in self.comm.table.took_loaded
 
     def tensor(self, name: str) -> Tensor | None:
         """The declared tensor ``name`` (keys, partitions, compressor), or None."""

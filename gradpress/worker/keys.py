@@ -128,7 +128,7 @@ class KeyTable:
 
     def __init__(self) -> None:
         self.tensors: dict[str, "Tensor"] = {}   # written by the communication thread, read by callers
-        self.declared: set[str] = set()           # every name declared in this job, released ones too
+        self.took_loaded: set[str] = set()        # names declared in this job whose loaded states they took
         self._keys: dict[int, WorkerKey] = {}
         self._compressor_states: dict[str, Any] = {}
         self._server_states: dict[str, dict] = {}
@@ -145,6 +145,8 @@ class KeyTable:
             if not 0 <= server < num_servers:
                 raise ValueError(f"the scheduler placed partition {i} on server {server}, which does not exist")
             t.keys.append(WorkerKey(make_key(t.tensor_id, i), t, i, server, count, offset))
+        if t.name in self._compressor_states or t.name in self._server_states:
+            self.took_loaded.add(t.name)
         state = self._compressor_states.get(t.name)
         if state is not None:
             self._install_compressor_state(t, state)
@@ -156,7 +158,6 @@ class KeyTable:
         self._compressor_states.pop(t.name, None)
         self._server_states.pop(t.name, None)
         self.tensors[t.name] = t
-        self.declared.add(t.name)
         self._keys.update((wk.key, wk) for wk in t.keys)
 
     def release(self, names: list[str]) -> list["Tensor"]:

@@ -17,6 +17,7 @@ def test_landings_have_their_own_stream_and_scratch():
     results = {c["case"]: c["problem"] for c in simulated_cases(SCRIPT, 130)}
     assert set(results) == {"streams-apart", "lane-named", "lane-restored", "scratch-per-lane", "scratch-reused",
                             "decode/topk", "decode/onebit", "decode/dithering", "upload/bytes", "upload/stage-reused",
-                            "upload/stage-per-class-and-role", "upload/stage-per-lane", "upload/back-to-back"}
+                            "upload/stage-per-class-and-role", "upload/stage-per-lane", "upload/back-to-back",
+                            "upload/one-at-a-time"}
     failures = {name: problem for name, problem in results.items() if problem}
     assert not failures, failures

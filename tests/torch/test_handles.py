@@ -106,3 +106,17 @@ def test_a_handle_synchronized_twice_gives_none_as_in_byteps_and_one_never_issue
     assert handles.wait(handle, 1.0) is None
     with pytest.raises(ValueError, match="unknown push_pull handle"):
         handles.wait(handle + 10**6, 1.0)
+
+
+def test_a_wait_that_raised_raises_again_on_a_second_wait():
+    future = Future("a push_pull")
+    handle, _ = start(future)
+    with pytest.raises(OpTimeoutError):
+        handles.wait(handle, 0.01)
+    with pytest.raises(OpTimeoutError):   # not None: the push_pull may still write into its tensor
+        handles.wait(handle, 0.01)
+    failed, _ = start(Future("another"))
+    handles._handles[failed].future.fail(JobError("a server died"))
+    for _ in range(2):
+        with pytest.raises(JobError, match="a server died"):
+            handles.wait(failed, 1.0)

@@ -133,7 +133,7 @@ def test_a_name_whose_wait_ran_out_is_freed_once_its_push_pull_is_over(cuda):
         handles.wait(handle, 0.01)
     assert "w" in s._busy   # it may still write into the buffer
     future.set(None)        # ... and then ends
-    handles.register(handles.Pending(Future("next"), torch.empty(1), None))   # the next start undoes it
+    handles.before_start()  # the next start undoes it
     assert "w" not in s._busy
     again, _ = s.stage("w", CudaTensor(4, 0), torch.float32)
     assert again is s._buffers["w"], "the name did not get a buffer of its own again"

@@ -8,11 +8,12 @@ first copied on the host into a pinned buffer of this thread's (a memcpy at memo
 and the copy to the device from there is queued without waiting.
 
 A staging buffer is written again only once the device has read it: an event recorded after
-its copy is waited for first. Each role and size has a few buffers used in turn
-(``_TURNS``): a tensor's partitions land back to back where their servers' replies are read
-in one turn of the loop, and with one buffer each upload waited on the host for the one
-before it, queued behind that partition's decode. The device array it lands in is scratch
-reused in stream order, as before.
+its copy is waited for first. Where the device has not yet read the buffer of a role and
+size, the next of up to ``_TURNS`` buffers is taken: a tensor's partitions land back to back
+where their servers' replies are read in one turn of the loop, and with one buffer each
+upload waited on the host for the one before it, queued behind that partition's decode. One
+upload at a time keeps to one buffer. The device array it lands in is scratch reused in
+stream order, as before.
 """
 import threading
 from typing import Any
@@ -23,7 +24,7 @@ from numba import config, cuda
 from gradpress.kernels.cuda import device, scratch, streams
 
 _MOST_STAGES = 64  # per thread (each at most a partition): a few roles and sizes; a job of many is not hoarded
-_TURNS = 4  # buffers per role and size, used in turn
+_TURNS = 4  # buffers per role and size at most, the next taken while the device still reads one
 _local = threading.local()
 
 
@@ -44,7 +45,11 @@ def _stage(nbytes: int, role: str) -> _Stage:
     turns = _local.__dict__.setdefault("turns", {})
     size = 1 << max(6, (nbytes - 1).bit_length())
     kind = (streams.current_index(), streams.current_lane(), role, size)
-    turn = turns[kind] = (turns.get(kind, -1) + 1) % _TURNS
+    turn = turns.get(kind, 0)
+    stage = stages.get((*kind, turn))
+    if stage is not None and not _read(stage):
+        turn = (turn + 1) % _TURNS
+    turns[kind] = turn
     key = (*kind, turn)
     stage = stages.get(key)
     if stage is None:
@@ -52,6 +57,13 @@ def _stage(nbytes: int, role: str) -> _Stage:
             _retire(stages)
         stage = stages[key] = _Stage(size)
     return stage
+
+
+def _read(stage: _Stage) -> bool:
+    """Whether the device has read what was staged in ``stage`` (the simulator's copies end
+    before the call returns, and its events have no ``query``)."""
+    query = getattr(stage.done, "query", None)
+    return query is None or query()
 
 
 def _retire(stages: dict) -> None:
