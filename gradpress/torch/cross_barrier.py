@@ -169,8 +169,16 @@ def training_streams(params: list[torch.Tensor]) -> dict[torch.device, object]:
     return {p.device: torch.cuda.current_stream(p.device) for p in params if p.is_cuda}
 
 
+@contextlib.contextmanager
 def _on(stream):
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+    """``stream`` current on this thread, its device entered first: leaving a bare stream
+    block sets the stream back on the device torch believes current, GPU 0 on a new thread,
+    which makes a context there (``kernels/cuda/streams._switched`` says more)."""
+    if stream is None:
+        yield
+        return
+    with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+        yield
 
 
 def CrossBarrier(model: torch.nn.Module, optimizer: torch.optim.Optimizer, named_parameters=None,

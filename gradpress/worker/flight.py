@@ -293,7 +293,8 @@ def _filling(job: PushPull) -> object | None:
     """The event of the asynchronous copy still filling ``job``'s host source (a CUDA tensor
     staged through pinned memory, ``torch/staging.py``), or None: there is none, it is done,
     or the source is on the device (its wait is queued there, ``await_source``)."""
-    ready = job.ready
-    if ready is None or is_device_array(job.src) or not hasattr(ready, "query") or ready.query():
+    if (ready := job.ready) is None or is_device_array(job.src) or not hasattr(ready, "query"):
         return None
-    return ready
+    from ..kernels.cuda import streams
+    with streams.on_event_device(ready):  # (none selected here: CUDA would make a context on GPU 0)
+        return None if ready.query() else ready

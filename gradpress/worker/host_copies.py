@@ -62,7 +62,7 @@ class HostCopies:
         thread that saw it happen (the event's owner reuses it). ``what`` says what the copy
         is of (a partition's ``WorkerKey.describe``), called only where the copy failed."""
         query = getattr(done, "query", None)  # (the simulator's events have none)
-        if query is not None and query():
+        if query is not None and _queried(done):
             if waited is not None:
                 waited()
             then()  # no hand-off through the thread and the pipe: its latency would be all it adds
@@ -93,7 +93,8 @@ class HostCopies:
             done, work, then, waited, what = item
             try:
                 if work is None:
-                    done.synchronize()  # (without the GIL)
+                    with _on_event_device(done):
+                        done.synchronize()  # (without the GIL)
                     if waited is not None:
                         waited()
                 else:
@@ -149,3 +150,14 @@ def _raiser(error: Exception, what: Callable[[], str] | None) -> Callable[[], No
         of = f" ({what()})" if what is not None else ""
         raise RuntimeError(f"a copy from the GPU to the host failed{of}: {error!r}") from error
     return fail
+
+
+def _on_event_device(event: Any):
+    from ..kernels.cuda import streams
+    return streams.on_event_device(event)
+
+
+def _queried(event: Any) -> bool:
+    """Whether ``event`` has happened, asked with its GPU current (``on_event_device``)."""
+    with _on_event_device(event):
+        return event.query()

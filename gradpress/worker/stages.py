@@ -13,6 +13,7 @@ copies off a GPU happen elsewhere (``host_copies.py``).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -94,8 +95,9 @@ class PartitionStages:
         from ..kernels.cuda import device
         where = getattr(source, "device", None)
         if where not in self.device_arenas:
-            def pin(chunk: shm.Chunk, source=source) -> Any:
-                with device.on_device_of(source):
+            # the device alone: the first gradient pushed would be kept as long as the arena
+            def pin(chunk: shm.Chunk, on=SimpleNamespace(device=where)) -> Any:
+                with device.on_device_of(on):
                     return device.pin_host(chunk.map, chunk.nbytes)
             self.device_arenas[where] = shm.Arena("w", pin=pin)
         return self.device_arenas[where]
@@ -186,11 +188,12 @@ class PartitionStages:
         if job.ready is None:
             return
         ready, job.ready = job.ready, None
+        from ..kernels.cuda import device, streams
         if is_device_array(job.src):
-            from ..kernels.cuda import device
             device.wait_for(ready, job.src)
         else:
-            ready.synchronize()
+            with streams.on_event_device(ready):  # its GPU current: not a context on GPU 0
+                ready.synchronize()
 
     def send(self, op: PartitionOp, payload: Payload | None) -> None:
         """Push ``op``'s round and pull it, in one message (a PUSH with ``pull``: one send,

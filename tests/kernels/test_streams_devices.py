@@ -150,3 +150,62 @@ def test_a_thread_torch_believes_on_gpu_0_works_on_gpu_1_without_touching_gpu_0(
         assert inside == (1, streams._pairs[1, int(landing)][1], streams._pairs[1, int(landing)][0])
     assert 0 not in rt.contexts, "working on GPU 1 made a context on GPU 0"
     assert rt.believed == 0, "torch's device for the thread was not given back"
+
+
+def test_cross_barriers_updater_on_gpu_1_makes_no_context_on_gpu_0(monkeypatch):
+    """The updater thread (torch believes it on GPU 0, without a context) queues a cuda:1
+    parameter's step on the training thread's stream there: leaving that block must not set
+    a stream on GPU 0, which would make a context there."""
+    from gradpress.torch import cross_barrier
+    rt = _Runtime(believed=0)
+    monkeypatch.setattr(cross_barrier, "torch", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(stream=rt.stream, device=rt.device, set_stream=rt.set_stream)))
+    with cross_barrier._on(_TorchStream(1)):
+        assert rt.believed == 1 and rt.current[1].device == 1
+    assert 0 not in rt.contexts, "leaving the training stream's block made a context on GPU 0"
+    assert rt.believed == 0
+
+
+class _Event:
+    """torch's event recorded on GPU 1: its host waits note the GPU this thread had selected
+    (None: none, and CUDA's runtime would make a context on GPU 0 for the wait)."""
+
+    def __init__(self, selected: dict, done: bool = False):
+        self.device = types.SimpleNamespace(type="cuda", index=1)
+        self.selected, self.seen, self.done = selected, [], done
+
+    def query(self) -> bool:
+        self.seen.append(("query", self.selected.get(threading.get_ident())))
+        return self.done
+
+    def synchronize(self) -> None:
+        self.seen.append(("synchronize", self.selected.get(threading.get_ident())))
+
+
+def test_host_waits_on_a_gpu_1_event_run_with_gpu_1_selected(monkeypatch):
+    """The host-copies thread's wait, and the communication thread's query and wait for a
+    staged source's copy: each with the event's GPU current, on threads that own their GPU
+    work (they select it and keep it)."""
+    from gradpress.worker import flight
+    from gradpress.worker.host_copies import HostCopies
+    from gradpress.worker.stages import PartitionStages
+    selected = {}
+    monkeypatch.setattr(streams, "cuda", types.SimpleNamespace(
+        select_device=lambda i: selected.__setitem__(threading.get_ident(), i)))
+    monkeypatch.setattr(streams, "_local", threading.local())
+    done, staged, finished, seen = _Event(selected), _Event(selected), threading.Event(), []
+    copies = HostCopies(wake=finished.set)
+
+    def communication():
+        copies.after(done, lambda: None)      # not done yet: the host-copies thread waits for it
+        job = types.SimpleNamespace(ready=staged, src=bytearray(4))
+        seen.append(flight._filling(job))
+        PartitionStages.await_source(job)
+    thread = threading.Thread(target=communication)
+    thread.owns_gpu_work = True
+    thread.start()
+    thread.join(5)
+    assert finished.wait(5)
+    copies.close(5)
+    assert done.seen == [("query", 1), ("synchronize", 1)], done.seen
+    assert seen == [staged] and staged.seen == [("query", 1), ("synchronize", 1)], staged.seen

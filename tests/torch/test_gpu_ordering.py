@@ -16,7 +16,7 @@ from gradpress.torch import cross_barrier
 
 
 def test_the_updater_queues_each_update_on_the_training_threads_stream(monkeypatch):
-    side = {0: "side stream of cuda:0", 1: "side stream of cuda:1"}
+    side = {i: SimpleNamespace(name=f"side stream of cuda:{i}", device=torch.device("cuda", i)) for i in (0, 1)}
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: side[device.index])
     on_gpu = [SimpleNamespace(is_cuda=True, device=torch.device("cuda", i)) for i in (0, 1, 1)]
     on_host = SimpleNamespace(is_cuda=False, device=torch.device("cpu"))
@@ -31,6 +31,8 @@ def test_the_updater_queues_each_update_on_the_training_threads_stream(monkeypat
         yield
         current.pop()
     monkeypatch.setattr(torch.cuda, "stream", stream)
+    entered = []   # the stream's device entered first (tests/kernels/test_streams_devices.py says why)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: entered.append(d) or contextlib.nullcontext())
     barrier = cross_barrier._CrossBarrier.__new__(cross_barrier._CrossBarrier)
     barrier._error, barrier._work = None, queue.Queue()
     batch = on_gpu[:2] + [on_host]
@@ -43,6 +45,7 @@ def test_the_updater_queues_each_update_on_the_training_threads_stream(monkeypat
     assert updated == [(torch.device("cuda", 0), [side[0]], {"lr": 0.1}),
                        (torch.device("cuda", 1), [side[1]], {"lr": 0.1}),
                        (torch.device("cpu"), [], {"lr": 0.1})]   # a host parameter: no stream
+    assert entered == [torch.device("cuda", 0), torch.device("cuda", 1)]
     assert all(barrier._ready[id(p)].is_set() for p in batch)
     # synchronize(), say for an evaluation on another stream: that stream waits for the updates'
     waited = []

@@ -138,6 +138,14 @@ def on_device(index: int):
     return _switched(index)
 
 
+def on_event_device(event: Any):
+    """A context for a host wait on (or query of) torch's ``event`` with its GPU current on
+    this thread: on a thread that never selected one, CUDA's runtime would make and use a
+    context on GPU 0 for it (half a GiB there, for every worker of a machine)."""
+    index = getattr(getattr(event, "device", None), "index", None)
+    return on_device(index) if index is not None else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def _switched(index: int):
     before = getattr(_local, "device", None)
