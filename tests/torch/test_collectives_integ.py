@@ -72,11 +72,16 @@ bps.shutdown()
 """
 
 
+def run_to_the_end(cluster, script: str, workers: int, servers: int, said: str) -> None:
+    """``script`` on every worker of a job, each of which ends by printing ``said``."""
+    c = cluster(workers=workers, servers=servers)
+    c.start(script).assert_success()
+    for w in range(workers):
+        assert said in c.log(f"worker {w}"), c.logs()
+
+
 def test_allgather_autograd_push_pull_and_broadcast_object(cluster):
-    c = cluster(workers=3, servers=2)
-    c.start(COLLECTIVES).assert_success()
-    for w in range(3):
-        assert "OK collectives" in c.log(f"worker {w}"), c.logs()
+    run_to_the_end(cluster, COLLECTIVES, 3, 2, "OK collectives")
 
 
 BYTEPS_ALLGATHER = """
@@ -121,10 +126,7 @@ bps.shutdown()
 
 
 def test_byteps_allgather_cases_same_and_uneven_autograd_and_the_output_list(cluster):
-    c = cluster(workers=3, servers=2)
-    c.start(BYTEPS_ALLGATHER).assert_success()
-    for w in range(3):
-        assert "OK byteps allgather" in c.log(f"worker {w}"), c.logs()
+    run_to_the_end(cluster, BYTEPS_ALLGATHER, 3, 2, "OK byteps allgather")
 
 
 EDGES = """
@@ -173,7 +175,4 @@ bps.shutdown()
 
 
 def test_allgather_and_objects_at_their_edges(cluster):
-    c = cluster(workers=2, servers=1)
-    c.start(EDGES).assert_success()
-    for w in range(2):
-        assert "OK edges" in c.log(f"worker {w}"), c.logs()
+    run_to_the_end(cluster, EDGES, 2, 1, "OK edges")

@@ -13,23 +13,23 @@ pytestmark = pytest.mark.integ
 ENV = {"BYTEPS_MIN_COMPRESS_BYTES": "0"}
 PARAMS = '{"compressor": "onebit", "ef": "vanilla", "scaling": True}'
 
-JOIN_SECOND = """
+# the first job: one compressed push_pull of x, then suspend(); join_second() waits for the next job's port
+FIRST_JOB = f"""
+import os, time, torch, gradpress.torch as bps
+from gradpress.torch import elastic
 def join_second(d):
     while not os.path.exists(os.path.join(d, "port2")): time.sleep(0.05)
     os.environ["DMLC_PS_ROOT_PORT"] = open(os.path.join(d, "port2")).read()
-"""
-
-TWICE = f"""
-import os, time, torch, gradpress.torch as bps
-from gradpress.torch import elastic
-{JOIN_SECOND}
 d = os.environ["GP_TEST_DIR"]
 bps.init(); r = bps.rank()
 t = torch.randn(64, generator=torch.Generator().manual_seed(r))
 bps.push_pull(t, name="x", compression_params={PARAMS})
 bps.suspend()
+"""
+
+TWICE = FIRST_JOB + """
 first = elastic._carried["x"]
-open(os.path.join(d, f"suspended{{r}}"), "w").close()
+open(os.path.join(d, f"suspended{r}"), "w").close()
 join_second(d)
 bps.resume(2, 1, r)
 bps.suspend()                    # a second scale event, before any step of the job between
@@ -38,7 +38,7 @@ same = second is not None and all(
     a.tobytes() == b.tobytes() for a, b in zip(first[0]["residuals"].values(), second[0]["residuals"].values()))
 servers = first[1] is None or (second[1] is not None and all(
     a[0].tobytes() == b[0].tobytes() for a, b in zip(first[1].values(), second[1].values())))
-open(os.path.join(d, f"carried{{r}}"), "w").write(repr((second is not None, same, servers)))
+open(os.path.join(d, f"carried{r}"), "w").write(repr((second is not None, same, servers)))
 """
 
 
@@ -105,28 +105,20 @@ def test_suspend_lets_a_push_pull_under_way_end_so_every_worker_carries_the_same
             f"partition {i}: the workers carry the servers' residual of different rounds"
 
 
-FEWER = f"""
-import os, time, torch, gradpress.torch as bps
-from gradpress.torch import elastic
-{JOIN_SECOND}
-d = os.environ["GP_TEST_DIR"]
-bps.init(); r = bps.rank()
-t = torch.randn(64, generator=torch.Generator().manual_seed(r))
-bps.push_pull(t, name="x", compression_params={PARAMS})
-bps.suspend()
-carried = {{i: v[0].copy() for i, v in elastic._carried["x"][1].items()}}
-open(os.path.join(d, f"suspended{{r}}"), "w").close()
+FEWER = FIRST_JOB + """
+carried = {i: v[0].copy() for i, v in elastic._carried["x"][1].items()}
+open(os.path.join(d, f"suspended{r}"), "w").close()
 if r == 1:
     raise SystemExit(0)          # worker 1 leaves
 join_second(d)
 bps.resume(1, 1, 0)
 loaded = bps.ops.client().server_state("x")   # installed before x's first push in this job
-torch.save({{"carried": {{i: torch.from_numpy(v) for i, v in carried.items()}},
-            "loaded": {{i: torch.from_numpy(v[0].copy()) for i, v in loaded.items()}}}},
+torch.save({"carried": {i: torch.from_numpy(v) for i, v in carried.items()},
+            "loaded": {i: torch.from_numpy(v[0].copy()) for i, v in loaded.items()}},
            os.path.join(d, "scaled.pt"))
 bps.push_pull(t, name="x", compression_params={PARAMS})
 bps.shutdown()
-"""
+""".replace("{PARAMS}", PARAMS)
 
 
 def test_the_servers_residuals_are_scaled_to_the_new_number_of_workers(cluster):
