@@ -257,6 +257,13 @@ class LowRankReducer:
         if state["p"].shape != self.p.shape or state["q"].shape != self.q.shape:
             raise ValueError(f"low-rank state: factors of {tuple(state['p'].shape)} / {tuple(state['q'].shape)} "
                              f"elements, these matrices need {tuple(self.p.shape)} / {tuple(self.q.shape)}")
+        # checked whole before anything changes: a refused state leaves the reducer as it was
+        sizes = {m.name: m.rows * m.cols for m in self.matrices}
+        unknown = sorted(set(state["errors"]) - set(sizes))
+        wrong = [n for n, e in state["errors"].items() if n in sizes and e.numel() != sizes[n]]
+        if unknown or wrong:
+            raise ValueError(f"low-rank state: error buffers of matrices not compressed here {unknown[:5]}"
+                             if unknown else f"low-rank state: error buffers of other sizes for {wrong[:5]}")
         self.step, self.factors_ready = int(state["step"]), bool(state["factors_ready"])
         self.p.copy_(state["p"])
         self.q.copy_(state["q"])
