@@ -38,10 +38,20 @@ log = logging.getLogger(__name__)
 
 def gradient_or_zeros(p: torch.Tensor) -> torch.Tensor:
     """``fill`` for gradients: what backward accumulated so far, or zeros (made ``p.grad``) for
-    a parameter it did not reach: every worker must still take part in its push_pull."""
+    a parameter it did not reach: every worker must still take part in its push_pull. A
+    parameter frozen since (``frozen``) sends zeros of its own and keeps no gradient."""
     if p.grad is None:
+        if frozen(p):
+            return torch.zeros_like(p)
         p.grad = torch.zeros_like(p)
     return p.grad
+
+
+def frozen(p: torch.Tensor) -> bool:
+    """A parameter trainable when wrapped, frozen since (``requires_grad_(False)``) and
+    without a gradient: its average is not made its gradient, so that the optimizer leaves
+    it where it is, as torch's do (momentum or weight decay would move it on zeros)."""
+    return p.grad is None and not p.requires_grad
 
 
 class GradientPipeline(PipelineState):

@@ -150,6 +150,9 @@ class _CrossBarrier:
 
     def _update(self, p: torch.Tensor, hyper: dict) -> None:
         out = self._pipeline.finish_one(p)
+        if not p.requires_grad:  # frozen since it was wrapped: not stepped, its gradient cleared as
+            p.grad = None        # zero_grad() (here a no-op) would have, so that torch's optimizers skip it
+            return
         if out is not p.grad:
             p.grad = out
         single = self._single[id(p)]

@@ -23,7 +23,7 @@ import torch
 
 from ..compressors.policy import CompressionPolicy
 from ..compressors.spec import CodecSpec
-from ..pipeline import GradientPipeline, ParameterTable, gradient_or_zeros
+from ..pipeline import GradientPipeline, ParameterTable, frozen, gradient_or_zeros
 from ..pipeline.async_params import AsyncParameters
 from ..pipeline.planning import PlanTuning
 from . import ops
@@ -152,7 +152,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         union, a view of a bucket's buffer, an fp16 round trip's widened copy)."""
         for p in self._gradpress.table.trainable:
             out = results.get(id(p))
-            if out is not None and out is not p.grad:
+            if out is not None and out is not p.grad and not frozen(p):
                 p.grad = out
 
     def state_dict(self) -> dict:

@@ -153,3 +153,47 @@ def scope_initial_weight() -> torch.Tensor:
     scope: dict = {}
     exec(MODEL, scope)
     return scope["make_model"]()[0].weight.detach()
+
+
+FROZEN = MODEL + """
+import os, gradpress.torch as bps
+from gradpress.torch.parallel import DistributedDataParallel
+bps.init()
+r, out = bps.rank(), {}
+for way in ("optimizer", "ddp", "cross_barrier"):
+    model = make_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    forward = model
+    if way == "optimizer":
+        opt = bps.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+    elif way == "cross_barrier":
+        from gradpress.torch.cross_barrier import CrossBarrier
+        opt = CrossBarrier(model, sgd, named_parameters=model.named_parameters())
+    else:
+        forward, opt = DistributedDataParallel(model), sgd
+    for step in range(STEPS):
+        if step == UNFREEZE_AT:   # frozen after wrapping: torch's optimizers leave it where it is
+            model[0].requires_grad_(False)
+            frozen_at = {k: v.clone() for k, v in model[0].state_dict().items()}
+        opt.zero_grad(set_to_none=True)
+        loss_of(forward, batch(r, step)).backward()
+        opt.step()
+    if way == "cross_barrier":
+        opt.synchronize()
+    out[way] = (frozen_at, {k: v.clone() for k, v in model[0].state_dict().items()}, model[0].weight.grad)
+torch.save(out, os.path.join(os.environ["GP_TEST_DIR"], f"frozen{r}.pt"))
+bps.shutdown()
+"""
+
+
+def test_a_layer_frozen_after_wrapping_is_left_where_it_is(cluster):
+    """As in torch: with momentum and weight decay, zeros pushed for a frozen layer and made
+    its gradient would move it on; its gradient stays None."""
+    c = cluster(workers=2, servers=1)
+    c.start(FROZEN).assert_success()
+    for r in range(2):
+        got = torch.load(c.tmp / f"frozen{r}.pt")
+        for way, (before, after, grad) in got.items():
+            assert grad is None, f"worker {r}, {way}: the frozen layer has a gradient"
+            for k in before:
+                assert torch.equal(before[k], after[k]), f"worker {r}, {way}: the frozen layer's {k} moved"

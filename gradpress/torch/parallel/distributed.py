@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import torch
 
 from ...compressors.policy import CompressionPolicy
-from ...pipeline import GradientPipeline, ParameterTable, gradient_or_zeros
+from ...pipeline import GradientPipeline, ParameterTable, frozen, gradient_or_zeros
 from .. import ops
 from ..broadcast import broadcast_parameters
 from ..compression import Compression
@@ -155,6 +155,6 @@ class DistributedDataParallel(torch.nn.Module):
             return
         for pid, out in self._gradpress.finish().items():
             p = self._param[pid]
-            if out is not p.grad:
+            if out is not p.grad and not frozen(p):
                 with torch.no_grad():
                     p.grad.copy_(out)
