@@ -21,6 +21,7 @@ from ..errors import JobError, OpTimeoutError
 from ..net import transport
 from ..net.protocol import Op
 from .deadlines import Deadlines
+from . import grouped
 from .future import Future
 from .jobs import PartitionOp, PushPull
 from .keys import KeyTable
@@ -117,6 +118,9 @@ class PartitionFlight:
 
     def _encoded(self, op: PartitionOp, made: Payload | ValueError | None) -> None:
         """Back on this thread: push ``op``'s payload, unless its round failed meanwhile."""
+        if isinstance(made, ValueError) or op.wkey.in_flight is not op:  # later jobs may wait on its marks
+            for held in grouped.unmark(op):
+                self._queue.put(held, priority=HELD_FIRST)
         if op.wkey.in_flight is not op:
             return  # failed meanwhile (its deadline passed): the round never goes out
         self.stages.send(op, self._refused(op, made) if isinstance(made, ValueError) else made)
@@ -131,26 +135,7 @@ class PartitionFlight:
         self.stages.send(op, self._payload(op))
 
     def _together(self, op: PartitionOp) -> list[int] | None:
-        """Whether to compress all of ``op``'s tensor's partitions now, with one set of launches
-        (``GRADPRESS_GROUP_PARTITIONS``; the codec and the tensor must allow it,
-        ``stages.compresses_together``): asked once per job, at its first partition sent, and
-        only where no partition of the tensor is busy (in flight, holding ops or an early
-        payload) or goes through a local owner, so that each key's next round is this job's.
-        If so, the keys' rounds to compress, and each key is marked as this job's now, on
-        this thread, before the compress (which may run on another) makes the payloads: a
-        later job's partition must not take a key's round meanwhile (``dispatch``)."""
-        job, t = op.job, op.job.tensor
-        if job.compressed is not None:
-            return None
-        job.compressed = {}
-        if not (self.s.group_partitions and len(t.keys) > 1 and t.compressor is not None and t.layout is None
-                and self.stages.compresses_together(job)
-                and all(k.in_flight is None and not k.held and k.compressed_by is None and k.via is None
-                        and not k.pushers for k in t.keys)):
-            return None
-        for k in t.keys:
-            k.compressed_by = job
-        return [k.next_round for k in t.keys]
+        return grouped.take_rounds(op, self.s.group_partitions, self.stages)
 
     def push_summed(self, op: PartitionOp) -> None:
         """The machine's sum of an owned key's round is in ``op.summed``: compress, push, pull."""

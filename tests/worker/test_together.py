@@ -217,3 +217,58 @@ def test_an_encoder_that_fails_on_the_gpu_fails_its_job_naming_the_tensor_and_ev
     with pytest.raises(JobError, match=f"tensor 't': {reason}"):
         a.future.result(0)
     stages.host_copies.close(5)
+
+
+def _pushed_by(flight, stages, t, b) -> list[int]:
+    """The partitions of job ``b`` that went out, once the encoders it started are done."""
+    flight.dispatch()
+    started = sum(1 for wk in t.keys if wk.in_flight is not None and wk.in_flight.job is b)
+    if started:
+        stages.finished(started)
+    return sorted(i for i, _, lr, _ in stages.pushed if lr == b.lr)
+
+
+def test_after_a_grouped_encode_failed_on_the_gpu_the_next_job_sends_every_partition():
+    # the grouped launch fails before the first key's payload is taken: that key kept the
+    # failed job's mark, and the next job's partition was held behind it for good
+    flight, _, t = setup(parts=(4, 4, 2))
+    stages = flight.stages = OffThread()
+    stages.go.set()
+
+    def out_of_memory(*_):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB")
+    stages.compress_tensor = out_of_memory
+    a = job(t, 0.1)
+    flight.start(a, priority=0)
+    flight.dispatch()
+    stages.finished(3)
+    with pytest.raises(JobError):
+        a.future.result(0)
+    for wk in t.keys:  # the servers' refusals of the round end it, key by key
+        if wk.in_flight is not None:
+            flight._leave_flight(wk.in_flight)
+    b = job(t, 0.2)
+    flight.start(b, priority=0)
+    assert _pushed_by(flight, stages, t, b) == [0, 1, 2], [len(wk.held) for wk in t.keys]
+    stages.host_copies.close(5)
+
+
+def test_after_a_grouped_encode_outlived_its_rounds_the_next_job_sends_every_partition():
+    # the next job's partitions wait behind the slow encode's marks; once it ends, with no
+    # round of those keys out, nothing else would queue them again
+    flight, _, t = setup(parts=(4, 4, 2))
+    stages = flight.stages = OffThread()   # the grouped encode waits for stages.go (a slow GPU)
+    a = job(t, 0.1)
+    flight.start(a, priority=0)
+    flight.dispatch()
+    for wk in t.keys:                      # every deadline passes while it runs
+        if wk.in_flight is not None:
+            flight._expire(wk.in_flight)
+    b = job(t, 0.2)
+    flight.start(b, priority=0)
+    flight.dispatch()
+    assert all(wk.held for wk in t.keys), "the next job's partitions went before the slow encode ended"
+    stages.go.set()
+    stages.finished(3)
+    assert _pushed_by(flight, stages, t, b) == [0, 1, 2], [len(wk.held) for wk in t.keys]
+    stages.host_copies.close(5)
