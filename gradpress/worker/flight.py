@@ -76,6 +76,9 @@ class PartitionFlight:
         self.stages.introduce(wk, op.job.src)
         op.round = wk.next_round
         relayed = wk.pushers and self.relay is not None
+        if op.job.future.done() and not relayed:  # failed meanwhile: the caller may reuse its tensors
+            self._refuse_unread(op)
+            return
         filling = _filling(op.job)
         if filling is None:
             self.stages.await_source(op.job)
@@ -100,6 +103,18 @@ class PartitionFlight:
         if rounds is not None:
             self.stages.compress_tensor(op.job, rounds)
         self.stages.send(op, self._payload(op))
+
+    def _refuse_unread(self, op: PartitionOp) -> None:
+        """A partition of a push_pull that failed before it went (another partition's round
+        refused, a landing failed): its round goes out refused, its source never read again.
+        The caller has been told, and may have freed or rewritten the tensor (a CUDA one's
+        consumer waited only for what gradpress had queued by then)."""
+        wk = op.wkey
+        wk.next_round += 1
+        wk.in_flight = op
+        op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
+        self.stages.send(op, PartitionStages.refusal(f"its push_pull of tensor {op.job.tensor.name!r} failed "
+                                                     "before this partition went"))
 
     def _encode(self, op: PartitionOp, rounds: list[int] | None) -> Payload | ValueError | None:
         """On the host-copies thread: ``op``'s payload (with its tensor's other partitions'

@@ -272,3 +272,37 @@ def test_after_a_grouped_encode_outlived_its_rounds_the_next_job_sends_every_par
     stages.finished(3)
     assert _pushed_by(flight, stages, t, b) == [0, 1, 2], [len(wk.held) for wk in t.keys]
     stages.host_copies.close(5)
+
+
+def test_a_failed_push_pulls_partitions_still_queued_go_out_refused_without_reading_their_source():
+    # the caller was told at the first failure and may reuse its tensor (a CUDA one's consumer
+    # waited only for what was queued by then): later partitions must not read it
+    class Reads(Stages):
+        def __init__(self):
+            super().__init__()
+            self.read, self.headers = [], []
+
+        def compress(self, op):
+            self.read.append(op.wkey.index)
+            if op.wkey.index == 0:
+                raise ValueError("the input holds NaN or inf")
+            return ({"made": True}, [])
+
+        def send(self, op, payload):
+            super().send(op, payload)
+            self.headers.append(payload[0])
+    flight, _, t = setup(group=False)
+    stages = flight.stages = Reads()
+    flight._queue = type(flight._queue)(1)   # one partition on the wire at a time
+    a = job(t, 0.1)
+    flight.start(a, priority=0)
+    flight.dispatch()
+    assert a.future.done() and stages.read == [0]
+    for _ in range(len(t.keys)):   # each round's end gives the credit back: the next partition goes
+        for wk in t.keys:
+            if wk.in_flight is not None:
+                flight._leave_flight(wk.in_flight)
+        flight.dispatch()
+    assert stages.read == [0], f"partitions {stages.read[1:]} read their source after the job failed"
+    assert [i for i, *_ in stages.pushed] == [0, 1, 2]   # every round still reaches the servers
+    assert all("refused" in h for h in stages.headers[1:]), stages.headers
