@@ -3,7 +3,8 @@
 Without this, a Python exception in one worker runs the interpreter's exit path:
 ``shutdown()`` waits for every worker to finish while the others wait for this
 worker's pushes, and the job stalls until GRADPRESS_OP_TIMEOUT_S. Here an uncaught
-exception is first reported to the scheduler (ABORT with its first error line), which
+exception (a Ctrl-C's ``KeyboardInterrupt`` too) is first reported to the scheduler
+(ABORT with its first error line), which
 tells every other node which worker failed and why; then the exception is printed as
 usual and the process exits without waiting for anyone. ``init()`` reports its own
 failures the same way, over a socket of its own, since it may not have registered.
@@ -37,9 +38,9 @@ def install(current_client: Callable[[], object | None]) -> None:
 
     def report_then_print(exc_type, exc, tb) -> None:
         client = current_client()
-        if client is not None and not isinstance(exc, KeyboardInterrupt):
+        if client is not None:  # Ctrl-C too: the others would wait for this worker's pushes
             try:
-                client.abort(first_error_line(exc))
+                client.abort("interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else first_error_line(exc))
             except Exception:  # noqa: BLE001 - the original error must still be printed
                 pass
         previous(exc_type, exc, tb)

@@ -2,7 +2,8 @@
 whose communication thread fails (a bug, a CUDA error on it) stops the whole job in under
 2x PS_HEARTBEAT_TIMEOUT, and every survivor's error names the failed worker (and its first
 error line when it had one), never a tensor mismatch. Both launches: processes started by
-hand (DMLC_* variables) and ``gradpress-launch --local``.
+hand (DMLC_* variables) and ``gradpress-launch --local``. A worker interrupted (Ctrl-C) is
+reported as the others are.
 """
 import os
 import subprocess
@@ -34,6 +35,8 @@ for step in range(1000):
             fh.write(repr(time.time()))
         if mode == "raise":
             raise ValueError("boom at step 3")
+        if mode == "interrupt":  # Ctrl-C on one worker: the others must not wait for its pushes
+            raise KeyboardInterrupt
         if mode == "comm":  # only the thread's own report can tell the scheduler why
             from gradpress.torch import ops
             comm = ops.client().comm
@@ -48,6 +51,7 @@ for step in range(1000):
 """
 
 EXPECT = {"raise": ["ValueError: boom at step 3"], "exit": [], "init": ["DMLC_ENABLE_RDMA"],
+          "interrupt": ["interrupted (Ctrl-C)"],
           "comm": ["worker communication thread failed: RuntimeError('comm boom')"]}
 
 
@@ -56,7 +60,7 @@ def _failed_at(tmp, started):
     return float(path.read_text()) if path.exists() else started
 
 
-@pytest.mark.parametrize("mode", ["raise", "exit", "init", "comm"])
+@pytest.mark.parametrize("mode", ["raise", "exit", "init", "comm", "interrupt"])
 def test_by_hand_launch_stops_every_process_naming_the_failed_worker(cluster, mode):
     c = cluster(workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
                                            "GRADPRESS_OP_TIMEOUT_S": "120"})
