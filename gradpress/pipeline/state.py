@@ -45,6 +45,8 @@ class PipelineState:
             self.lowrank.reducer.load_state_dict(state["lowrank"])
         # a job of another size: each server residual still adds to the average what it lacked
         scale = self.comm.size() / state.get("workers", self.comm.size())
+        if "worker_residuals" in state:  # saved with residuals: those it lacks were none then
+            self._clear_unsaved(self._own_tensors(), state["worker_residuals"], state.get("server_residuals", {}))
         if state.get("worker_residuals") or state.get("server_residuals"):
             self._load_states(self._own_tensors(), state.get("worker_residuals", {}), state.get("server_residuals", {}),
                               scale)
@@ -75,6 +77,21 @@ class PipelineState:
                 workers[label] = to_torch(state)
                 servers[label] = to_torch(client.server_state(tensor))
         return workers, servers
+
+    def _clear_unsaved(self, tensors: dict[str, str], workers: dict, servers: dict) -> None:
+        """Tensors compressed here since the checkpoint was saved (before their first
+        compressed step: a rollback in the same job) start again from no residuals, here and
+        on the servers, as they did then: their live ones would steer the replayed steps."""
+        client = self.comm.client
+        for label, name in tensors.items():
+            live = client.compressor_state(name) if label not in workers else None
+            if live is not None:
+                client.load_compressor_state(name, _emptied(live))
+            t = client.tensor(name) if label not in servers else None
+            if t is None or t.spec is None:
+                continue
+            if any(residual is not None for residual, _ in client.server_state(name).values()):
+                client.load_server_state(name, {i: (np.zeros(n, np.float32), None) for i, n in enumerate(t.parts)})
 
     def _load_states(self, tensors: dict[str, str], workers: dict, servers: dict, scale: float = 1.0) -> None:
         """``_save_states``' output back to this worker and (at each key's next push) the
@@ -119,3 +136,13 @@ def to_numpy(state):
         return tuple(to_numpy(v) for v in state)
     # (a checkpoint loaded with map_location="cuda:..." brings its residuals to the GPU)
     return state.detach().cpu().numpy() if torch.is_tensor(state) else state
+
+
+def _emptied(state):
+    """A compressor's state with every per-key map emptied (no residual, momentum or learning
+    rate of any key): its state before its first compressed step."""
+    if isinstance(state, dict):
+        if state and all(isinstance(k, int) for k in state):
+            return {}
+        return {k: _emptied(v) for k, v in state.items()}
+    return state

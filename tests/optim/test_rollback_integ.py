@@ -1,0 +1,44 @@
+"""A rollback in the same job: an optimizer restored from a checkpoint saved before its
+first compressed step (OneBitAdam in warm-up) replays the steps after it bit for bit. The
+error feedback made since (this worker's and the servers') must not steer the replay."""
+import pytest
+
+pytestmark = pytest.mark.integ
+
+ROLLBACK = """
+import io, torch, gradpress.torch as bps
+bps.init()
+r = bps.rank()
+torch.manual_seed(0)
+model = torch.nn.Linear(40, 30)
+opt = bps.OneBitAdam(model.parameters(), lr=0.01, freeze_step=2, named_parameters=model.named_parameters())
+
+def train(step):
+    g = torch.Generator().manual_seed(1000 * step + r)
+    x, y = torch.randn(16, 40, generator=g), torch.randn(16, 30, generator=g)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+saved, reference = io.BytesIO(), {}
+for step in range(6):
+    if step == 1:   # still in warm-up: nothing compressed yet
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, saved)
+    train(step)
+    reference[step] = model.weight.detach().clone()
+saved.seek(0)
+checkpoint = torch.load(saved)
+model.load_state_dict(checkpoint["model"])
+opt.load_state_dict(checkpoint["opt"])
+for step in range(1, 6):
+    train(step)
+    assert torch.equal(model.weight, reference[step]), f"step {step} replayed otherwise"
+print("OK rollback", flush=True)
+bps.shutdown()
+"""
+
+
+def test_a_rollback_to_before_the_first_compressed_step_replays_it_bit_for_bit(cluster):
+    c = cluster(workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    c.start(ROLLBACK).assert_success()
+    for w in range(2):
+        assert "OK rollback" in c.log(f"worker {w}"), c.logs()
