@@ -141,6 +141,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     layout = None
     if is_root:
         layout = {"param_groups": sd["param_groups"], "group_devices": _devices_of(sd["param_groups"]),
+                  "own": _own_scalars(sd),
                   "state": {pid: {k: (["tensor", list(v.shape), dtype_name(v.dtype)]
                                       if torch.is_tensor(v) else ["value", v])
                                   for k, v in st.items()}
@@ -164,9 +165,49 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                 t = sd["state"][pid][k] if is_root else torch.zeros(shape, dtype=getattr(torch, dtype))
                 state[pid][k] = t
                 started.append(ops.push_pull_async_inplace(t, average=False, name=f"{prefix}opt.{pid}.{k}"))
+    _check_own_state(sd, layout["own"], is_root, root_rank, prefix)
     if not is_root:
         _placed(layout["param_groups"], layout["group_devices"], optimizer)
         optimizer.load_state_dict({"state": state, "param_groups": layout["param_groups"]})
+
+
+def _own_scalars(sd: dict) -> dict[str, str]:
+    """gradpress's own optimizer state beside torch's (``gradpress_lowrank``, ``onebit``,
+    ``zero_one``: step counts, phases, schedules), its scalars by path, as text."""
+    found: dict[str, str] = {}
+
+    def walk(obj: Any, path: str) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{path}/{k}")
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(v, f"{path}/{i}")
+        elif obj is None or isinstance(obj, (bool, int, float, str)):
+            found[path] = repr(obj)
+    for key, value in sd.items():
+        if key not in ("state", "param_groups"):
+            walk(value, key)
+    return found
+
+
+def _check_own_state(sd: dict, root_own: dict, is_root: bool, root_rank: int, prefix: str) -> None:
+    """gradpress's own optimizer state does not travel (its residuals and error buffers are
+    each worker's): where a worker's phase or step there is not the root's (the root alone
+    loaded a checkpoint), the workers would push different tensors and wait out their
+    deadlines, or drift apart. Every worker raises, at once, naming what differs."""
+    mine = _own_scalars(sd)
+    differ = sorted(k for k in set(mine) | set(root_own) if mine.get(k) != root_own.get(k))
+    flags = torch.zeros(ops.size(), dtype=torch.float64)
+    flags[ops.rank()] = 0.0 if is_root or not differ else 1.0
+    ops.push_pull_inplace(flags, average=False, name=prefix + "optimizer_own_state")
+    apart = [w for w, f in enumerate(flags.tolist()) if f]
+    if apart:
+        here = f", here at {differ[:4]}" if differ else ""
+        raise ValueError(f"broadcast_optimizer_state: gradpress's own optimizer state (step counts, phases, "
+                         f"factors; it does not travel, each worker's residuals being its own) differs from the "
+                         f"root's (rank {root_rank}) on worker(s) {apart}{here}: restore the checkpoint on every "
+                         f"worker (each its own) rather than on the root alone")
 
 
 def _devices_of(groups: list[dict]) -> list[dict]:
