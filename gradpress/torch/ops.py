@@ -89,7 +89,7 @@ def shutdown() -> None:
     global _client
     with _lock:
         client, _client = _client, None
-    if client is not None and client.fatal is None:
+    if client is not None:  # (after a fatal error, only its communication thread's end is waited for)
         client.finish()
 
 

@@ -27,6 +27,7 @@ from .jobs import PushPull
 from .keys import Tensor, by_key, check_server_states
 from .row_finder import RowFinder
 from .sparse import SparseResult, SparseRows, SparseShares
+from .stages import DRAIN_S
 
 # numpy builds ``dtype.name`` afresh on every access (11% of the backward hooks' time, in
 # py-spy): the names of the dtypes a push_pull carries, looked up instead
@@ -273,7 +274,8 @@ class WorkerClient:
         if self.aborted:  # this worker failed: nothing to wait for, even if the scheduler never answered
             self.comm.stopped.set()
             self.comm.wake()
-        if self.comm.stopped.is_set():
+        if self.comm.stopped.is_set():  # (a fatal error): its GPU clean-up may still run
+            self.comm.join(timeout=DRAIN_S + 3)
             return
         fut = Future("shutdown (waiting for every worker to finish)")
         self.comm.submit(cmd.Finish(fut))
@@ -283,4 +285,6 @@ class WorkerClient:
             self.row_finder.close()
             self.comm.stopped.set()
             self.comm.wake()
-            self.comm.join(timeout=5)
+            # its GPU work drained (DRAIN_S), its aborts delivered (up to 2 s): before the
+            # interpreter's exit finalizes the pinned memory a queued copy may still read
+            self.comm.join(timeout=DRAIN_S + 3)

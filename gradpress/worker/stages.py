@@ -29,7 +29,7 @@ from .jobs import PartitionOp
 from .keys import WorkerKey
 
 Payload = tuple[dict[str, Any], list[Any]]  # header fields and data buffers of a PUSH
-DRAIN_S = 4.0  # at the job's end, how long the GPU's queued work may take (the client joins this thread 5 s)
+DRAIN_S = 4.0  # at the job's end, how long the GPU's queued work may take (the client waits for it)
 
 
 class PartitionStages:

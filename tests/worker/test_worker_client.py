@@ -374,3 +374,22 @@ def test_release_forgets_tensors_here_and_tells_their_servers_once_landed(peers,
     fut.result(10)
     client.release(["h"], servers=False)
     assert client.tensor("h") is None and peers.nothing_at(1)
+
+
+def test_a_client_whose_communication_thread_stopped_waits_for_its_end_at_shutdown():
+    """After a fatal error the thread may still drain its GPU work and deliver its abort:
+    the process's exit waits for that (bounded), before the interpreter finalizes the pinned
+    memory a queued copy may still read."""
+    import threading
+    from types import SimpleNamespace
+
+    from gradpress.worker.client import WorkerClient
+    from gradpress.worker.stages import DRAIN_S
+    joined = []
+    stopped = threading.Event()
+    stopped.set()
+    client = WorkerClient.__new__(WorkerClient)
+    client.aborted = False
+    client.comm = SimpleNamespace(stopped=stopped, join=lambda timeout: joined.append(timeout), wake=lambda: None)
+    client.finish()
+    assert joined and joined[0] >= DRAIN_S + 2, joined
