@@ -1,0 +1,46 @@
+"""Mixed precision's loss scaling with DistributedOptimizer, in the pattern byteps-compat.md
+shows (Horovod's): synchronize, unscale and clip, then step without a second
+synchronize. An overflow on one worker (its gradient inf) reaches every worker's average,
+so every GradScaler skips that step and lowers its scale alike: the models stay equal."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.integ
+
+AMP = """
+import os, torch, gradpress.torch as bps
+bps.init()
+r = bps.rank()
+torch.manual_seed(0)
+model = torch.nn.Linear(16, 4)
+opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                               named_parameters=model.named_parameters())
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+scales = []
+for step in range(5):
+    g = torch.Generator().manual_seed(100 * step + r)
+    x = torch.randn(8, 16, generator=g)
+    if step == 2 and r == 1:
+        x[0, 0] = float("inf")   # this worker's gradient overflows
+    opt.zero_grad()
+    scaler.scale(model(x).pow(2).mean()).backward()
+    opt.synchronize()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    with opt.skip_synchronize():
+        scaler.step(opt)
+    scaler.update()
+    scales.append(scaler.get_scale())
+    assert all(torch.isfinite(p).all() for p in model.parameters()), step
+torch.save({"scales": scales, "params": model.state_dict()}, os.path.join(os.environ["GP_TEST_DIR"], f"amp{r}.pt"))
+bps.shutdown()
+"""
+
+
+def test_loss_scaling_skips_an_overflow_step_on_every_worker_alike(cluster):
+    c = cluster(workers=2, servers=1)
+    c.start(AMP).assert_success()
+    a, b = (torch.load(c.tmp / f"amp{r}.pt") for r in range(2))
+    assert a["scales"] == b["scales"] and a["scales"][2] < a["scales"][1], a["scales"]
+    for k in a["params"]:
+        assert torch.equal(a["params"][k], b["params"][k]), k
