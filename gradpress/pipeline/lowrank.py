@@ -26,6 +26,7 @@ per product (``kernels/cpu/lowrank.py``); on other devices the same steps run as
 """
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from ..torch.handles import wait_all
 from .comm import OPS, Comm
 from .lowrank_math import NumbaMath, TorchMath
 from .routes.bucket import Bucket
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,10 +74,7 @@ class LowRankReducer:
 
     def __init__(self, entries: list[tuple[str, torch.Tensor]], params: LowRankParams, prefix: str,
                  min_bytes: int = 0, priority: int = 0, comm: Comm = OPS):
-        self.params = params
-        self.comm = comm
-        self.prefix = prefix
-        self.priority = priority
+        self.params, self.comm, self.prefix, self.priority = params, comm, prefix, priority
         self.step = 0  # steps reduced so far (compressed or not)
         self.matrices: list[_Matrix] = []
         self.raw: list[tuple[str, int, int]] = []  # (name, tensor id, numel), fused uncompressed
@@ -85,8 +85,7 @@ class LowRankReducer:
             if t.dtype not in (torch.float32, *HALVES):
                 raise ValueError(f"compressor {params.method!r}: {name!r} is {dtype_name(t.dtype)}; "
                                  f"low-rank compression takes float32, float16 and bfloat16 tensors (exempt it "
-                                 f"with a rule "
-                                 f"{{'compressor': 'none'}})")
+                                 f"with a rule {{'compressor': 'none'}})")
             device = device or t.device
             if t.device != device:  # one set of flat factors and products: one device's tensors
                 raise ValueError(f"compressor {params.method!r}: {name!r} is on {t.device}, the tensors before it on "
@@ -131,14 +130,14 @@ class LowRankReducer:
         if self.raw_bucket is not None:
             for t in self.raw_bucket.members:
                 self.raw_bucket.submit(t, tensors[id(t)])
-        handles = []
+        handles, skipped = [], False
         if not self.compressing:
             handles = [comm.start(tensors[m.tensor_id], f"{self.prefix}LowRank.full.{m.name}", priority=self.priority)
                        for m in self.matrices]
         elif self.matrices:
             with comm.span(f"{self.params.method} factors", step=self.step):
                 views = {m.tensor_id: _matrix_view(tensors[m.tensor_id], m) for m in self.matrices}
-                self._compressed_step(views)
+                skipped = not self._compressed_step(views)
                 for m in self.matrices:
                     out = views[m.tensor_id]
                     if out.data_ptr() != tensors[m.tensor_id].data_ptr():
@@ -146,7 +145,7 @@ class LowRankReducer:
         wait_all(handles, comm.wait)
         if self.raw_bucket is not None:
             self.raw_bucket.finish()
-        self.step += 1
+        self.step += 0 if skipped else 1  # (a skipped step is taken again)
 
     def key_names(self) -> list[str]:
         """The names of every tensor this reducer pushes (what releasing it frees)."""
@@ -154,7 +153,8 @@ class LowRankReducer:
         names += [f"{self.prefix}LowRank.full.{m.name}" for m in self.matrices]
         return names + ([self.raw_bucket.name] if self.raw_bucket is not None else [])
 
-    def _compressed_step(self, grads: dict[int, torch.Tensor]) -> None:
+    def _compressed_step(self, grads: dict[int, torch.Tensor]) -> bool:
+        """One compressed step into ``grads``; False where it was skipped (``_skip``)."""
         math, workers = self.math, self.comm.size()
         start, self._in_sums = time.perf_counter(), 0.0
         self._marks, self._timed = ([] if self._timed else None), False
@@ -168,20 +168,25 @@ class LowRankReducer:
         ms = [grads[m.tensor_id] for m in self.matrices]
         es = [m.error for m in self.matrices]
         ps, qts = [self._p(m) for m in self.matrices], [self._qt(m) for m in self.matrices]
+        kept = (self.p.clone(), self.q.clone())  # the factors as they were: a skipped step keeps them
         if self.params.method == "powersgd":
             math.factor_rows(ms, es, qts, ps, True, False)  # round 1: P_i = X_i Q, and E_i holds X_i until round 2
-            self._sum(self.p, "P")
+            if not self._sum(self.p, "P"):
+                return self._skip(ms, kept)
             math.orthonormalize(self.p, self._layout(by_rows=False), False)
             math.factor_cols_subtract(None, es, ps, qts, False)  # round 2: Q_i = X_i^T P, E_i = X_i - P Q_i^T
-            self._sum(self.q, "Q")
+            if not self._sum(self.q, "Q"):
+                return self._skip(ms, kept)
         elif k % 2 == 0:  # ACP-SGD, P step
             math.orthonormalize(self.q, self._layout(by_rows=True), True)
             math.factor_rows(ms, es, qts, ps, True, True)
-            self._sum(self.p, "P")
+            if not self._sum(self.p, "P"):
+                return self._skip(ms, kept)
         else:  # ACP-SGD, Q step
             math.orthonormalize(self.p, self._layout(by_rows=False), False)
             math.factor_cols_subtract(ms, es, ps, qts, True)
-            self._sum(self.q, "Q")
+            if not self._sum(self.q, "Q"):
+                return self._skip(ms, kept)
         rebuild = time.perf_counter()
         self._mark()
         with self.comm.span(f"{self.params.method} reconstruct", step=self.step):
@@ -189,6 +194,20 @@ class LowRankReducer:
         self._mark()
         self.work_s = rebuild - start - self._in_sums
         self.rebuild_s = time.perf_counter() - rebuild
+        return True
+
+    def _skip(self, ms: list[torch.Tensor], kept: tuple[torch.Tensor, torch.Tensor]) -> bool:
+        """A step whose summed factor is not finite (an overflow on some worker), skipped alike
+        on every worker (the same sum): NaN averages (a GradScaler skips it too), the factors
+        kept, the error buffers, which took the overflow in, zeroed (else every step is NaN)."""
+        self.p.copy_(kept[0])
+        self.q.copy_(kept[1])
+        for m, out in zip(self.matrices, ms):
+            m.error.zero_()
+            out.fill_(float("nan"))
+        log.warning("%sLowRank: step %d's summed factors are not finite (an inf or NaN gradient): skipped on "
+                    "every worker, its error feedback started again", self.prefix, self.step)
+        return False
 
     def timings(self) -> tuple[float, float, list]:
         """The last compressed step's factor work and reconstruction, seconds of the step's
@@ -203,8 +222,9 @@ class LowRankReducer:
             event.record(torch.cuda.current_stream(self.device))
             self._marks.append(event)
 
-    def _sum(self, flat: torch.Tensor, which: str) -> None:
-        """Every worker's factor summed, exactly, in place (uncompressed float32 push_pull)."""
+    def _sum(self, flat: torch.Tensor, which: str) -> bool:
+        """Every worker's factor summed, exactly, in place (uncompressed float32 push_pull);
+        whether the sum is finite (the same answer on every worker)."""
         start = time.perf_counter()
         self._mark()
         with self.comm.span(f"{self.params.method} round {which}", step=self.step):
@@ -212,6 +232,7 @@ class LowRankReducer:
                                            average=False))
         self._mark()
         self._in_sums += time.perf_counter() - start
+        return flat.is_meta or bool(torch.isfinite(flat).all())  # (a meta tensor has no values)
 
     def _seed_q(self) -> None:
         """Q's first value: N(0, 1) from a generator seeded by (seed, name), then orthonormalised."""
@@ -275,14 +296,3 @@ class LowRankReducer:
 def _matrix_view(t: torch.Tensor, m: _Matrix) -> torch.Tensor:
     """``t`` as a contiguous rows x cols matrix (its own memory when it is contiguous)."""
     return t.detach().reshape(m.rows, m.cols).contiguous()
-
-
-def device_seconds(marks: list) -> tuple[float, float] | None:
-    """A step's factor work and reconstruction on the device, in seconds, from its timing
-    events (``LowRankReducer.timings``): stretches of work alternate with the sums' rounds,
-    which are left out, and the reconstruction is the last; None without them (a host's)."""
-    if len(marks) < 5:
-        return None
-    marks[-1].synchronize()   # (read at the re-basing, steps later: done long since)
-    stretches = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]   # elapsed_time: ms
-    return sum(stretches[:-1:2]), stretches[-1]

@@ -228,8 +228,7 @@ def test_a_gpu_reducers_factor_work_is_timed_on_the_device_for_the_planner(monke
     shows in the sums' waits, which the host's figures leave out. Once the planner asks
     (``timings``), the next compressed step records timing events around the same stretches; the
     re-basing takes the device's seconds where they are longer, the sums' rounds left out."""
-    from gradpress.pipeline import lowrank
-    from gradpress.pipeline.planning.profiling import factor_seconds
+    from gradpress.pipeline.planning.profiling import device_seconds, factor_seconds
     tensors = {"w": torch.zeros(12, 10), "b": torch.zeros(5)}
     r = LowRankReducer(list(tensors.items()), LowRankParams(method, 2, 0, 0.5, 3), "t.", comm=FakeComm(size=1))
     grads = lambda: {id(t): torch.randn(t.shape) for t in tensors.values()}  # noqa: E731
@@ -264,7 +263,7 @@ def test_a_gpu_reducers_factor_work_is_timed_on_the_device_for_the_planner(monke
     r.reduce(grads())
     host_work, host_rebuild, marks = r.timings()
     assert len(marks) == 3 + 2 * sums
-    work, rebuild = lowrank.device_seconds(marks)
+    work, rebuild = device_seconds(marks)
     assert marks[-1].waited
     assert work == pytest.approx(sums * 1.5e-3) and rebuild == pytest.approx(7e-3)   # one product a sum
     assert factor_seconds(host_work, host_rebuild, marks) == (max(host_work, work), max(host_rebuild, rebuild))
@@ -278,3 +277,27 @@ def test_a_gpu_reducers_factor_work_is_timed_on_the_device_for_the_planner(monke
 
 def _advance(ms: float) -> None:
     _Clock.now += ms
+
+
+@pytest.mark.parametrize("method", ["powersgd", "acpsgd"])
+@pytest.mark.parametrize("math", ["NumbaMath", "TorchMath"])
+def test_a_step_with_an_inf_gradient_is_skipped_and_the_next_ones_are_finite(method, math):
+    """A loss scaler's overflow: the summed factor is not finite, the same on every worker, so
+    every worker skips the step alike (NaN averages, for a GradScaler to skip), keeps its
+    factors and starts its error feedback again; one inf used to make every later step NaN."""
+    w = torch.zeros(16, 16)
+    r = LowRankReducer([("w", w)], LowRankParams(method, 2, 0, 0.5, 0), "t.", comm=FakeComm(size=1))
+    r.math = getattr(lowrank_math, math)
+    g = torch.Generator().manual_seed(0)
+    for step in range(5):
+        grad = torch.randn(16, 16, generator=g)
+        if step == 1:
+            grad[3, 4] = float("inf")
+        q_before, step_before = r.q.clone(), r.step
+        r.reduce({id(w): grad})
+        if step == 1:
+            assert torch.isnan(grad).all() and torch.equal(r.q, q_before) and r.step == step_before
+            assert not r.matrices[0].error.any()
+        else:
+            assert torch.isfinite(grad).all() and torch.isfinite(r.q).all(), step
+            assert torch.isfinite(r.matrices[0].error).all() and r.step == step_before + 1, step

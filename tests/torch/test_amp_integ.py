@@ -1,7 +1,8 @@
 """Mixed precision's loss scaling with DistributedOptimizer, in the pattern byteps-compat.md
 shows (Horovod's): synchronize, unscale and clip, then step without a second
 synchronize. An overflow on one worker (its gradient inf) reaches every worker's average,
-so every GradScaler skips that step and lowers its scale alike: the models stay equal."""
+so every GradScaler skips that step and lowers its scale alike, and steps on after it: the
+models stay equal."""
 import pytest
 import torch
 
@@ -11,15 +12,16 @@ AMP = """
 import os, torch, gradpress.torch as bps
 bps.init()
 r = bps.rank()
+params = {"compressor": "acpsgd", "rank": 2} if os.environ.get("GP_CODEC") == "acpsgd" else None
 torch.manual_seed(0)
-model = torch.nn.Linear(16, 4)
+model = torch.nn.Linear(64, 32)   # (a weight worth factoring at rank 2)
 opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                               named_parameters=model.named_parameters())
+                               named_parameters=model.named_parameters(), compression_params=params)
 scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
 scales = []
-for step in range(5):
+for step in range(6):
     g = torch.Generator().manual_seed(100 * step + r)
-    x = torch.randn(8, 16, generator=g)
+    x = torch.randn(8, 64, generator=g)
     if step == 2 and r == 1:
         x[0, 0] = float("inf")   # this worker's gradient overflows
     opt.zero_grad()
@@ -37,10 +39,14 @@ bps.shutdown()
 """
 
 
-def test_loss_scaling_skips_an_overflow_step_on_every_worker_alike(cluster):
-    c = cluster(workers=2, servers=1)
-    c.start(AMP).assert_success()
+@pytest.mark.parametrize("codec", ["none", "acpsgd"])
+def test_loss_scaling_skips_an_overflow_step_on_every_worker_alike(cluster, codec):
+    """acpsgd: the low-rank reducer skips the step alike too (its summed factor is not
+    finite on every worker), and the steps after it are finite."""
+    c = cluster(workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    c.start(AMP, worker_env={"GP_CODEC": codec}).assert_success()
     a, b = (torch.load(c.tmp / f"amp{r}.pt") for r in range(2))
     assert a["scales"] == b["scales"] and a["scales"][2] < a["scales"][1], a["scales"]
+    assert a["scales"][3:] == [a["scales"][2]] * 3, f"the steps after the overflow were skipped too: {a['scales']}"
     for k in a["params"]:
         assert torch.equal(a["params"][k], b["params"][k]), k

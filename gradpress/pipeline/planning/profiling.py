@@ -17,7 +17,6 @@ from ...planner.simulate import predict
 from ...server.engine import engine_count, local_engine_count
 from ...torch.dtypes import wire_dtype
 from ..comm import Comm
-from ..lowrank import device_seconds
 from .clock import StepClock
 
 log = logging.getLogger(__name__)
@@ -207,3 +206,14 @@ def choose(trials: list[tuple[Plan, Profile, float]], trial_noise: float) -> tup
         modelled.append(predict(*plan.simulated(profile)))
     near = [i for i, (_, _, m) in enumerate(trials) if m <= fastest * (1 + trial_noise)]
     return min(near, key=lambda i: (modelled[i], trials[i][2], i)), modelled
+
+
+def device_seconds(marks: list) -> tuple[float, float] | None:
+    """A step's factor work and reconstruction on the device, in seconds, from its timing
+    events (``LowRankReducer.timings``): stretches of work alternate with the sums' rounds,
+    which are left out, and the reconstruction is the last; None without them (a host's)."""
+    if len(marks) < 5:
+        return None
+    marks[-1].synchronize()   # (read at the re-basing, steps later: done long since)
+    stretches = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]   # elapsed_time: ms
+    return sum(stretches[:-1:2]), stretches[-1]
