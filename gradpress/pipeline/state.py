@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..worker.keys import scaled_server_states
+
 
 class PipelineState:
     """``state_dict`` / ``load_state_dict`` of ``GradientPipeline`` (a mixin: it reads the
@@ -103,8 +105,8 @@ class PipelineState:
         for label, state in workers.items():
             client.load_compressor_state(tensors[label], to_numpy(state))
         for label, states in servers.items():
-            client.load_server_state(tensors[label], {i: (r if scale == 1 else (r * scale).astype(r.dtype), lr)
-                                                      for i, (r, lr) in to_numpy(states).items() if r is not None})
+            kept = {i: (r, lr) for i, (r, lr) in to_numpy(states).items() if r is not None}
+            client.load_server_state(tensors[label], scaled_server_states(kept, scale))
 
     def _load_planned(self, saved: dict[str, torch.Tensor]) -> None:
         """A checkpoint's plan residuals: added to each parameter's first planned push."""

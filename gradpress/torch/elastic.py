@@ -23,9 +23,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
-
 from ..errors import JobError
+from ..worker.keys import scaled_server_states
 from . import handles, ops
 
 _carried: dict[str, tuple[Any, dict | None]] | None = None
@@ -77,8 +76,8 @@ def resume(num_workers: int, num_servers: int, global_rank: int | None = None, c
     client = ops.client()
     scale = ops.size() / _carried_size
     for name, (worker_state, server_state) in _carried.items():
-        if server_state is not None and scale != 1:
-            server_state = {i: (_scaled(residual, scale), lr) for i, (residual, lr) in server_state.items()}
+        if server_state is not None:
+            server_state = scaled_server_states(server_state, scale)
         _loaded[name] = (worker_state, server_state)
         if worker_state is not None:
             client.load_compressor_state(name, worker_state)
@@ -87,8 +86,3 @@ def resume(num_workers: int, num_servers: int, global_rank: int | None = None, c
         if server_state is not None and (ops.rank() == 0 or client.book.local_size > 1):
             client.load_server_state(name, server_state)
     _carried = None
-
-
-def _scaled(residual: np.ndarray | None, scale: float) -> np.ndarray | None:
-    """A servers' residual, a sum over the old job's workers, for a sum over the new job's."""
-    return None if residual is None else (residual * scale).astype(residual.dtype)

@@ -115,6 +115,15 @@ def by_key(state: Any, key_of: dict[int, int], what: str) -> Any:
     return state
 
 
+def scaled_server_states(states: dict, scale: float) -> dict:
+    """Servers' states (partition -> (residual or None, lr)) for a job of ``scale`` times as
+    many workers: a residual is a sum over the workers, so that each still adds to the
+    average what it lacked (elastic ``resume()``, a checkpoint loaded in another job)."""
+    if scale == 1:
+        return states
+    return {i: (None if r is None else (r * scale).astype(r.dtype), lr) for i, (r, lr) in states.items()}
+
+
 def check_server_states(t: "Tensor", states: dict) -> None:
     for i, (residual, _) in states.items():
         if not 0 <= i < len(t.parts) or residual.size != t.parts[i]:
