@@ -19,3 +19,9 @@ class TensorMismatchError(JobError):
 
 class OpTimeoutError(JobError):
     """A push_pull, declare or barrier missed its deadline (GRADPRESS_OP_TIMEOUT_S)."""
+
+
+class NonFiniteInput(ValueError):
+    """A codec met NaN or inf (an overflowed gradient, or a sum or codec that overflowed):
+    the round is skipped on every worker (a NaN average) rather than failed; the state of the
+    step that raised it is unchanged (server/store.py)."""

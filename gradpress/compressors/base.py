@@ -84,6 +84,9 @@ class Compressor(ABC):
         whose payload carries few distinct values (a scale, a table, k pairs) divide those
         instead of every element; servers add with ``divisor`` 1."""
 
+    def restart(self, key: int) -> None:
+        """``key``'s round was skipped (NaN/inf somewhere): a codec keeps no state to restart."""
+
     def compress(self, x: Any, key: int, round: int,
                  lr: float | None = None) -> tuple[Header, Buffers]:
         """Compress ``x`` (1-D numpy array, or CUDA array on a GPU worker).

@@ -19,6 +19,7 @@ from gradpress.compressors.params import choice, number
 from gradpress.compressors.payload import (
     buffer_array, expect_buffer_count, finite_scale, header_choice, header_int)
 from gradpress.compressors.registry import register
+from gradpress.errors import NonFiniteInput
 
 PARTITIONS = ("linear", "natural")
 NORMALIZATIONS = ("max", "l2")
@@ -60,7 +61,7 @@ class Dithering(Compressor):
         x = as_float32(x)
         max_bits = norms.max_abs_bits(x)
         if max_bits >= norms.INF_BITS:
-            raise ValueError("dithering input contains NaN or inf")
+            raise NonFiniteInput("dithering input contains NaN or inf")
         square_sum = norms.square_sum(x) if self.normalize == "l2" else 0.0
         norm = norm_from(self.normalize, square_sum, max_bits)
         codes = np.empty(packed_nbytes(x.shape[0], self.width), np.uint8)

@@ -22,6 +22,7 @@ from gradpress.compressors.array_ops import check_same_layout, ops_for, to_host
 from gradpress.compressors.arrays import is_device_array
 from gradpress.compressors.wrapper import Wrapper
 from gradpress.compressors.base import MAX_ELEMENTS, Compressor, FeedbackRefused, Header, Buffers
+from gradpress.errors import NonFiniteInput
 
 MOST_PARTITIONS = 65535  # compressed together (CUDA's limit of a grid's second dimension)
 
@@ -165,9 +166,9 @@ class ErrorFeedback(Wrapper):
             self._residuals[key] = view
         return whole, views, None
 
-    def refused(self, key: int) -> ValueError:
+    def refused(self, key: int) -> NonFiniteInput:
         """The error a refused step raises (also where a step is done outside ``compress``)."""
-        return ValueError(f"key {key}: error feedback met NaN/inf (in the input, or the "
+        return NonFiniteInput(f"key {key}: error feedback met NaN/inf (in the input, or the "
                           f"{self.name} codec overflowed); state left unchanged")
 
     def _compress_fused(self, ops: Any, g: Any, residual: Any, scale: float, key: int,
@@ -219,6 +220,15 @@ class ErrorFeedback(Wrapper):
             self._residuals[key] = np.zeros(count, np.float32)
         if lr is not None:
             self._lrs[key] = lr
+
+    def restart(self, key: int) -> None:
+        """``key``'s round was skipped on every worker (some worker's input was not finite):
+        its residual, which took in a step that no worker applies (or was left as it was
+        where this worker refused it), goes; the next step starts from none, p = g, as a
+        key's first does. Every worker does so at the same round, as low-rank's error
+        buffers restart (pipeline/lowrank.py). (A tensor's residuals held in one device
+        array, ``_wholes``, are gathered again at the next grouped compress.)"""
+        self._residuals.pop(key, None)
 
     def residual(self, key: int) -> Any:
         """The current residual of ``key`` (None before its first step)."""

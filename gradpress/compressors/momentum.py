@@ -1,14 +1,16 @@
 """Nesterov momentum before error feedback, per key, on workers only:
 m = mu * m + g; p = mu * m + g; push C(p) through the wrapped compressor.
 
-The first step of a key starts from m = 0. NaN/inf in m raises ValueError and leaves the
-momentum unchanged; so does any error of the wrapped compressor.
+The first step of a key starts from m = 0. NaN/inf in m raises NonFiniteInput and leaves the
+momentum unchanged; so does any error of the wrapped compressor. Where a round is skipped
+(``restart``), the key's momentum starts again from zero.
 """
 from typing import Any
 
 from gradpress.compressors.array_ops import check_same_layout, ops_for, to_host
 from gradpress.compressors.wrapper import Wrapper
 from gradpress.compressors.base import Header, Buffers
+from gradpress.errors import NonFiniteInput
 
 
 class Momentum(Wrapper):
@@ -36,13 +38,20 @@ class Momentum(Wrapper):
         else:
             ops.add_scaled(m_new, g, self.mu, momentum)
         if not ops.all_finite(m_new):
-            raise ValueError(f"key {key}: momentum met NaN/inf in the input; state left "
+            raise NonFiniteInput(f"key {key}: momentum met NaN/inf in the input; state left "
                              f"unchanged")
         ops.add_scaled(p, g, self.mu, m_new)
         header, buffers = self.inner.compress(p, key, round, lr)
         self._momenta[key] = m_new
         self._spares[key] = (momentum if momentum is not None else ops.empty_like(g), p)
         return header, buffers
+
+    def restart(self, key: int) -> None:
+        """``key``'s round was skipped on every worker: its momentum, which took in a step no
+        worker applies, starts again from zero with the next step, and so does the wrapped
+        compressor's state."""
+        self._momenta.pop(key, None)
+        self.inner.restart(key)
 
     def state_dict(self) -> dict:
         """Momenta (numpy copies) per key, and the wrapped compressor's state."""

@@ -17,6 +17,7 @@ from gradpress.compressors.payload import expect_buffer_count, header_choice, he
 from gradpress.compressors.registry import register
 from gradpress.compressors.sparse import (
     decode_pairs, k_from_params, reject_non_finite, values_buffer)
+from gradpress.errors import NonFiniteInput
 
 
 def chosen_indices(n: int, k: int, seed: int, key: int, round: int) -> np.ndarray:
@@ -93,7 +94,7 @@ class RandomK(Compressor):
         values = gpu_randomk.gather_scaled(x, n, k, self._stream(key, round, n, k),
                                            n / k if self.scaling else 1.0)
         if values is None:
-            raise ValueError(f"{self.name} input contains NaN or inf")
+            raise NonFiniteInput(f"{self.name} input contains NaN or inf")
         return self._fields(k), [values]
 
     def _stream(self, key: int, round: int, n: int, k: int) -> np.uint64:

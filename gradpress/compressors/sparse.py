@@ -7,6 +7,7 @@ import numpy as np
 from gradpress.kernels.cpu import norms, sparse
 from gradpress.compressors.params import fraction_or_count
 from gradpress.compressors.payload import buffer_array
+from gradpress.errors import NonFiniteInput
 
 
 def k_from_params(params: dict) -> float:
@@ -15,7 +16,7 @@ def k_from_params(params: dict) -> float:
 
 def reject_non_finite(x32: np.ndarray, codec: str) -> None:
     if norms.max_abs_bits(x32) >= norms.INF_BITS:
-        raise ValueError(f"{codec} input contains NaN or inf")
+        raise NonFiniteInput(f"{codec} input contains NaN or inf")
 
 
 def decode_pairs(indices: np.ndarray, values: np.ndarray, out: np.ndarray,

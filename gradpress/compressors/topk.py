@@ -11,6 +11,7 @@ from gradpress.compressors.payload import buffer_array, expect_buffer_count, hea
 from gradpress.compressors.params import keep_count
 from gradpress.compressors.registry import register
 from gradpress.compressors.sparse import checked_indices, decode_pairs, k_from_params, values_buffer
+from gradpress.errors import NonFiniteInput
 
 
 @register
@@ -34,7 +35,7 @@ class TopK(Compressor):
         indices = np.empty(k, np.uint32)
         values = np.empty(k, np.float32)
         if not topk.topk(x, indices, values):
-            raise ValueError(f"{self.name} input contains NaN or inf")
+            raise NonFiniteInput(f"{self.name} input contains NaN or inf")
         return {"k": k}, [indices, values]
 
     def _encode_feedback(self, g: np.ndarray, e: np.ndarray, lam: float, e_out: np.ndarray,

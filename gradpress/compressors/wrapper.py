@@ -21,5 +21,9 @@ class Wrapper:
                        round: int) -> None:
         self.inner.decompress_add(header, buffers, acc, key, round)
 
+    def restart(self, key: int) -> None:
+        """``key``'s round was skipped on every worker (a NaN average): its state starts again."""
+        self.inner.restart(key)
+
     def nbytes(self, header: Header, buffers: Sequence[Any]) -> int:
         return self.inner.nbytes(header, buffers)

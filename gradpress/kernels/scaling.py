@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 
+from gradpress.errors import NonFiniteInput
+
 SCALINGS = ("none", "l1", "l2")  # onebit's scalings; a kernel gets the index
 
 
@@ -37,4 +39,4 @@ def norm_from(normalize: str, square_sum: float, max_bits: int) -> np.float32:
 def reject_non_finite(total: float, codec: str = "onebit") -> None:
     """Raise ValueError when a reduction over the input came out NaN or inf."""
     if not math.isfinite(total):
-        raise ValueError(f"{codec} input contains NaN or inf")
+        raise NonFiniteInput(f"{codec} input contains NaN or inf")

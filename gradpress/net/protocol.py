@@ -81,17 +81,19 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
                    "dma": (bool,)}),
     # shm: the data is in the region named at INIT_KEY, not in a frame;
     # sparse: `count` rows travel as two frames, indices and values (server/sparse.py checks them)
-    # refused: the worker's codec refused this round (why); no data (server/store.py)
+    # refused: the worker's codec refused this round (why); nonfinite: its input held NaN/inf
+    # (why; the round is skipped); either carries no data (server/store.py)
     Op.PUSH: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
               {"codec": _STR, "meta": (dict,), "lr": _NUM, "shm": (bool,), "sparse": (bool,), "refused": _STR,
-               "pull": (bool,)}),
+               "nonfinite": _STR, "pull": (bool,)}),
     Op.PULL: ({"key": _INT, "round": _INT}, {}),
     # shm/slot: the aggregate is in slot `slot` of the server's region `shm` ([pid, fd, inode, offset]);
     # dma: that region's chunk never has pages punched (a reader may register it for DMA)
     # sparse: "rows" (indices, values) or "bitmap" (over the `known` rows published before, new indices, values)
+    # nonfinite: the round was skipped, NaN/inf from those it names; no data (the worker lands NaN)
     Op.PULL_REPLY: ({"key": _INT, "round": _INT, "dtype": _STR, "count": _INT},
                     {"codec": _STR, "meta": (dict,), "shm": (list,), "slot": _INT, "dma": (bool,), "sparse": _STR,
-                     "known": _INT}),
+                     "known": _INT, "nonfinite": _STR}),
     # what the error concerns: a key (and round), a tensor's `name`, or barrier `seq` of `group`
     Op.ERROR: ({"message": _STR}, {"key": _INT, "round": _INT, "name": _STR, "group": _STR, "seq": _INT}),
     Op.PUSH_ACK: ({"key": _INT, "round": _INT}, {}),

@@ -46,11 +46,16 @@ INLINE_MAX_BYTES = 65536
 
 
 def refused_push(header: dict, frames: list, state) -> Refused:
-    """A push whose worker's codec refused the round (store.py): no data, only why."""
-    if frames or not isinstance(state, KeyState) or (header["dtype"], header["count"]) != (state.dtype, state.count):
-        raise PushError(f"key {header['key']}: a refused push must carry no data, for a dense key of its "
-                        f"{header['count']} {header['dtype']} elements")
-    return Refused(f"{logs.peer(header['from'])} ({logs.peer(header['refused'])})")
+    """A push whose worker's codec refused the round, or met NaN/inf in it (``nonfinite``, for
+    a compressed key only: an uncompressed one sums them) (store.py): no data, only why."""
+    overflow = "nonfinite" in header
+    if frames or not isinstance(state, KeyState) or (header["dtype"], header["count"]) != (state.dtype, state.count) \
+            or (overflow and (state.compressor is None or "refused" in header)):
+        kind = "nonfinite" if overflow else "refused"
+        raise PushError(f"key {header['key']}: a {kind} push must carry no data, for a dense "
+                        f"{'compressed ' if overflow else ''}key of its {header['count']} {header['dtype']} elements")
+    why = header["nonfinite"] if overflow else header["refused"]
+    return Refused(f"{logs.peer(header['from'])} ({logs.peer(why)})", overflow)
 
 
 def engine_count(setting: int, cores: float, sharing: int) -> int:
@@ -172,7 +177,7 @@ class Engine(threading.Thread):
                 state.load_server_state(np.frombuffer(buf, np.float32), header.get("lr"))
                 return []
             if op == Op.PUSH:
-                values = refused_push(header, frames, state) if "refused" in header \
+                values = refused_push(header, frames, state) if "refused" in header or "nonfinite" in header \
                     else self._shared_push(identity, header, state) if header.get("shm") \
                     else state.decode(header, frames)
                 replies = state.push(identity, header["round"], values, header.get("lr"))

@@ -62,9 +62,10 @@ class ResultSink(ABC):
     def snapshot(self, to: bytes, rnd: int, acc: np.ndarray) -> Reply:
         """Async mode: the store as it is now, copied so that later pushes cannot change it."""
         values = kernels.to_half(acc) if self.dtype == "float16" else acc.copy()
-        return Reply(to, Op.PULL_REPLY, self._fields(rnd), [values])
+        return Reply(to, Op.PULL_REPLY, self.fields(rnd), [values])
 
-    def _fields(self, rnd: int) -> dict[str, Any]:
+    def fields(self, rnd: int) -> dict[str, Any]:
+        """A PULL_REPLY's header fields of round ``rnd`` (a reply of no data: store.py)."""
         return {"key": self.key, "round": rnd, "dtype": self.dtype, "count": self.count}
 
 
@@ -102,8 +103,8 @@ class FrameSink(ResultSink):
     def reply(self, to: bytes, rnd: int) -> Reply:
         if self._compressed is not None:
             fields, buffers = self._compressed
-            return Reply(to, Op.PULL_REPLY, dict(self._fields(rnd), **fields), buffers)
-        return Reply(to, Op.PULL_REPLY, self._fields(rnd), [self._values])
+            return Reply(to, Op.PULL_REPLY, dict(self.fields(rnd), **fields), buffers)
+        return Reply(to, Op.PULL_REPLY, self.fields(rnd), [self._values])
 
 
 class SharedSlots(ResultSink):
@@ -142,8 +143,8 @@ class SharedSlots(ResultSink):
 
     def reply(self, to: bytes, rnd: int) -> Reply:
         if to in self.readers:
-            fields = dict(self._fields(rnd), shm=self._ref, slot=self._slot)
+            fields = dict(self.fields(rnd), shm=self._ref, slot=self._slot)
             if self.dma:
                 fields["dma"] = True
             return Reply(to, Op.PULL_REPLY, fields, [])
-        return Reply(to, Op.PULL_REPLY, self._fields(rnd), [self.slots[self._slot]])
+        return Reply(to, Op.PULL_REPLY, self.fields(rnd), [self.slots[self._slot]])

@@ -17,11 +17,11 @@ is complete, compresses the sum with the server's own error feedback
 (s = sum_i D(c_i) + e_s; c_s = C(s); e_s = s - D(c_s)). Every worker of a round
 receives those same bytes, so parameters never drift apart.
 
-A worker whose codec refused its round (a NaN/inf gradient under error feedback) still
-pushes, a ``refused`` push without data: the round completes without an aggregate, every
-pull of it gets an ERROR naming the worker and its reason, the server's residual is left
-as it was, and the next round is every worker's next round. Had the worker pushed nothing,
-the others would have waited for it, and its next push would have joined this round.
+A worker that could not encode its round still pushes, without data, so that the round
+completes: ``nonfinite`` for NaN/inf in its input, ``refused`` for any other failure; the
+server's residual stays as it was. A ``nonfinite`` push, or an aggregate whose compression
+meets NaN/inf, skips the round (a ``nonfinite`` PULL_REPLY without data, which every worker
+lands as NaN: worker/nonfinite.py); a ``refused`` one fails it (an ERROR to every pull).
 
 Methods return the replies to send as ``Reply`` tuples; the engine sends them. Where
 an aggregate lives and what a pull's reply carries is the key's result sink's
@@ -36,6 +36,7 @@ import numpy as np
 
 from ..compressors import ErrorFeedback
 from ..compressors.spec import CodecSpec
+from ..errors import NonFiniteInput
 from ..net.limits import check_lr
 from ..net.protocol import Op
 from ..trace import Tracer
@@ -55,8 +56,9 @@ class Payload(NamedTuple):
 
 
 class Refused(NamedTuple):
-    """A push without data: its worker's codec refused the round (``why``: who, and why)."""
+    """A push without data (``why``: who, and why); ``overflow``: NaN/inf, the round is skipped."""
     why: str
+    overflow: bool = False
 
 
 _NO_TRACE = Tracer("")
@@ -78,7 +80,8 @@ class KeyState:
     waiting: list = field(default_factory=list)  # senders whose pull waits for `round`
     done_round: int = -1                    # last completed round
     failure: str = ""                       # why the last round produced no aggregate
-    refusals: list = field(default_factory=list)  # this round's refused pushes (Refused.why)
+    refusals: list = field(default_factory=list)  # this round's pushes without data (Refused)
+    skipped: str = ""                       # who made the last round non-finite ("": nobody)
     broken: str = ""                        # why the key takes no more rounds (an internal error)
     lr: float | None = None                 # learning rate pushed with this round
     sink: ResultSink | None = None          # holds completed aggregates; None: a FrameSink
@@ -186,7 +189,7 @@ class KeyState:
             if sender in self.pushed:
                 raise PushError(f"{self.describe()}: second push of round {rnd} from the same worker")
             if isinstance(values, Refused):
-                self.refusals.append(values.why)
+                self.refusals.append(values)
             else:  # the first values absorbed are stored, the others added
                 self._absorb(values, rnd, first=len(self.pushed) == len(self.refusals))
             self.pushed.add(sender)
@@ -244,16 +247,18 @@ class KeyState:
                 kernels.accumulate(self.acc, values, first=first)
 
     def _complete(self) -> list[Reply]:
-        self.failure = ""
+        self.failure = self.skipped = ""
         store = self.acc.copy() if self.async_mode else None  # the initial parameters stay the store
-        if self.refusals:  # no aggregate, and the server's residual stays as it was
-            self.failure = (f"{self.describe()}: round {self.round} has no aggregate: refused by "
-                            f"{'; '.join(self.refusals)}")
-            self.refusals = []
+        refused = [r.why for r in self.refusals if not r.overflow]
+        if refused:  # no aggregate, and the server's residual stays as it was
+            self.failure = f"{self.describe()}: round {self.round} has no aggregate: refused by {'; '.join(refused)}"
+        elif self.refusals:  # the same, but every worker lands NaN and goes on
+            self.skipped = "; ".join(r.why for r in self.refusals)
         elif self.compressor is not None:
             self._compress_aggregate()
         else:
             self.sink.publish(self.round, self.acc)
+        self.refusals = []
         self.done_round, self.round = self.round, self.round + 1
         self.acc = self.sink.accumulator(self.round) if store is None else store
         self.pushed = set()
@@ -276,6 +281,9 @@ class KeyState:
                     meta, buffers = self.compressor.compress(self.acc, key=self.key, round=self.round, lr=self.lr)
                     if self.values_sum is not None:
                         self.values_sum.recheck()
+            except NonFiniteInput as e:  # every push was finite, their sum or its encoding is not
+                self.skipped = f"this server (the aggregate: {e})"
+                return
             except ValueError as e:
                 self.failure = f"{self.describe()}: the aggregate of round {self.round} cannot be compressed: {e}"
                 return
@@ -287,4 +295,6 @@ class KeyState:
         """The answer to a pull of completed round ``rnd`` (async pulls read a snapshot instead)."""
         if self.failure:
             return Reply(to, Op.ERROR, {"message": self.failure, "key": self.key, "round": rnd}, [])
+        if self.skipped:
+            return Reply(to, Op.PULL_REPLY, dict(self.sink.fields(rnd), nonfinite=self.skipped), [])
         return self.sink.reply(to, rnd)

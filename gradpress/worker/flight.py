@@ -17,11 +17,11 @@ import zmq
 from .. import logs
 from ..compressors.arrays import is_device_array
 from ..config import Settings
-from ..errors import JobError, OpTimeoutError
+from ..errors import JobError, NonFiniteInput, OpTimeoutError
 from ..net import transport
 from ..net.protocol import Op
 from .deadlines import Deadlines
-from . import grouped
+from . import grouped, nonfinite
 from .future import Future
 from .jobs import PartitionOp, PushPull
 from .keys import KeyTable
@@ -157,18 +157,18 @@ class PartitionFlight:
         self.stages.send(op, self._payload(op))
 
     def _payload(self, op: PartitionOp) -> Payload | None:
-        """``op``'s compressed payload (None: raw values). Where its codec refuses the round
-        (NaN/inf), the job fails here and now, and the round still goes out, refused
-        (server/store.py): it stays in flight until the server's ERROR for it, which every
-        worker gets (a machine's peers from its owner, ``_server_error``), and the key's next
-        round reaches the server only after this one is done."""
+        """``op``'s compressed payload (None: raw values), or its round's refusal (``_refused``),
+        which goes out too and stays in flight until the reply (a machine's peers: relayed)."""
         try:
             return self.stages.compress(op)
         except ValueError as e:
             return self._refused(op, e)
 
     def _refused(self, op: PartitionOp, error: ValueError) -> Payload:
-        """``op``'s codec refused its round: its job fails now, and the round goes out refused."""
+        """``op``'s codec refused its round: for NaN/inf, it goes out ``nonfinite`` and every
+        worker lands NaN (nonfinite.py); else its job fails now, and it goes out refused."""
+        if isinstance(error, NonFiniteInput):
+            return nonfinite.push(error)
         self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {error}"))
         return PartitionStages.refusal(str(error))
 

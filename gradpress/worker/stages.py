@@ -23,7 +23,7 @@ from ..compressors.arrays import is_device_array
 from ..net import shm, transport
 from ..net.protocol import Op
 from ..trace import Tracer, now_us
-from . import raw_results, sparse
+from . import nonfinite, raw_results, sparse
 from .host_copies import HostCopies, end_gpu_work
 from .jobs import PartitionOp
 from .keys import WorkerKey
@@ -256,7 +256,9 @@ class PartitionStages:
         if h["dtype"] != t.dtype or h["count"] != wk.count:
             raise ValueError(f"{h['count']} {h['dtype']} elements, expected {wk.count} {t.dtype}")
         dst = op.destination
-        if t.compressor is not None:
+        if "nonfinite" in h and t.compressor is not None and not frames:  # a skipped round
+            nonfinite.land(op, h)
+        elif t.compressor is not None:
             if h.get("codec") != t.compressor.name or "meta" not in h:
                 raise ValueError(f"encoded as {h.get('codec', 'raw values')!r}, expected {t.compressor.name!r}")
             start = now_us()

@@ -1,7 +1,8 @@
 """Run by test_partitions_cuda.py with NUMBA_ENABLE_CUDASIM=1: a tensor's partitions
 compressed together (``ErrorFeedback.compress_partitions``) against the same compressor key
 by key, on the device: headers, payload bytes and residual bytes, round after round; a
-NaN in one partition refused for that key alone; residuals restored from a checkpoint; the
+NaN in one partition refused for that key alone; a key restarted after a skipped round;
+residuals restored from a checkpoint; the
 inputs it must leave to the key-by-key path; and one set of launches for all the
 partitions. Prints one JSON line per case ("problem" empty when right)."""
 import json
@@ -116,6 +117,32 @@ def nan_cases():
             elif together.compress_partitions(cuda.to_device(gaussian(n, seed=3)), KEYS, part, 0.02, [2] * 3):
                 problem = problem or "kept together with the refused key a step behind"
             yield f"nan/{name}/{kind}", problem
+
+
+def restart_cases():
+    """A skipped round (worker/nonfinite.py) restarts the middle key: the next call is left to
+    the key-by-key path (that key has no residual, the others do), which starts it from p = g
+    as a first step does; the call after gathers the residuals into one array again and gives
+    the key-by-key bits."""
+    n, part = SHAPES[0]
+    for name, kind in (("onebit-l1", "vanilla"), ("fp16", "corrected"), ("topk-frac", "vanilla")):
+        together, apart = pair(name, kind)
+        problem = compare(together, apart, gaussian(n, seed=1), part, 0, 0.1)
+        for c in (together, apart):
+            c.restart(KEYS[1])
+        x = gaussian(n, seed=2)
+        if together.compress_partitions(cuda.to_device(x), KEYS, part, 0.05, [1] * 3) is not None:
+            problem = problem or "compressed together with one key restarted"
+        fresh = pair(name, kind)[0]
+        for i, key in enumerate(KEYS):
+            chunk = x[i * part:(i + 1) * part]
+            got = together.compress(cuda.to_device(chunk), key=key, round=1, lr=0.05)
+            problem = problem or same_payload(got, apart.compress(cuda.to_device(chunk), key=key, round=1, lr=0.05))
+            if key == KEYS[1]:  # as a key never compressed before
+                problem = problem or same_payload(got, fresh.compress(cuda.to_device(chunk), key=key, round=1, lr=0.05))
+        for round in (2, 3):
+            problem = problem or compare(together, apart, gaussian(n, seed=round), part, round, 0.02)
+        yield f"restart/{name}/{kind}", problem
 
 
 def restored_case():
@@ -299,7 +326,7 @@ def warm_up_cases():
 
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
-    for source in (together_cases, nan_cases, restored_case, declined_cases, alternating_case, views_kept_case,
-                   launches_case, lines_cases, warm_up_cases):
+    for source in (together_cases, nan_cases, restart_cases, restored_case, declined_cases, alternating_case,
+                   views_kept_case, launches_case, lines_cases, warm_up_cases):
         for case, problem in source():
             print(json.dumps({"case": case, "problem": problem}), flush=True)

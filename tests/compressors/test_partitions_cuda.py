@@ -12,6 +12,6 @@ SCRIPT = Path(__file__).with_name("cudasim_partitions.py")
 @pytest.mark.integ  # starts processes
 @pytest.mark.timeout(300)
 def test_partitions_compressed_together_match_the_key_by_key_path():
-    groups = {"together/": 14, "nan/": 8, "restored": 1, "declined/": 5, "alternating/": 3, "views-kept": 1,
-              "one-launch-set/": 2, "lines/": 2, "warm-up": 3}
+    groups = {"together/": 14, "nan/": 8, "restart/": 3, "restored": 1, "declined/": 5, "alternating/": 3,
+              "views-kept": 1, "one-launch-set/": 2, "lines/": 2, "warm-up": 3}
     assert_case_groups(SCRIPT, 280, groups, "together and key by key")

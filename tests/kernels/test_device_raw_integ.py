@@ -2,7 +2,8 @@
 copies each partition from the device into the shared push segment (or, without shared
 memory, into a pinned buffer of the key's own pushed as frames), and the result goes back
 to the device and is divided there. Sums and averages of float16/32/64 must be the host
-path's bits, round after round, with partitions split over two servers; and the same
+path's bits, round after round, with partitions split over two servers; a compressed
+round skipped for a NaN lands NaN on the device, and the next is a first round's bits; and the same
 through local reduction (2 machines of 2 workers), where an owner copies its own device
 partition to the host before summing, and onebit's payload is decoded on each device."""
 import pytest
@@ -39,6 +40,33 @@ for dtype in ("float32", "float16", "float64"):
         summed = cuda.to_device(host[r])
         c.push_pull_async(f"{dtype}.sum", summed, summed, 1, 0).result(60)
         assert summed.copy_to_host().tobytes() == total.tobytes(), (dtype, step, "sum")
+# a NaN on worker 1's device under error feedback: its partition's round is skipped, NaN lands
+# there on every device, and the next round starts that key's state again: a first round's bits
+# (the others' residuals went on, so only that partition is compared)
+from gradpress.compressors import build_compressor
+from gradpress.compressors.spec import CodecSpec
+params = {"compressor": "onebit", "scaling": True, "ef": "vanilla"}
+spec = CodecSpec.from_params(params, "test")
+host = [np.random.default_rng(7 + w).standard_normal(1100).astype(np.float32) for w in range(n)]
+bad = host[r].copy()
+if r == 1:
+    bad[300] = np.nan
+out = cuda.device_array(1100, np.float32)
+c.push_pull_async("ef", cuda.to_device(bad), out, n, 0, spec).result(60)
+landed = out.copy_to_host()  # partition 1 (elements 256 to 511) skipped, the others averaged
+assert np.isnan(landed[256:512]).all() and np.isfinite(np.delete(landed, range(256, 512))).all(), landed
+c.push_pull_async("ef", cuda.to_device(host[r]), out, n, 0, spec).result(60)
+want = np.empty(1100, np.float32)
+for start in range(0, 1100, 256):  # 1024-byte partitions
+    end = min(start + 256, 1100)
+    acc = np.zeros(end - start, np.float32)
+    for h in host:
+        header, payload = build_compressor(params, "worker").compress(h[start:end], key=0, round=0)
+        build_compressor(params, "server").decompress_add(header, payload, acc, key=0, round=0)
+    header, payload = build_compressor(params, "server").compress(acc, key=0, round=0)
+    build_compressor(params, "worker").decompress(header, payload, want[start:end], key=0, round=0, divisor=n)
+got = out.copy_to_host()
+assert got[256:512].tobytes() == want[256:512].tobytes(), "the round after the skipped one is not a first round's"
 print(f"OK {r}", flush=True)
 c.finish()
 """

@@ -176,6 +176,28 @@ def test_a_refused_push_is_taken_without_data_and_one_with_data_is_dropped(inpro
     assert "refused by worker 0 (key 9: error feedback met NaN/inf)" in pulled.fields["message"]
 
 
+def test_a_nonfinite_push_is_taken_without_data_for_a_compressed_key_only(inproc):
+    """A worker whose input held NaN/inf pushes ``nonfinite`` and no frame: taken (acked), and
+    the round is skipped for every puller (a PULL_REPLY naming it, without data). One that
+    carries data, also says ``refused``, or is for an uncompressed key (which sums NaN/inf
+    itself) is an error, and the round goes on without it."""
+    engine, _, _ = inproc
+    engine.start()
+    engine.serve(b"w0", _header(Op.INIT_KEY, key=9, name="t", count=4, dtype="float32",
+                                compression_params={"compressor": "onebit", "ef": "vanilla"}), [])
+    engine.serve(b"w0", _header(Op.INIT_KEY, key=10, name="u", count=4, dtype="float32"), [])
+    push = dict(round=0, dtype="float32", count=4, nonfinite="key 9: error feedback met NaN/inf")
+    for key, extra, frames in ((9, {}, [b"xx"]), (9, {"refused": "no"}, []), (10, {}, [])):
+        bad = engine.serve(b"w0", _header(Op.PUSH, key=key, **push, **extra), frames)
+        assert [r.op for r in bad] == [Op.ERROR] and "nonfinite push must carry no data" in bad[0].fields["message"]
+    ack, = engine.serve(b"w0", _header(Op.PUSH, key=9, **push), [])
+    assert (ack.op, ack.fields["round"]) == (Op.PUSH_ACK, 0)
+    pulled, = engine.serve(b"w0", _header(Op.PULL, key=9, round=0), [])
+    assert (pulled.op, pulled.buffers) == (Op.PULL_REPLY, [])
+    assert pulled.fields["nonfinite"] == "worker 0 (key 9: error feedback met NaN/inf)"
+    protocol.decode(protocol.encode(Op.PULL_REPLY, "server 0", **pulled.fields))  # a reply the schema takes
+
+
 def test_a_push_carrying_its_pull_is_answered_as_a_push_then_a_pull(wired):
     """``pull: true``: the ack, then the round's reply when the round completes (at once for
     the push that completes it, after the others' for the ones before); a refused push

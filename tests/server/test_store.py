@@ -233,3 +233,55 @@ def test_a_refused_push_fails_its_round_for_every_worker_and_the_next_round_is_w
         total += decoded
     meta, bufs = build_compressor(params, "server").compress(total, key=5, round=1)
     assert reply.fields["meta"] == meta and [bytes(b) for b in reply.buffers] == [np.asarray(b).tobytes() for b in bufs]
+
+
+@pytest.mark.parametrize("order", ["nonfinite first", "nonfinite last", "nonfinite early"])
+def test_a_nonfinite_push_skips_its_round_for_every_worker_and_the_next_round_is_whole(order):
+    """A worker whose input held NaN/inf (an overflow under loss scaling) pushes ``nonfinite``
+    without data: every pull of the round gets a PULL_REPLY marked ``nonfinite`` naming it,
+    without data (each worker lands NaN), not an ERROR; the server's residual stays as it
+    was, also where the skipped push came early (held for the round); the next round sums
+    every worker's values alone. With a refused push in the same round, the round fails."""
+    from gradpress.compressors import build_compressor
+    from gradpress.server.store import Payload, Refused
+    params = {"compressor": "topk", "k": 0.25, "ef": "vanilla"}
+    k = KeyState(key=5, name="w", count=64, dtype="float32", num_workers=2, compression_params=params)
+    codec = build_compressor(params, "worker")
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+
+    def payload(v, rnd):
+        meta, bufs = codec.compress(v, key=5, round=rnd)
+        return Payload(meta, [np.asarray(b).tobytes() for b in bufs])
+    k.push(A, 0, payload(x, 0))
+    k.push(B, 0, payload(x, 0))
+    residual = k.server_state()[0].copy()
+    skipped = Refused("worker 1 (topk input contains NaN or inf)", overflow=True)
+    pushes = [(B, skipped), (A, payload(3 * x, 1))]
+    if order == "nonfinite early":  # B is a round ahead: its skipped push waits for round 1's end
+        k.push(B, 1, payload(3 * x, 1))
+        k.push(B, 2, skipped)
+        k.push(A, 1, payload(3 * x, 1))
+        assert "nonfinite" not in k.pull(A, 1)[0].fields
+        residual = k.server_state()[0].copy()
+        k.push(A, 2, payload(x, 2))
+        done = 2
+    else:
+        for sender, values in pushes if order == "nonfinite first" else pushes[::-1]:
+            k.push(sender, 1, values)
+        done = 1
+    for who in (A, B):
+        [reply] = k.pull(who, done)
+        assert (reply.op, reply.fields["round"], reply.buffers) == (Op.PULL_REPLY, done, [])
+        assert reply.fields["nonfinite"] == "worker 1 (topk input contains NaN or inf)"
+        assert (reply.fields["dtype"], reply.fields["count"]) == ("float32", 64) and "codec" not in reply.fields
+    assert np.array_equal(k.server_state()[0], residual), "the skipped round stepped the server's residual"
+    nxt = done + 1
+    k.push(A, nxt, payload(x, nxt))
+    k.push(B, nxt, payload(x, nxt))
+    [reply] = k.pull(A, nxt)
+    assert reply.op == Op.PULL_REPLY and reply.fields["codec"] == "topk" and "nonfinite" not in reply.fields
+    # a refused push and a nonfinite one in one round: the round fails
+    k.push(A, nxt + 1, Refused("worker 0 (its encoder failed on the GPU)"))
+    k.push(B, nxt + 1, skipped)
+    [reply] = k.pull(B, nxt + 1)
+    assert reply.op == Op.ERROR and "refused by worker 0 (its encoder failed" in reply.fields["message"]

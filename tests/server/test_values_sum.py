@@ -121,7 +121,10 @@ def test_a_push_decoded_early_takes_its_round_dense_and_the_next_round_sums_valu
     same_state(*states)
 
 
-def test_an_overflowing_sum_is_refused_on_both_paths_and_the_next_round_goes_on():
+def test_an_overflowing_sum_skips_the_round_on_both_paths_and_the_next_round_goes_on():
+    """Finite pushes whose sum overflows: the round is skipped alike on both paths (a
+    ``nonfinite`` reply without data, the server's residual as it was), as a worker's
+    NaN/inf push skips it (store.py)."""
     params = {"compressor": "randomk", "k": 0.05, "ef": "vanilla", "seed": 3}
     states = pair(params, workers=2)
     big = np.full(N, 3e38, np.float32)
@@ -130,8 +133,9 @@ def test_an_overflowing_sum_is_refused_on_both_paths_and_the_next_round_goes_on(
     for state in states:
         state.push(A, 0, pa)
         state.push(B, 0, pb)
-    fields, _ = reply_bytes(states[0], A, 0)
-    assert "NaN/inf" in fields["message"] and states[0].failure == states[1].failure
+    fields, data = reply_bytes(states[0], A, 0)
+    assert "NaN/inf" in fields["nonfinite"] and data == [] and states[0].skipped == states[1].skipped
+    assert not states[0].failure
     same_state(*states)
     rng = np.random.default_rng(3)
     pa, pb = payload(a, gradient(rng, 1), 1), payload(b, gradient(rng, 1), 1)

@@ -1,5 +1,6 @@
-"""Two races of numba's CUDA simulator, closed for the scripts that run kernels under it
-(``NUMBA_ENABLE_CUDASIM=1``). A real GPU has neither; this keeps the tests from seeing them.
+"""Two races of numba's CUDA simulator, and one limit, closed for the scripts that run kernels
+under it (``NUMBA_ENABLE_CUDASIM=1``). A real GPU has none of them; this keeps the tests from
+seeing them.
 
 The simulator runs each CUDA thread as a Python thread, and Python may switch between
 them between any two bytecodes, which leaves both open (a script that switches faster than
@@ -16,6 +17,11 @@ Python's 5 ms makes them frequent):
   intended) makes Python add ``__warningregistry__`` to those globals, and a thread then
   iterating them fails with "dictionary changed size during iteration". The patched swap
   takes its snapshot with one ``dict()`` copy, which no other thread can interleave.
+- **One kernel at a time.** The simulator keeps the running kernel in one module global and
+  asserts that no other is running ("concurrent simulated kernel not supported"). A worker
+  launches from two threads (encoders on the host-copies thread, decoders as results land on
+  the communication thread), as a GPU runs kernels of two streams at once; here the launches
+  take turns instead.
 """
 import sys
 import threading
@@ -44,6 +50,16 @@ def _array(self, shape, dtype):
     return found
 
 
+_one_kernel = threading.Lock()
+_unpatched_context = kernel._push_kernel_context
+
+
+@contextmanager
+def _kernel_context_in_turn(mod):
+    with _one_kernel, _unpatched_context(mod):
+        yield
+
+
 @contextmanager
 def _swapped_cuda_module(fn, fake_cuda_module):
     from numba import cuda
@@ -60,7 +76,9 @@ def _swapped_cuda_module(fn, fake_cuda_module):
 def install() -> None:
     """Before any kernel runs."""
     # a numba that moved either name would leave its race open without a word: say so instead
-    assert hasattr(kernelapi.FakeCUDAShared, "array") and hasattr(kernel, "swapped_cuda_module"), \
-        "numba's CUDA simulator changed: tests/support/cudasim_races.py patches nothing"
+    assert hasattr(kernelapi.FakeCUDAShared, "array") and hasattr(kernel, "swapped_cuda_module") and \
+        hasattr(kernel, "_push_kernel_context"), "numba's CUDA simulator changed: tests/support/cudasim_races.py " \
+        "patches nothing"
     kernelapi.FakeCUDAShared.array = _array
     kernel.swapped_cuda_module = _swapped_cuda_module  # the name kernel.py's launches call
+    kernel._push_kernel_context = _kernel_context_in_turn  # (the same)

@@ -2,7 +2,8 @@
 shows (Horovod's): synchronize, unscale and clip, then step without a second
 synchronize. An overflow on one worker (its gradient inf) reaches every worker's average,
 so every GradScaler skips that step and lowers its scale alike, and steps on after it: the
-models stay equal."""
+models stay equal. Under a codec with error feedback (and worker momentum), the round
+carrying the inf is skipped on every worker: NaN averages, and the key's state restarts."""
 import pytest
 import torch
 
@@ -10,9 +11,12 @@ pytestmark = pytest.mark.integ
 
 AMP = """
 import os, torch, gradpress.torch as bps
+from gradpress.torch import ops
 bps.init()
 r = bps.rank()
-params = {"compressor": "acpsgd", "rank": 2} if os.environ.get("GP_CODEC") == "acpsgd" else None
+codec = os.environ.get("GP_CODEC")
+params = {"acpsgd": {"compressor": "acpsgd", "rank": 2}, "none": None,
+          "onebit": {"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov", "scaling": True}}[codec]
 torch.manual_seed(0)
 model = torch.nn.Linear(64, 32)   # (a weight worth factoring at rank 2)
 opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
@@ -27,6 +31,11 @@ for step in range(6):
     opt.zero_grad()
     scaler.scale(model(x).pow(2).mean()).backward()
     opt.synchronize()
+    if codec == "onebit":  # every worker's residual and momentum restarted at the skipped round only
+        t = ops.client().tensors["Gradient.weight"]
+        state = [(t.compressor._momenta.get(k.key), t.compressor.inner.residual(k.key)) for k in t.keys]
+        assert all((m is None and e is None) == (step == 2) for m, e in state), (step, r)
+        assert torch.isnan(model.weight.grad).all() == (step == 2), (step, r)
     scaler.unscale_(opt)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     with opt.skip_synchronize():
@@ -39,7 +48,7 @@ bps.shutdown()
 """
 
 
-@pytest.mark.parametrize("codec", ["none", "acpsgd"])
+@pytest.mark.parametrize("codec", ["none", "acpsgd", "onebit"])
 def test_loss_scaling_skips_an_overflow_step_on_every_worker_alike(cluster, codec):
     """acpsgd: the low-rank reducer skips the step alike too (its summed factor is not
     finite on every worker), and the steps after it are finite."""

@@ -41,15 +41,12 @@ for dtype in (torch.float16, torch.bfloat16):
     signs = bps.push_pull(h[:1000], name=f"half.onebit.{dtype}",  # one partition (4000 bytes widened)
                           compression_params={"compressor": "onebit", "scaling": True})
     assert signs.dtype == dtype and signs.abs().unique().numel() == 1, signs.unique()  # one magnitude: onebit's
-# a NaN on worker 1 under error feedback: that round fails on every worker at once (worker 1
-# still pushes, refused), and the next round is every worker's next round, whole
+# a NaN on worker 1 under error feedback: that round is skipped on every worker at once (worker 1
+# still pushes, nonfinite), NaN everywhere, and the next round is every worker's next round, whole
 onebit_ef = {"compressor": "onebit", "ef": "vanilla"}
-try:
-    bps.push_pull(torch.full((1000,), float("nan") if r == 1 else 1.0), average=False, name="nan-round",
-                  compression_params=onebit_ef)
-    raise AssertionError("a round with a NaN went through")
-except bps.ops.JobError as e:
-    assert "error feedback met NaN/inf" in str(e) and (r == 1 or "refused by worker 1" in str(e)), e
+skipped = bps.push_pull(torch.full((1000,), float("nan") if r == 1 else 1.0), average=False, name="nan-round",
+                        compression_params=onebit_ef)
+assert torch.isnan(skipped).all(), skipped
 after = bps.push_pull(torch.full((1000,), float(r + 1)), average=False, name="nan-round",
                       compression_params=onebit_ef)
 assert torch.equal(after, torch.ones(1000)), after.unique()  # every sign +1, onebit's scale 1

@@ -110,29 +110,28 @@ def test_an_owner_waiting_for_a_live_peer_fails_at_its_deadline_naming_the_peer(
     c.kill()
 
 
-# A NaN in one machine's sum under error feedback: its owner's codec refuses the round, and
-# still pushes it, refused, so every worker of both machines fails that round at once (not
-# at GRADPRESS_OP_TIMEOUT_S), and the next round is whole on all of them
+# A NaN in one machine's sum under error feedback: its owner's codec cannot encode the round,
+# and still pushes it, nonfinite, so every worker of both machines lands NaN for it at once
+# (none waits out GRADPRESS_OP_TIMEOUT_S), and the next round is whole on all of them
 NAN_ROUND = """
 import os, time, numpy as np
 from gradpress.compressors.spec import CodecSpec
 from gradpress.config import Settings
-from gradpress.errors import JobError, OpTimeoutError
+from gradpress.errors import OpTimeoutError
 from gradpress.worker import WorkerClient
 c = WorkerClient(Settings.load(os.environ))
 c.start()
 r, n = c.rank, c.size
 spec = CodecSpec.from_params({"compressor": "onebit", "ef": "vanilla", "scaling": True})
 src = np.full(500, np.nan if r == 1 else 1.0, np.float32)
-if r >= 2:  # machine 1 pushes late: machine 0's next round must wait for the refused one to end
+if r >= 2:  # machine 1 pushes late: machine 0's next round must wait for the skipped one to end
     time.sleep(3.0)
+skipped = np.empty_like(src)
 try:
-    c.push_pull_async("g", src, np.empty_like(src), n, 0, spec).result(30)
-    raise SystemExit("a round with a NaN went through")
+    c.push_pull_async("g", src, skipped, n, 0, spec).result(30)
 except OpTimeoutError as e:
-    raise SystemExit(f"worker {r} waited out a refused round: {e}")
-except JobError as e:
-    assert "NaN" in str(e), e
+    raise SystemExit(f"worker {r} waited out a skipped round: {e}")
+assert np.isnan(skipped).all(), skipped[:4]
 out = np.empty(500, np.float32)
 c.push_pull_async("g", np.full(500, float(r + 1), np.float32), out, n, 0, spec).result(30)
 assert np.all(out == out[0]) and out[0] > 0, out[:4]
@@ -141,9 +140,9 @@ c.finish()
 """
 
 
-def test_a_nan_in_one_machines_sum_fails_that_round_everywhere_at_once(cluster):
+def test_a_nan_in_one_machines_sum_skips_that_round_everywhere_at_once(cluster):
     c = cluster(workers=2, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "60", "BYTEPS_MIN_COMPRESS_BYTES": "0"})
     c.start_machines(NAN_ROUND, 2)
     c.assert_success(50)  # well inside the 60 s a worker waiting out the round would take
     outs = [np.load(c.tmp / f"g{r}.npy") for r in range(4)]
-    assert all(np.array_equal(o, outs[0]) for o in outs), "the round after the refused one differs"
+    assert all(np.array_equal(o, outs[0]) for o in outs), "the round after the skipped one differs"

@@ -4,9 +4,11 @@ Every worker lands the same bits, and they are those of a replay of the two-leve
 each machine's partition summed in numpy in local-rank order (float32, rounded to the
 tensor's dtype), compressed once per machine by a compressor of its own (its error
 feedback carried over the rounds), the machines' payloads summed and compressed by the
-server's key (``KeyState``, the server's own rules), decoded and averaged. The servers see
-one push per machine, owners are spread evenly, and ``GRADPRESS_LOCAL_REDUCE=0`` restores
-one push per worker.
+server's key (``KeyState``, the server's own rules), decoded and averaged. One peer's inf
+(``OVERFLOW``) makes its machine's sum of one partition infinite: its owner pushes that
+round ``nonfinite``, every worker of both machines lands NaN there, and every owner restarts
+that key's error feedback. The servers see one push per machine, owners are spread evenly,
+and ``GRADPRESS_LOCAL_REDUCE=0`` restores one push per worker.
 """
 import json
 import zlib
@@ -16,7 +18,8 @@ import pytest
 
 from gradpress.compressors.spec import CodecSpec
 from gradpress.placement import make_key
-from gradpress.server.store import KeyState, Payload
+from gradpress.errors import NonFiniteInput
+from gradpress.server.store import KeyState, Payload, Refused
 
 pytestmark = pytest.mark.integ
 MACHINES, LOCAL, STEPS = 2, 3, 3
@@ -33,6 +36,9 @@ CASES = {
     "double": None,  # a float64 tensor, uncompressed: summed in float64
 }
 DTYPE = {"half": "float16", "double": "float64"}
+# (worker, step, element) of an inf in the "many" tensor of the codecs with error feedback:
+# a peer (local rank 1) of machine 1, in partition 1 (elements 1000 to 1999)
+OVERFLOW = {"worker": 4, "step": 1, "element": 1500, "cases": ["onebit", "topk"]}
 
 WORKER = """
 import json, os, zlib, numpy as np
@@ -40,6 +46,7 @@ from gradpress.compressors.spec import CodecSpec
 from gradpress.config import Settings
 from gradpress.worker import WorkerClient
 cases, sizes = json.loads(os.environ["GP_CASES"]), json.loads(os.environ["GP_SIZES"])
+overflow = json.loads(os.environ["GP_OVERFLOW"])
 steps, dtypes = int(os.environ["GP_STEPS"]), json.loads(os.environ["GP_DTYPES"])
 c = WorkerClient(Settings.load(os.environ))
 c.start()
@@ -53,6 +60,8 @@ for step in range(steps):
             name = f"{case}.{size_name}"
             rng = np.random.default_rng([r, step, zlib.crc32(name.encode()), size])
             src = rng.standard_normal(size).astype(dtypes.get(case, "float32"))
+            if (r, step, size_name) == (overflow["worker"], overflow["step"], "many") and case in overflow["cases"]:
+                src[overflow["element"]] = np.inf
             dst = np.empty_like(src)
             divisor = 1 if case == "half" else n
             futures.append((name, c.push_pull_async(name, src, dst, divisor, 0, spec), dst))
@@ -74,7 +83,8 @@ def _run(cluster, local_reduce: str = "1"):
            "GRADPRESS_LOCAL_REDUCE": local_reduce}
     c = cluster(workers=MACHINES, servers=2, env=env)
     c.start_machines(WORKER, LOCAL, worker_env={"GP_CASES": json.dumps(CASES), "GP_SIZES": json.dumps(SIZES),
-                                                "GP_STEPS": str(STEPS), "GP_DTYPES": json.dumps(DTYPE)})
+                                                "GP_STEPS": str(STEPS), "GP_DTYPES": json.dumps(DTYPE),
+                                                "GP_OVERFLOW": json.dumps(OVERFLOW)})
     c.assert_success(150)
     outs = [dict(np.load(c.tmp / f"w{r}.npz")) for r in range(WORKERS)]
     info = [json.loads((c.tmp / f"w{r}.json").read_text()) for r in range(WORKERS)]
@@ -88,7 +98,11 @@ def _bounds(case: str, size: int) -> list[int]:
 
 
 def _src(r: int, step: int, name: str, size: int, dtype: str) -> np.ndarray:
-    return np.random.default_rng([r, step, zlib.crc32(name.encode()), size]).standard_normal(size).astype(dtype)
+    src = np.random.default_rng([r, step, zlib.crc32(name.encode()), size]).standard_normal(size).astype(dtype)
+    case, size_name = name.split(".")
+    if (r, step, size_name) == (OVERFLOW["worker"], OVERFLOW["step"], "many") and case in OVERFLOW["cases"]:
+        src[OVERFLOW["element"]] = np.inf
+    return src
 
 
 def _replay(case: str, size_name: str, tensor_id: int) -> list[np.ndarray]:
@@ -123,9 +137,18 @@ def _replay(case: str, size_name: str, tensor_id: int) -> list[np.ndarray]:
             state = servers.setdefault(key, KeyState(key, name, hi - lo, dtype, MACHINES,
                                                      compression_params=spec.compression_params))
             for m in range(MACHINES):
-                meta, buffers = machine_codecs[m].compress(sums[m], key=key, round=step, lr=None)
+                try:
+                    meta, buffers = machine_codecs[m].compress(sums[m], key=key, round=step, lr=None)
+                except NonFiniteInput as e:  # its owner's push: no data, the round skipped
+                    state.push(f"m{m}".encode(), step, Refused(str(e), overflow=True))
+                    continue
                 state.push(f"m{m}".encode(), step, Payload(meta, [np.ascontiguousarray(b).tobytes() for b in buffers]))
             (reply,) = state.pull(b"m0", step)
+            if "nonfinite" in reply.fields:  # NaN on every worker, and every owner's state restarts
+                result[lo:hi] = np.nan
+                for codec in machine_codecs:
+                    codec.restart(key)
+                continue
             decoder.decompress(reply.fields["meta"], [memoryview(b) for b in reply.buffers], result[lo:hi],
                                key=key, round=step, divisor=WORKERS)
         results.append(result)
@@ -136,6 +159,8 @@ def test_sums_match_a_replay_of_the_two_level_sum_on_every_local_worker(cluster)
     outs, info = _run(cluster)
     assert all(i["local"] == LOCAL for i in info), info
     ids = info[0]["ids"]
+    skipped = _replay("onebit", "many", ids["onebit.many"])[OVERFLOW["step"]]
+    assert np.isnan(skipped[1000:2000]).all() and np.isfinite(np.delete(skipped, range(1000, 2000))).all()
     for case in CASES:
         for size_name in SIZES:
             name = f"{case}.{size_name}"

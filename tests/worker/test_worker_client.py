@@ -182,7 +182,7 @@ def test_no_reply_fails_with_a_timeout_naming_the_partition(peers, calls):
         fut.result(10).result(10)
 
 
-def test_a_compressed_push_carries_its_codec_and_a_nan_round_goes_out_refused(peers, calls):
+def test_a_compressed_push_carries_its_codec_and_a_nan_round_goes_out_nonfinite(peers, calls):
     client = peers.start_client()
     params = {"compressor": "onebit", "ef": "vanilla", "scaling": True}
     codec = CodecSpec.from_params(params)
@@ -194,23 +194,28 @@ def test_a_compressed_push_carries_its_codec_and_a_nan_round_goes_out_refused(pe
     assert init["op"] == Op.INIT_KEY and init["compression_params"] == params
     _, push, frames = peers.from_worker_at(0)
     assert push["codec"] == "onebit" and len(frames) == 2 and push["pull"] is True
-    peers.reply_from(0, identity, Op.PULL_REPLY, [f.bytes for f in frames], key=push["key"], round=0,
+    first = [f.bytes for f in frames]
+    peers.reply_from(0, identity, Op.PULL_REPLY, first, key=push["key"], round=0,
                      dtype="float32", count=4, codec="onebit", meta=push["meta"])
     fut.result(10).result(10)
     assert out.tolist() == [2.5, -2.5, 2.5, -2.5]  # sign times mean |x|
 
-    # a NaN: this worker's push_pull fails at once; the round still goes out, refused and without
-    # data, so that the server fails it for every worker and the rounds stay aligned
+    # a NaN (an overflow under loss scaling): the round goes out ``nonfinite`` and without data,
+    # and the push_pull waits for the server, which skips the round for every worker; it lands
+    # NaN, and the key's residual (-1.5, 0.5, 0.5, -1.5 after round 0) restarts
     bad = np.array([1.0, np.nan, 0.0, 0.0], np.float32)
-    with pytest.raises(JobError, match="tensor 'g'.*NaN"):
-        client.push_pull_async("g", bad, bad, 1, 0, spec=codec).result(10)
-    _, refused, frames = peers.from_worker_at(0)
-    assert (refused["op"], refused["round"], frames, refused["pull"]) == (Op.PUSH, 1, [], True)
-    assert "NaN" in refused["refused"]
-    peers.reply_from(0, identity, Op.ERROR, message="round 1 has no aggregate: refused", key=push["key"], round=1)
+    skipped = client.push_pull_async("g", bad, bad, 1, 0, spec=codec)
+    _, nonfinite, frames = peers.from_worker_at(0)
+    assert (nonfinite["op"], nonfinite["round"], frames, nonfinite["pull"]) == (Op.PUSH, 1, [], True)
+    assert "NaN" in nonfinite["nonfinite"] and "refused" not in nonfinite and not skipped.done()
+    peers.reply_from(0, identity, Op.PULL_REPLY, key=push["key"], round=1, dtype="float32", count=4,
+                     nonfinite="worker 0 (key 1: NaN)")
+    assert np.isnan(skipped.result(10)).all() and np.isnan(bad).all()
     fut = client.push_pull_async("g", x, out, 1, 0, spec=codec)
-    _, push, _ = peers.from_worker_at(0)
+    _, push, frames = peers.from_worker_at(0)
     assert push["round"] == 2, "the next push_pull is the next round"
+    # p = x again, as at round 0 (with the old residual kept, p = x + e: other signs)
+    assert [f.bytes for f in frames] == first, "the residual did not restart"
 
 
 def test_server_state_is_read_and_a_loaded_state_goes_just_before_the_next_push(peers, calls):

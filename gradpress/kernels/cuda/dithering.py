@@ -13,6 +13,7 @@ from gradpress.kernels.cuda.packing import (
 from gradpress.kernels.quantize import level_py, level_value_py
 from gradpress.kernels.rng import draw_bits_py, uniform24_py
 from gradpress.kernels.scaling import l2_norm_py
+from gradpress.errors import NonFiniteInput
 
 _level = cuda.jit(device=True)(level_py)
 _level_value = cuda.jit(device=True)(level_value_py)
@@ -96,7 +97,7 @@ def encode(x, config, draws: np.uint64) -> list:
     buffers = _run(x, x, np.float64(0), False, config, [draws], x,
                    lambda layout: scratch.pooled_host(layout.nbytes))
     if np.isnan(buffers[0][0]):
-        raise ValueError("dithering input contains NaN or inf")
+        raise NonFiniteInput("dithering input contains NaN or inf")
     return buffers
 
 

@@ -36,6 +36,7 @@ from gradpress.kernels.cuda.topk_radix import (
     ABS, COUNT, DIGITS, ESTIMATE, FALLBACK, HISTOGRAM, ITEMS, NONFINITE, RANK, STATE, THREADS, TILE,
     digit_histogram, last_block)
 from gradpress.kernels.selection import SAMPLE, sample_plan
+from gradpress.errors import NonFiniteInput
 
 def tiles(n: int) -> int:
     return max(1, (n + TILE - 1) // TILE)
@@ -210,7 +211,7 @@ def select_topk(x, k: int) -> tuple:
     state, epoch = _start()
     selected = _land(_select(x, k, state, False, epoch), k, None, epoch)
     if selected is None:
-        raise ValueError("topk input contains NaN or inf")
+        raise NonFiniteInput("topk input contains NaN or inf")
     return selected
 
 
