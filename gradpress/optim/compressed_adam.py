@@ -10,7 +10,7 @@ import torch
 from ..compressors.policy import CompressionPolicy
 from ..pipeline import GradientPipeline, ParameterTable
 from ..pipeline.planning import PlanTuning
-from . import adam_math
+from . import adam_math, loss_scaling
 from . import momentum_codecs as mc
 
 
@@ -23,7 +23,12 @@ class CompressedAdam(torch.optim.Optimizer):
             says what it can carry; ``{"compressor": "auto"}``: planned).
         named_parameters: names must agree across workers.
         plan_tuning: the planner's constants (``compressor: auto``).
+
+    A ``torch.amp.GradScaler`` calls ``step()`` on every worker, overflow or not, and the
+    step skips alike on every worker (``loss_scaling``).
     """
+
+    _step_supports_amp_scaling = True  # (GradScaler: the step takes the scale and found_inf itself)
 
     def __init__(self, params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
                  variance_floor: float, compression_params: dict | None, compression_rules: list | None,
@@ -76,6 +81,7 @@ class CompressedAdam(torch.optim.Optimizer):
         for _, ps in groups:
             for p in ps:
                 mc.ensure_state(self.state[p], p)
+        loss_scaling.unscale(self, [p for _, ps in groups for p in ps])
         return loss, groups
 
     def _states(self, ps: list[torch.Tensor], key: str) -> list[torch.Tensor]:

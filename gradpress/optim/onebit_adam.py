@@ -37,7 +37,7 @@ from typing import Iterable
 import torch
 
 from ..pipeline.planning import PlanTuning
-from . import adam_math
+from . import adam_math, loss_scaling
 from . import momentum_codecs as mc
 from .compressed_adam import CompressedAdam
 
@@ -93,6 +93,8 @@ class OneBitAdam(CompressedAdam):
             sent = self._gradients(groups)
         pipeline = self._momenta if frozen else self._grads
         averages = self._average(pipeline, sent)
+        if loss_scaling.driven(self) and not loss_scaling.all_finite(averages.values()):
+            return loss  # an overflow on some worker: skipped alike on every worker, not counted
         started = time.perf_counter()
         for group, ps in groups:
             beta1, beta2 = group["betas"]

@@ -44,7 +44,7 @@ import torch
 from ..compressors.policy import CompressionPolicy
 from ..pipeline.planning import PlanTuning
 from ..torch import ops
-from . import adam_math
+from . import adam_math, loss_scaling
 from .compressed_adam import CompressedAdam
 from .zero_one_schedule import ZeroOneSchedule
 
@@ -119,20 +119,24 @@ class ZeroOneAdam(CompressedAdam):
         t = self.schedule.step + 1
         var_updates = self.schedule.var_updates + (kind == "variance")
         if kind in ("variance", "momentum"):
-            self._shared_momentum_step(groups, kind, t, var_updates)
-        else:
-            self._local_step(groups, kind == "sync", t, var_updates)
+            if not self._shared_momentum_step(groups, kind, t, var_updates):
+                return loss  # an overflow on some worker: skipped alike on every worker, not counted
+        else:  # this worker's own overflow skips its update alone (loss_scaling.py)
+            self._local_step(groups, kind == "sync", t, var_updates, loss_scaling.local_overflow(self))
         self.schedule.advance()
         self.last_kind = kind
         return loss
 
-    def _shared_momentum_step(self, groups: list, kind: str, t: int, var_updates: int) -> None:
-        """Variance or momentum step: every worker ends with the same m and parameters."""
+    def _shared_momentum_step(self, groups: list, kind: str, t: int, var_updates: int) -> bool:
+        """Variance or momentum step: every worker ends with the same m and parameters. False
+        (nothing changed) where a GradScaler drives it and an average is not finite."""
         if kind == "variance":
             pipeline, sent = self._variance, self._gradients(groups)
         else:
             pipeline, sent = self._momenta, self._local_momenta(groups)
         averages = self._average(pipeline, sent)
+        if loss_scaling.driven(self) and not loss_scaling.all_finite(averages.values()):
+            return False
         for group, ps in groups:
             beta1, beta2 = group["betas"]
             for chunk in adam_math.chunks(ps):
@@ -147,10 +151,12 @@ class ZeroOneAdam(CompressedAdam):
                 self._apply(group, chunk, self._denominators(group, chunk, var_updates),
                             [self._bias1(group, t)] * len(chunk))
         pipeline.after_step(0.0)
+        return True
 
-    def _local_step(self, groups: list, sync: bool, t: int, var_updates: int) -> None:
+    def _local_step(self, groups: list, sync: bool, t: int, var_updates: int, overflow: bool = False) -> None:
         """After the freeze: a local Adam step with the worker's own gradient; on a sync step,
-        the update since the last sync is averaged (compressed) and replaces the local one."""
+        the update since the last sync is averaged (compressed) and replaces the local one.
+        ``overflow`` (this worker's gradient is not finite): no local update, the step counted."""
         sent, denoms = [], {}
         for group, ps in groups:
             for p in ps:
@@ -160,10 +166,11 @@ class ZeroOneAdam(CompressedAdam):
                 st["step"] += 1
                 st["lrs"] += group["lr"]
             for chunk in adam_math.chunks(ps):
-                adam_math.accumulate(self._states(chunk, "exp_avg"), None, [p.grad for p in chunk],
-                                     group["betas"][0], 0.0)
-                chunk_denoms = self._denominators(group, chunk, var_updates)
-                self._apply(group, chunk, chunk_denoms, [self._bias1(group, t)] * len(chunk))
+                chunk_denoms = self._denominators(group, chunk, var_updates)  # (of v alone)
+                if not overflow:
+                    adam_math.accumulate(self._states(chunk, "exp_avg"), None, [p.grad for p in chunk],
+                                         group["betas"][0], 0.0)
+                    self._apply(group, chunk, chunk_denoms, [self._bias1(group, t)] * len(chunk))
                 if sync:  # the update since the last sync in momentum units, as DeepSpeed sends it
                     deltas = torch._foreach_sub([p.detach() for p in chunk], self._states(chunk, "anchor"))
                     torch._foreach_mul_(deltas, chunk_denoms)

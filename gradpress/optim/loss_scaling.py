@@ -1,0 +1,57 @@
+"""Mixed precision's loss scaling (``torch.amp.GradScaler``) driving a ``CompressedAdam``.
+
+Left to itself, a GradScaler skips ``optimizer.step()`` on a worker whose own gradients
+overflowed. Here that takes the worker out of the step's push_pulls while the others push:
+their rounds pair with its next step's, and the optimizers' phases drift apart until a
+deadline fails the job. So these optimizers take the scaling themselves, as torch's fused
+Adam does (``_step_supports_amp_scaling``): the scaler then calls ``step()`` on every worker,
+having set ``grad_scale`` (None where ``unscale_`` ran already) and this worker's
+``found_inf`` on the optimizer. The step unscales the gradients, communicates as always,
+and skips its update on every worker alike where an average it pulled is not finite (the
+overflow reaches every worker's average: uncompressed as inf or NaN, compressed as a
+skipped round, ``worker/nonfinite.py``); a skipped step changes no state and is not
+counted. A step without communication (``ZeroOneAdam``'s local steps) knows only this
+worker's ``found_inf``: that worker alone skips its update, and counts the step, so every
+worker's schedule stays alike (the parameters differ between syncs anyway).
+
+Each worker's scaler reads its own ``found_inf``, so the workers' scales may differ; each
+unscales its own gradients before anything travels, so no average depends on them.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+
+def driven(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a GradScaler is calling this step (it sets ``found_inf`` for the call)."""
+    return getattr(optimizer, "found_inf", None) is not None
+
+
+def unscale(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor]) -> None:
+    """Divide the gradients by the scaler's scale, as ``GradScaler.unscale_`` does (times
+    the float32 reciprocal), where it has not done so itself."""
+    scale = getattr(optimizer, "grad_scale", None)
+    if scale is None:
+        return
+    inverse = scale.double().reciprocal().float()
+    by_device: dict = {}
+    for p in params:
+        if p.grad is not None:
+            by_device.setdefault(p.grad.device, []).append(p.grad)
+    for device, grads in by_device.items():
+        torch._foreach_mul_(grads, inverse.to(device))
+
+
+def local_overflow(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether this worker's own gradients overflowed (False where no scaler drives the step)."""
+    return driven(optimizer) and bool(optimizer.found_inf.item())
+
+
+def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether every element of ``tensors`` is finite (one host wait per device)."""
+    by_device: dict = {}
+    for t in tensors:
+        by_device.setdefault(t.device, []).append(torch.isfinite(t).all())
+    return all(bool(torch.stack(flags).all()) for flags in by_device.values())
