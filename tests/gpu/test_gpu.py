@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from adam_jobs import SCALE
+import amp_jobs
 from cluster import LocalCluster
 from compressors.cases import CODEC_PARAMS, gaussian
 
@@ -132,6 +133,30 @@ def _job(tmp_path, script: str) -> None:
 @pytest.mark.integ
 def test_a_gradient_made_on_a_side_stream_is_pushed_as_made(tmp_path):
     _job(tmp_path, SIDE_STREAM)
+
+
+@pytest.mark.integ
+@pytest.mark.timeout(300)
+def test_loss_scaling_on_cuda_skips_an_overflow_alike_with_codecs_and_compressed_adams(tmp_path):
+    """The host's loss-scaling jobs (tests/torch/test_amp_integ.py, tests/optim/
+    test_amp_adam_integ.py) on CUDA workers with ``GradScaler("cuda")``: an overflow on one
+    worker skips the round alike (the CUDA encoders refuse the inf, NaN lands on the device,
+    the key's state restarts) and OneBitAdam/ZeroOneAdam skip their step alike."""
+    for codec in ("none", "onebit", "adam"):
+        (tmp_path / codec).mkdir()
+    for codec in ("none", "onebit"):
+        c = LocalCluster(tmp_path / codec, workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
+        try:
+            c.start(amp_jobs.AMP, worker_env={"GP_CODEC": codec, "GP_DEVICE": "cuda"}).assert_success(180)
+            amp_jobs.check(*(torch.load(c.tmp / f"amp{r}.pt") for r in range(2)))
+        finally:
+            c.kill()
+    c = LocalCluster(tmp_path / "adam", workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    try:
+        c.start(amp_jobs.ADAM, worker_env={"GP_DEVICE": "cuda"}).assert_success(180)
+        amp_jobs.check_adam([torch.load(c.tmp / f"w{r}.pt") for r in range(2)])
+    finally:
+        c.kill()
 
 
 ROWS = """
