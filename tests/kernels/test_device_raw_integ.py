@@ -43,7 +43,7 @@ for dtype in ("float32", "float16", "float64"):
 # a NaN on worker 1's device under error feedback: its partition's round is skipped, NaN lands
 # there on every device, and the next round starts that key's state again: a first round's bits
 # (the others' residuals went on, so only that partition is compared)
-from gradpress.compressors import build_compressor
+from first_round import first_round
 from gradpress.compressors.spec import CodecSpec
 params = {"compressor": "onebit", "scaling": True, "ef": "vanilla"}
 spec = CodecSpec.from_params(params, "test")
@@ -56,15 +56,7 @@ c.push_pull_async("ef", cuda.to_device(bad), out, n, 0, spec).result(60)
 landed = out.copy_to_host()  # partition 1 (elements 256 to 511) skipped, the others averaged
 assert np.isnan(landed[256:512]).all() and np.isfinite(np.delete(landed, range(256, 512))).all(), landed
 c.push_pull_async("ef", cuda.to_device(host[r]), out, n, 0, spec).result(60)
-want = np.empty(1100, np.float32)
-for start in range(0, 1100, 256):  # 1024-byte partitions
-    end = min(start + 256, 1100)
-    acc = np.zeros(end - start, np.float32)
-    for h in host:
-        header, payload = build_compressor(params, "worker").compress(h[start:end], key=0, round=0)
-        build_compressor(params, "server").decompress_add(header, payload, acc, key=0, round=0)
-    header, payload = build_compressor(params, "server").compress(acc, key=0, round=0)
-    build_compressor(params, "worker").decompress(header, payload, want[start:end], key=0, round=0, divisor=n)
+want = first_round(params, host, n, 256)  # 1024-byte partitions
 got = out.copy_to_host()
 assert got[256:512].tobytes() == want[256:512].tobytes(), "the round after the skipped one is not a first round's"
 print(f"OK {r}", flush=True)
@@ -84,7 +76,7 @@ def test_uncompressed_device_arrays_move_by_copies_and_land_divided_on_the_devic
 LOCAL = JOB_PREAMBLE + """
 import os, numpy as np
 from numba import cuda
-from gradpress.compressors import build_compressor
+from first_round import first_round
 from gradpress.compressors.spec import CodecSpec
 from gradpress.config import Settings
 from gradpress.worker import WorkerClient
@@ -104,16 +96,8 @@ c.push_pull_async("signs", cuda.to_device(host[r]), out, n, 0, spec).result(60)
 from gradpress.compressors import warmup
 assert spec in warmup._ready_on_gpu, "the codec's kernels were not readied by the handing thread"
 got = out.copy_to_host()
-params = {"compressor": "onebit", "scaling": True}
-want = np.empty(3000, np.float32)
-for start in range(0, 3000, 1024):  # each 4096-byte partition: owners encode, the server sums and re-encodes
-    end = min(start + 1024, 3000)
-    acc = np.zeros(end - start, np.float32)
-    for m in machines:
-        header, payload = build_compressor(params, "worker").compress(m[start:end], key=0, round=0)
-        build_compressor(params, "server").decompress_add(header, payload, acc, key=0, round=0)
-    header, payload = build_compressor(params, "server").compress(acc, key=0, round=0)
-    build_compressor(params, "worker").decompress(header, payload, want[start:end], key=0, round=0, divisor=n)
+# each 4096-byte partition: owners encode their machine's sum, the server sums and re-encodes
+want = first_round({"compressor": "onebit", "scaling": True}, machines, n, 1024)
 assert got.tobytes() == want.tobytes(), "onebit: not the replay of owners, server and decode"
 print(f"OK {r} {got[:2].tobytes().hex()}", flush=True)
 c.finish()
