@@ -66,6 +66,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._known = {id(p) for p in table.trainable}
         self._passes_left = {id(p): backward_passes_per_step for p in table.trainable}
         self._should_sync = True
+        self._synchronized = False  # synchronize() ran since the last gradient or step()
         self._submitting = threading.Lock()  # a model over several GPUs: a hook thread per device
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in table.trainable]
         for p in table.trainable:
@@ -105,6 +106,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 raise AssertionError("gradients were computed more than backward_passes_per_step times "
                                      "before step(); raise backward_passes_per_step to accumulate locally")
             self._passes_left[id(p)] = left - 1
+            self._synchronized = False
             if left == 1:
                 self._gradpress.submit(p, p.grad)
 
@@ -115,6 +117,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         try:
             self._adopt_late()
             self._land(self._gradpress.finish())
+            self._synchronized = True
         finally:
             self._reset_passes()
 
@@ -195,7 +198,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._adopt_late()
             return self._gradpress.step(lambda: super(_DistributedOptimizer, self).step(closure))
         if self._should_sync:
+            if self._synchronized:  # (Horovod warns too; BytePS pushes again without a word)
+                warnings.warn("DistributedOptimizer: step() after synchronize() without skip_synchronize() "
+                              "push_pulls every gradient again, averaging (and compressing) the averages a "
+                              "second time; call step() inside `with optimizer.skip_synchronize():`", stacklevel=2)
             self.synchronize()
+        self._synchronized = False
         start = time.perf_counter()
         loss = super().step(closure)
         self._gradpress.after_step(time.perf_counter() - start)

@@ -89,6 +89,24 @@ for step, passes in enumerate((1, 2, 2)):
     with opt.skip_synchronize():
         opt.step()
 assert torch.equal(model[0].weight, frozen_before)
+# step() after synchronize() without skip_synchronize(): pushed again, with a warning
+# (Horovod's); a plain step() after backward, or one inside skip_synchronize(), warns of nothing
+import warnings
+opt.set_backward_passes_per_step(1)
+for explicit, skip in ((True, False), (False, False), (True, True)):
+    opt.zero_grad()
+    model(torch.randn(5, 4)).pow(2).mean().backward()
+    if explicit:
+        opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if skip:
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+    again = [w for w in caught if "skip_synchronize" in str(w.message)]
+    assert len(again) == (explicit and not skip), (explicit, skip, [str(w.message) for w in caught])
 try:
     bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=trainable[:1])
 except ValueError as e:
