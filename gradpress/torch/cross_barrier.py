@@ -40,6 +40,11 @@ _STOP = object()
 
 
 class _CrossBarrier:
+    # (torch.amp.GradScaler then calls step() on every worker, which refuses it there at the
+    # same step: left to itself the scaler skipped step() on some workers, whose rounds then
+    # hung, and unscaled gradients still landing)
+    _step_supports_amp_scaling = True
+
     def __init__(self, model: torch.nn.Module, opt, num_steps: int = 10 ** 6):
         if ops.settings().enable_async:
             raise ValueError("CrossBarrier overlaps gradient push_pulls: it cannot run with BYTEPS_ENABLE_ASYNC=1")
@@ -100,6 +105,11 @@ class _CrossBarrier:
     def step(self, closure=None):
         """Start the push_pulls backward did not reach and return; the updater steps each
         parameter as its average lands."""
+        if self.__dict__.get("found_inf") is not None:  # set by a GradScaler for this call
+            raise ValueError("CrossBarrier does not support loss scaling (torch.amp.GradScaler): it steps each "
+                             "parameter as its average lands, before any step could know whether another "
+                             "average overflowed (BytePS's CrossBarrier has none either); train with "
+                             "DistributedOptimizer or DistributedDataParallel under a GradScaler")
         if self._error is not None:
             raise JobError(f"CrossBarrier: updating the parameters failed: {self._error!r}") from self._error
         loss = closure() if closure is not None else None

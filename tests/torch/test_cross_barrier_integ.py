@@ -1,6 +1,7 @@
 """CrossBarrier across real worker processes: its parameters are bit-identical to a
 plain DistributedOptimizer's after the same steps, with SGD+momentum and with Adam. The
-module answers BytePS's names (init, rank, broadcast_parameters, ...) as BytePS's does."""
+module answers BytePS's names (init, rank, broadcast_parameters, ...) as BytePS's does. A
+GradScaler's step is refused, on every worker."""
 import pytest
 
 pytestmark = pytest.mark.integ
@@ -59,6 +60,15 @@ for step in range(6):
 opt_a.synchronize()
 for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
     assert torch.equal(pa, pb), f"{name}: CrossBarrier and DistributedOptimizer differ by {(pa - pb).abs().max()}"
+# loss scaling: refused on every worker at the same step, naming what works instead
+scaler = torch.amp.GradScaler("cpu")
+scaler.scale(nn.functional.cross_entropy(a(x), y)).backward()
+try:
+    scaler.step(opt_a)
+except ValueError as e:
+    assert "GradScaler" in str(e) and "DistributedDataParallel" in str(e), e
+else:
+    raise AssertionError("CrossBarrier took a GradScaler's step")
 print("OK cross barrier", flush=True)
 cb.shutdown()
 """
