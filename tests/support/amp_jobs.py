@@ -13,10 +13,17 @@ dev = torch.device(os.environ.get("GP_DEVICE", "cpu"))
 codec = os.environ.get("GP_CODEC")
 params = {"acpsgd": {"compressor": "acpsgd", "rank": 2}, "none": None,
           "onebit": {"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov", "scaling": True}}[codec]
+ddp = os.environ.get("GP_WRAP") == "ddp"  # DistributedDataParallel: averages made in backward, a plain step
 torch.manual_seed(0)
 model = torch.nn.Linear(64, 32).to(dev)   # (a weight worth factoring at rank 2)
-opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                               named_parameters=model.named_parameters(), compression_params=params)
+if ddp:
+    from gradpress.torch.parallel import DistributedDataParallel
+    net = DistributedDataParallel(model, compression_params=params)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+else:
+    net = model
+    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(), compression_params=params)
 scaler = torch.amp.GradScaler(dev.type, init_scale=2.0 ** 10)
 scales = []
 for step in range(6):
@@ -25,7 +32,12 @@ for step in range(6):
     if step == 2 and r == 1:
         x[0, 0] = float("inf")   # this worker's gradient overflows
     opt.zero_grad()
-    scaler.scale(model(x).pow(2).mean()).backward()
+    scaler.scale(net(x).pow(2).mean()).backward()
+    if ddp:  # the standard pattern: backward has averaged every gradient already
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+        continue
     opt.synchronize()
     if codec == "onebit":  # every worker's residual and momentum restarted at the skipped round only
         t = ops.client().tensors["Gradient.weight"]
@@ -38,7 +50,7 @@ for step in range(6):
         scaler.step(opt)
     scaler.update()
     scales.append(scaler.get_scale())
-    assert all(torch.isfinite(p).all() for p in model.parameters()), step
+assert all(torch.isfinite(p).all() for p in model.parameters())
 saved = {k: v.cpu() for k, v in model.state_dict().items()}
 torch.save({"scales": scales, "params": saved}, os.path.join(os.environ["GP_TEST_DIR"], f"amp{r}.pt"))
 bps.shutdown()
