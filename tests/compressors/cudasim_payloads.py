@@ -19,6 +19,7 @@ simulated.prepare()  # before any kernel runs
 
 from numba import cuda  # noqa: E402
 
+from gradpress.errors import NonFiniteInput  # noqa: E402
 from gradpress.compressors import ErrorFeedback, build_compressor  # noqa: E402
 from gradpress.compressors.arrays import is_device_array  # noqa: E402
 from tests.compressors.cases import CODEC_PARAMS, gaussian, same_payload  # noqa: E402
@@ -65,6 +66,21 @@ def rejection_cases():
                 yield case, f"no ValueError for {bad} input"
             except ValueError:
                 yield case, ""
+    # finite values whose l2 norm overflows float32: refused too, bare and with error feedback
+    # (the residual left as it was), as on the host
+    big = np.full(600, 2e37, np.float32)
+    for ef in ("", "vanilla"):
+        params = {**dict(CODEC_PARAMS)["dither-linear-l2"], **({"ef": ef} if ef else {})}
+        c = build_compressor(params, "server")
+        c.compress(cuda.to_device(gaussian(600)), key=0, round=0)
+        before = c.residual(0).copy_to_host() if ef else None
+        try:
+            c.compress(cuda.to_device(big), key=0, round=1)
+            problem = "no NonFiniteInput for an l2 norm beyond float32"
+        except NonFiniteInput:
+            problem = "" if not ef or c.residual(0).copy_to_host().tobytes() == before.tobytes() \
+                else "the residual changed"
+        yield f"nan-rejected/l2-norm-overflow/{ef or 'bare'}", problem
 
 
 def wrapper_cases():

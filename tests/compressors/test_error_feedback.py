@@ -151,3 +151,19 @@ def test_restart_after_a_skipped_round_starts_the_key_as_new_and_leaves_the_othe
     if params["compressor"] not in ("randomk", "fp16") or extra:  # (those two carry an inf bare)
         with pytest.raises(NonFiniteInput):
             c.compress(bad, key=3, round=0, lr=0.1)
+
+
+@pytest.mark.parametrize("ef", [None, "vanilla"])
+def test_dithering_refuses_finite_values_whose_l2_norm_overflows(ef):
+    """1024 values of 2e37 are finite, their l2 norm (6.4e38) is not a float32: a payload with
+    an infinite norm would be refused by every decoder (a server's PushError for one worker,
+    the others waiting out the round). It raises NonFiniteInput, so the round is skipped,
+    and the state stays as it was."""
+    params = {**dict(CODEC_PARAMS)["dither-linear-l2"], **({"ef": ef} if ef else {})}
+    c = build_compressor(params, "server")
+    c.compress(gaussian(1024, seed=1), key=1, round=0)
+    before = c.state_dict() if ef else None
+    with pytest.raises(NonFiniteInput, match="l2 norm|codec overflowed"):
+        c.compress(np.full(1024, 2e37, np.float32), key=1, round=1)
+    if ef:
+        assert np.array_equal(c.state_dict()["residuals"][1], before["residuals"][1])

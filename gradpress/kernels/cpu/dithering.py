@@ -182,11 +182,13 @@ def encode_feedback(g: np.ndarray, e: np.ndarray, lam: float, s: int, natural: b
                     e_out: np.ndarray) -> np.float32 | None:
     """Error feedback fused into dithering: p = g + lam * e; ``codes`` = C(p);
     e_out = p - D(C(p)). Returns the norm, or None (nothing written) when p has a NaN or
-    inf: pass 1's maximum is the check, so ``e_out`` may alias ``e``."""
+    inf, or an l2 norm beyond float32: pass 1 is the check, so ``e_out`` may alias ``e``."""
     max_bits, square_sum = _feedback_norms(g, e, lam, normalize == "l2")
     if max_bits >= INF_BITS:
         return None
     norm = norm_from(normalize, square_sum, max_bits)
+    if not np.isfinite(norm):
+        return None
     _encode_feedback(g, e, lam, norm, s, natural, width, stream, codes, e_out)
     return norm
 

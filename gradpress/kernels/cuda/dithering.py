@@ -29,18 +29,19 @@ def _encode(g, e, lam, feedback, seg_len, seg_blocks, totals, l2, s, natural, wi
     ``seg_blocks`` blocks from q * seg_blocks with the random stream ``draws[q]`` (``draw``
     where ``draws`` is empty: one segment): its norm from its totals
     (``norms.launch_totals``, as ``scaling.norm_from``) into norms_out[q], NaN where its
-    largest |p| is not finite, and then nothing else; else the codes of p from byte
+    largest |p| or its norm (an l2 norm of finite values may overflow float32) is not
+    finite, and then nothing else; else the codes of p from byte
     q * ceil(seg_len * width / 8) of ``codes`` and, with ``feedback``, e_out = p - D(code)
     at the thread's own elements (so e_out may be e), D from a block's copy of
     ``quantize.code_table`` in shared memory."""
     t = cuda.threadIdx.x
     q, block, base, n = segment_block(g.shape[0], seg_len, seg_blocks)
     largest = totals[3 * q + norms.LARGEST]
-    if not largest < np.inf:
+    norm32 = _l2_norm(totals[3 * q + norms.SQUARE]) if l2 else np.float32(largest)
+    if not (largest < np.inf and norm32 < np.inf):
         if t == 0 and block == 0:
             norms_out[q] = np.float32(np.nan)
         return
-    norm32 = _l2_norm(totals[3 * q + norms.SQUARE]) if l2 else np.float32(largest)
     if t == 0 and block == 0:
         norms_out[q] = norm32
     norm = np.float64(norm32)
@@ -97,7 +98,7 @@ def encode(x, config, draws: np.uint64) -> list:
     buffers = _run(x, x, np.float64(0), False, config, [draws], x,
                    lambda layout: scratch.pooled_host(layout.nbytes))
     if np.isnan(buffers[0][0]):
-        raise NonFiniteInput("dithering input contains NaN or inf")
+        raise NonFiniteInput("dithering input contains NaN or inf, or its l2 norm overflows float32")
     return buffers
 
 
