@@ -16,12 +16,35 @@ worker's schedule stays alike (the parameters differ between syncs anyway).
 
 Each worker's scaler reads its own ``found_inf``, so the workers' scales may differ; each
 unscales its own gradients before anything travels, so no average depends on them.
+float16 gradients are refused, as ``GradScaler.unscale_`` refuses them: unscaled in float16,
+the small ones loss scaling exists to keep would flush to zero.
 """
 from __future__ import annotations
 
-from typing import Iterable
+import functools
+from typing import Callable, Iterable
 
 import torch
+
+
+def taking_scale(step: Callable) -> Callable:
+    """An optimizer's ``step``, after which no scaler's attributes stay behind: GradScaler
+    removes ``grad_scale`` and ``found_inf`` only once step() returns, so a step that raised
+    would leave them, and a later step without a scaler would be taken for a scaled one."""
+    @functools.wraps(step)
+    def stepped(optimizer, *args, **kwargs):
+        try:
+            return step(optimizer, *args, **kwargs)
+        except BaseException:
+            forget(optimizer)
+            raise
+    return stepped
+
+
+def forget(optimizer) -> None:
+    """Remove what a GradScaler set on ``optimizer`` for one step()."""
+    for name in ("grad_scale", "found_inf"):
+        optimizer.__dict__.pop(name, None)
 
 
 def driven(optimizer: torch.optim.Optimizer) -> bool:
@@ -38,8 +61,13 @@ def unscale(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor]) ->
     inverse = scale.double().reciprocal().float()
     by_device: dict = {}
     for p in params:
-        if p.grad is not None:
-            by_device.setdefault(p.grad.device, []).append(p.grad)
+        if p.grad is None:
+            continue
+        if p.grad.dtype == torch.float16:
+            raise ValueError(f"{type(optimizer).__name__}: loss scaling with float16 gradients: unscaled in float16, "
+                             "the small ones would flush to zero (GradScaler.unscale_ refuses them too); keep the "
+                             "parameters float32 and run the forward pass under torch.autocast")
+        by_device.setdefault(p.grad.device, []).append(p.grad)
     for device, grads in by_device.items():
         torch._foreach_mul_(grads, inverse.to(device))
 
@@ -50,8 +78,9 @@ def local_overflow(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
-    """Whether every element of ``tensors`` is finite (one host wait per device)."""
+    """Whether every element of ``tensors`` is finite (one host wait per device); a sparse
+    average (an embedding's rows) by its values."""
     by_device: dict = {}
     for t in tensors:
-        by_device.setdefault(t.device, []).append(torch.isfinite(t).all())
+        by_device.setdefault(t.device, []).append(torch.isfinite(t._values() if t.is_sparse else t).all())
     return all(bool(torch.stack(flags).all()) for flags in by_device.values())

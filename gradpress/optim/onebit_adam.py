@@ -83,6 +83,7 @@ class OneBitAdam(CompressedAdam):
 
     # ---- the step -----------------------------------------------------------
 
+    @loss_scaling.taking_scale
     @torch.no_grad()
     def step(self, closure=None):
         loss, groups = self._begin(closure)
@@ -94,6 +95,8 @@ class OneBitAdam(CompressedAdam):
         pipeline = self._momenta if frozen else self._grads
         averages = self._average(pipeline, sent)
         if loss_scaling.driven(self) and not loss_scaling.all_finite(averages.values()):
+            if frozen:  # (the planner's step boundary all the same)
+                pipeline.after_step(0.0)
             return loss  # an overflow on some worker: skipped alike on every worker, not counted
         started = time.perf_counter()
         for group, ps in groups:

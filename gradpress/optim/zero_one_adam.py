@@ -112,6 +112,7 @@ class ZeroOneAdam(CompressedAdam):
 
     # ---- the step -----------------------------------------------------------
 
+    @loss_scaling.taking_scale
     @torch.no_grad()
     def step(self, closure=None):
         loss, groups = self._begin(closure)
@@ -121,8 +122,8 @@ class ZeroOneAdam(CompressedAdam):
         if kind in ("variance", "momentum"):
             if not self._shared_momentum_step(groups, kind, t, var_updates):
                 return loss  # an overflow on some worker: skipped alike on every worker, not counted
-        else:  # this worker's own overflow skips its update alone (loss_scaling.py)
-            self._local_step(groups, kind == "sync", t, var_updates, loss_scaling.local_overflow(self))
+        elif not self._local_step(groups, kind == "sync", t, var_updates, loss_scaling.local_overflow(self)):
+            kind = "local"  # a sync whose average overflowed: the workers' parameters still differ
         self.schedule.advance()
         self.last_kind = kind
         return loss
@@ -136,6 +137,7 @@ class ZeroOneAdam(CompressedAdam):
             pipeline, sent = self._momenta, self._local_momenta(groups)
         averages = self._average(pipeline, sent)
         if loss_scaling.driven(self) and not loss_scaling.all_finite(averages.values()):
+            pipeline.after_step(0.0)
             return False
         for group, ps in groups:
             beta1, beta2 = group["betas"]
@@ -153,10 +155,11 @@ class ZeroOneAdam(CompressedAdam):
         pipeline.after_step(0.0)
         return True
 
-    def _local_step(self, groups: list, sync: bool, t: int, var_updates: int, overflow: bool = False) -> None:
+    def _local_step(self, groups: list, sync: bool, t: int, var_updates: int, overflow: bool = False) -> bool:
         """After the freeze: a local Adam step with the worker's own gradient; on a sync step,
         the update since the last sync is averaged (compressed) and replaces the local one.
-        ``overflow`` (this worker's gradient is not finite): no local update, the step counted."""
+        ``overflow`` (this worker's own gradient is not finite, loss_scaling.py): no local
+        update, the step counted. Returns whether the workers' parameters are now alike."""
         sent, denoms = [], {}
         for group, ps in groups:
             for p in ps:
@@ -177,12 +180,18 @@ class ZeroOneAdam(CompressedAdam):
                     sent += zip(chunk, deltas)
                     denoms.update(zip(map(id, chunk), chunk_denoms))
         if not sync:
-            return
+            return False
         averages = self._average(self._deltas, sent)
+        if loss_scaling.driven(self) and not loss_scaling.all_finite(averages.values()):
+            # an overflowed sync (its round skipped): each worker keeps its own parameters, and
+            # the next sync averages the updates of both intervals
+            self._deltas.after_step(0.0)
+            return False
         for group, ps in groups:
             for chunk in adam_math.chunks(ps):
                 self._land_sync([averages[id(p)] for p in chunk], chunk, denoms, self._bias1(group, t))
         self._deltas.after_step(0.0)
+        return True
 
     def _land_sync(self, avgs: list, ps: list, denoms: dict, bias1: float) -> None:
         """``p = anchor + avg / denom`` and ``m = -avg / lrs * bias1`` (zero without a step

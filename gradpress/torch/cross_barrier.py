@@ -106,6 +106,8 @@ class _CrossBarrier:
         """Start the push_pulls backward did not reach and return; the updater steps each
         parameter as its average lands."""
         if self.__dict__.get("found_inf") is not None:  # set by a GradScaler for this call
+            for name in ("grad_scale", "found_inf"):  # (it removes them only once step() returns)
+                self.__dict__.pop(name, None)
             raise ValueError("CrossBarrier does not support loss scaling (torch.amp.GradScaler): it steps each "
                              "parameter as its average lands, before any step could know whether another "
                              "average overflowed (BytePS's CrossBarrier has none either); train with "

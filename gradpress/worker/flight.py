@@ -180,8 +180,8 @@ class PartitionFlight:
 
     def _land(self, op: PartitionOp, h: dict, frames: list) -> None:
         job = op.job
-        if job.future.done():
-            return  # the job already failed; its late partitions are dropped
+        if job.future.done():  # the job already failed: its late partitions are dropped, but a
+            return nonfinite.restart(op, h)  # skipped round restarts the key's state all the same
         try:
             self.stages.land(op, h, frames)
         except Exception as e:  # a bad reply, or the device's error (out of memory, CUDA): this job fails

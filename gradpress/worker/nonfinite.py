@@ -29,11 +29,18 @@ def push(error: ValueError) -> tuple[dict[str, Any], list]:
     return {"nonfinite": str(error)}, []
 
 
+def restart(op: Any, h: dict) -> None:
+    """Where reply ``h`` skipped ``op``'s round, the key's codec state restarts (also for a
+    push_pull that failed meanwhile: every worker restarts the key at the same round)."""
+    if "nonfinite" in h and op.job.tensor.compressor is not None:
+        op.job.tensor.compressor.restart(op.wkey.key)
+
+
 def land(op: Any, h: dict) -> None:
     """Round ``op.round`` of ``op``'s key was skipped (``h["nonfinite"]`` names who met NaN/inf):
     its partition of the output becomes NaN and the key's codec state restarts."""
-    t, dst = op.job.tensor, op.destination
-    t.compressor.restart(op.wkey.key)
+    dst = op.destination
+    restart(op, h)
     if is_device_array(dst):
         from ..kernels.cuda import device
         with device.working_on(dst, landing=True):  # after the landings queued before it

@@ -27,7 +27,7 @@ a, b = make_model(), make_model()
 frozen = os.environ["GP_FREEZE"] == "1"  # the first layer trains from step 2 on
 for m in (a, b):
     m[0].weight.requires_grad_(not frozen)
-opt_a = cb.CrossBarrier(a, make_opt(a.parameters()), named_parameters=a.named_parameters(), num_steps=6)
+opt_a = cb.CrossBarrier(a, make_opt(a.parameters()), named_parameters=a.named_parameters(), num_steps=7)
 cb.broadcast_parameters(a.state_dict(), root_rank=0)
 cb.broadcast_optimizer_state(opt_a, root_rank=0)   # on workers but the root: load_state_dict
 opt_b = bps.DistributedOptimizer(make_opt(b.parameters()),
@@ -69,6 +69,8 @@ except ValueError as e:
     assert "GradScaler" in str(e) and "DistributedDataParallel" in str(e), e
 else:
     raise AssertionError("CrossBarrier took a GradScaler's step")
+opt_a.step()  # without the scaler: taken (the refusal left no scaler's attributes behind)
+opt_a.synchronize()
 print("OK cross barrier", flush=True)
 cb.shutdown()
 """

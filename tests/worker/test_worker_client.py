@@ -5,6 +5,7 @@ pull, land) or one of its rules (rounds, credit, deadlines, errors) message by m
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -216,6 +217,44 @@ def test_a_compressed_push_carries_its_codec_and_a_nan_round_goes_out_nonfinite(
     assert push["round"] == 2, "the next push_pull is the next round"
     # p = x again, as at round 0 (with the old residual kept, p = x + e: other signs)
     assert [f.bytes for f in frames] == first, "the residual did not restart"
+
+
+def test_a_skipped_round_of_a_push_pull_already_failed_still_restarts_its_key(peers, calls):
+    """Partition 0's round fails (a server's ERROR), so the push_pull fails; partition 1's
+    reply, a skipped round, comes after it. That key's residual restarts all the same, as on
+    the workers whose push_pull had not failed first: every worker restarts it at that round."""
+    client = peers.start_client(partition_bytes=16)  # 4 float32 a partition
+    codec = CodecSpec.from_params({"compressor": "onebit", "ef": "vanilla", "scaling": True})
+    x, out = np.arange(1, 9, dtype=np.float32), np.zeros(8, np.float32)
+
+    def pushes(n=2):
+        got = []
+        while len(got) < n:
+            identity, h, frames = peers.from_worker_at(0)
+            if h["op"] == Op.PUSH:
+                got.append((identity, h, frames))
+        return got
+    fut = calls.submit(lambda: client.push_pull_async("g", x, out, 1, 0, spec=codec))
+    peers.declare("g", tensor_id=1, servers=[0, 0])
+    for identity, h, frames in pushes():  # round 0: each partition's own payload back
+        peers.reply_from(0, identity, Op.PULL_REPLY, [f.bytes for f in frames], key=h["key"], round=0,
+                         dtype="float32", count=4, codec="onebit", meta=h["meta"])
+    fut.result(10).result(10)
+    t = client.tensors["g"]
+    keys = [wk.key for wk in t.keys]
+    assert all(t.compressor.residual(k) is not None for k in keys)
+    failing = client.push_pull_async("g", x, out, 1, 0, spec=codec)
+    (identity, _, _), _ = pushes()
+    peers.reply_from(0, identity, Op.ERROR, message="round 1: refused by worker 1", key=keys[0], round=1)
+    with pytest.raises(JobError, match="refused by worker 1"):
+        failing.result(10)
+    peers.reply_from(0, identity, Op.PULL_REPLY, key=keys[1], round=1, dtype="float32", count=4,
+                     nonfinite="worker 1 (key: NaN)")
+    deadline = time.monotonic() + 10
+    while t.compressor.residual(keys[1]) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert t.compressor.residual(keys[1]) is None, "the skipped round's key kept its residual"
+    assert t.compressor.residual(keys[0]) is not None  # (failed, not skipped: as it was)
 
 
 def test_server_state_is_read_and_a_loaded_state_goes_just_before_the_next_push(peers, calls):
