@@ -9,10 +9,12 @@ having set ``grad_scale`` (None where ``unscale_`` ran already) and this worker'
 ``found_inf`` on the optimizer. The step unscales the gradients, communicates as always,
 and skips its update on every worker alike where an average it pulled is not finite (the
 overflow reaches every worker's average: uncompressed as inf or NaN, compressed as a
-skipped round, ``worker/nonfinite.py``); a skipped step changes no state and is not
-counted. A step without communication (``ZeroOneAdam``'s local steps) knows only this
-worker's ``found_inf``: that worker alone skips its update, and counts the step, so every
-worker's schedule stays alike (the parameters differ between syncs anyway).
+skipped round, ``worker/nonfinite.py``); a skipped step changes neither the parameters nor
+the optimizer's moments, and is not counted (the keys whose rounds went through keep the
+error-feedback step they took, alike on every worker; a skipped round's key restarts). A
+step without communication (``ZeroOneAdam``'s local steps) knows only this worker's
+``found_inf``: that worker alone skips its update, and counts the step, so every worker's
+schedule stays alike (the parameters differ between syncs anyway).
 
 Each worker's scaler reads its own ``found_inf``, so the workers' scales may differ; each
 unscales its own gradients before anything travels, so no average depends on them.
@@ -73,8 +75,11 @@ def unscale(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor]) ->
 
 
 def local_overflow(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether this worker's own gradients overflowed (False where no scaler drives the step)."""
-    return driven(optimizer) and bool(optimizer.found_inf.item())
+    """Whether this worker's own gradients overflowed (False where no scaler drives the step).
+    (``found_inf`` is torch's sum over the devices of the gradients: the int 0 where no
+    parameter had a gradient.)"""
+    found = getattr(optimizer, "found_inf", None)
+    return found is not None and bool(found.item() if torch.is_tensor(found) else found)
 
 
 def all_finite(tensors: Iterable[torch.Tensor]) -> bool:

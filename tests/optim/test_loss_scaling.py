@@ -42,3 +42,14 @@ def test_a_sparse_average_is_checked_by_its_values():
     assert loss_scaling.all_finite([rows, torch.ones(3)])
     assert not loss_scaling.all_finite([rows, bad])
     assert not loss_scaling.all_finite([torch.tensor([0.0, float("nan")])])
+
+
+def test_this_workers_overflow_is_read_from_a_tensor_or_from_the_int_of_no_gradient():
+    """torch's ``found_inf`` is the sum of the per-device flags: the int 0 where none of the
+    optimizer's parameters had a gradient this step (``.item()`` would raise)."""
+    opt = _Stepping([])
+    for found, overflow in ((torch.tensor(0.0), False), (torch.tensor(1.0), True), (0, False)):
+        opt.found_inf = found
+        assert loss_scaling.driven(opt) and loss_scaling.local_overflow(opt) == overflow, found
+    del opt.found_inf
+    assert not loss_scaling.driven(opt) and not loss_scaling.local_overflow(opt)
