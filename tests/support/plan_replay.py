@@ -45,10 +45,16 @@ if os.environ.get("GP_FORCE_DRIFT"):  # drifted, but the link is as profiled: th
     tuning = dataclasses.replace(tuning, drift=-1.0, drift_steps=1, drift_check_steps=2, link_change=1e9,
                                  refine_steps=1)
 if os.environ.get("GP_FORCE_TRIAL"):  # the decision's alternatives: its groups raw, then every tensor apart
+    from gradpress.planner.simulate import predict
     real_decide = planning.decide
     def forced(profile, options, min_bytes):
         plan = real_decide(profile, options, min_bytes)
-        apart = tuple((i,) for i in range(len(profile.tensors)))
+        n = len(profile.tensors)
+        apart = tuple((i,) for i in range(n))
+        if plan.groups == apart:  # (a loaded host may decide so: the decision fuses, to differ from "apart")
+            pairs = tuple(tuple(range(i, min(i + 2, n))) for i in range(0, n, 2))
+            plan = dataclasses.replace(plan, groups=pairs, options=plan.options[:1] * len(pairs))
+            plan = dataclasses.replace(plan, predicted_s=predict(*plan.simulated(profile)))
         return dataclasses.replace(plan, alternatives=(
             dataclasses.replace(plan, options=("none",) * len(plan.groups)),
             dataclasses.replace(plan, groups=apart, options=plan.options[:1] * len(apart))))
