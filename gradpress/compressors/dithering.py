@@ -63,9 +63,8 @@ class Dithering(Compressor):
         if max_bits >= norms.INF_BITS:
             raise NonFiniteInput("dithering input contains NaN or inf")
         square_sum = norms.square_sum(x) if self.normalize == "l2" else 0.0
-        with np.errstate(over="ignore"):  # (refused just below, without numpy's warning)
-            norm = norm_from(self.normalize, square_sum, max_bits)
-        if not np.isfinite(norm):  # finite values whose l2 norm overflows float32
+        norm = norm_from(self.normalize, square_sum, max_bits)
+        if norm is None:  # finite values whose l2 norm overflows float32
             raise NonFiniteInput("dithering: the l2 norm of its input overflows float32")
         codes = np.empty(packed_nbytes(x.shape[0], self.width), np.uint8)
         dithering.encode(x, norm, self.s, self.partition == "natural", self.width,

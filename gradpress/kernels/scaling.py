@@ -29,11 +29,14 @@ def l2_norm_py(square_sum: float) -> np.float32:
     return np.float32(math.sqrt(square_sum))
 
 
-def norm_from(normalize: str, square_sum: float, max_bits: int) -> np.float32:
-    """dithering's float32 norm; |x_i| <= norm holds after rounding (rounding is monotone)."""
-    if normalize == "l2":
-        return l2_norm_py(square_sum)
-    return np.array([max_bits], np.uint32).view(np.float32)[0]
+def norm_from(normalize: str, square_sum: float, max_bits: int) -> np.float32 | None:
+    """dithering's float32 norm; |x_i| <= norm holds after rounding (rounding is monotone).
+    None where it is not finite: an l2 norm of finite values may overflow float32."""
+    if normalize != "l2":
+        return np.array([max_bits], np.uint32).view(np.float32)[0]
+    with np.errstate(over="ignore"):  # (the caller refuses it, without numpy's warning)
+        norm = l2_norm_py(square_sum)
+    return norm if np.isfinite(norm) else None
 
 
 def reject_non_finite(total: float, codec: str = "onebit") -> None:

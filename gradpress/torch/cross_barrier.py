@@ -28,6 +28,7 @@ import threading
 import torch
 
 from ..errors import JobError, OpTimeoutError
+from ..optim import loss_scaling
 from . import ops
 from .broadcast import broadcast_optimizer_state, broadcast_parameters  # noqa: F401  byteps.torch.cross_barrier's names
 from .compression import Compression
@@ -106,8 +107,7 @@ class _CrossBarrier:
         """Start the push_pulls backward did not reach and return; the updater steps each
         parameter as its average lands."""
         if self.__dict__.get("found_inf") is not None:  # set by a GradScaler for this call
-            for name in ("grad_scale", "found_inf"):  # (it removes them only once step() returns)
-                self.__dict__.pop(name, None)
+            loss_scaling.forget(self)  # (the scaler removes them only once step() returns)
             raise ValueError("CrossBarrier does not support loss scaling (torch.amp.GradScaler): it steps each "
                              "parameter as its average lands, before any step could know whether another "
                              "average overflowed (BytePS's CrossBarrier has none either); train with "

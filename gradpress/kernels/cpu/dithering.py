@@ -186,9 +186,8 @@ def encode_feedback(g: np.ndarray, e: np.ndarray, lam: float, s: int, natural: b
     max_bits, square_sum = _feedback_norms(g, e, lam, normalize == "l2")
     if max_bits >= INF_BITS:
         return None
-    with np.errstate(over="ignore"):  # (refused just below, without numpy's warning)
-        norm = norm_from(normalize, square_sum, max_bits)
-    if not np.isfinite(norm):
+    norm = norm_from(normalize, square_sum, max_bits)
+    if norm is None:
         return None
     _encode_feedback(g, e, lam, norm, s, natural, width, stream, codes, e_out)
     return norm
