@@ -4,11 +4,14 @@ As BytePS's ``bpslaunch``: with ``DMLC_ROLE=scheduler`` or ``server`` it runs th
 role in this process; with ``DMLC_ROLE=worker`` it runs the given command once per
 visible GPU (once on a CPU machine) with ``BYTEPS_LOCAL_RANK``/``BYTEPS_LOCAL_SIZE``
 set. ``--local`` starts scheduler, servers and workers on 127.0.0.1, prefixes their
-output with role and rank, and stops everything as soon as one process fails.
+output with role and rank, and stops everything as soon as one process fails. Each of its
+workers is a machine of its own (local rank 0): on a machine with several GPUs, worker *i*
+sees the *i*-th of them alone, round robin (``CUDA_VISIBLE_DEVICES``).
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import sys
 import tempfile
@@ -129,7 +132,7 @@ class LocalJob:
         for i in range(self.servers):
             self.start_server(i)
         for i in range(self.workers):
-            self.start_worker(i, command)
+            self.start_worker(i, command, **_gpu_of(i, self.env))
 
     def start_scheduler(self, port_file: str) -> int:
         """The scheduler on a free port. Returns the port once the scheduler wrote it to ``port_file``.
@@ -175,9 +178,25 @@ def _thread_share(processes: int, environ: dict[str, str] | None = None) -> dict
     return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes))}
 
 
-def _visible_gpus() -> int:
+def _gpu_of(index: int, environ: dict[str, str]) -> dict[str, str]:
+    """``--local``'s worker ``index``: one of the visible GPUs, round robin, where there are
+    several. Each worker is a machine of its own there, local rank 0, so a script that picks
+    ``cuda:local_rank`` (BytePS's examples) would put every worker on the first GPU. Without
+    ``CUDA_VISIBLE_DEVICES`` the GPUs are counted only where ``/dev/nvidia<N>`` exists, so
+    that a CPU machine's launcher does not import torch."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is not None:
+        ids = [d.strip() for d in value.split(",") if d.strip()]
+    elif glob.glob("/dev/nvidia[0-9]*"):
+        ids = [str(d) for d in range(_visible_gpus(environ))]
+    else:
+        ids = []
+    return {"CUDA_VISIBLE_DEVICES": ids[index % len(ids)]} if len(ids) > 1 else {}
+
+
+def _visible_gpus(environ: dict[str, str] | None = None) -> int:
     for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
-        value = os.environ.get(var)
+        value = (os.environ if environ is None else environ).get(var)
         if value is not None and value not in ("all", "void"):
             return max(1, len([d for d in value.split(",") if d.strip()]))
     try:

@@ -202,6 +202,7 @@ class LowRankReducer:
         kept, the error buffers, which took the overflow in, zeroed (else every step is NaN)."""
         self.p.copy_(kept[0])
         self.q.copy_(kept[1])
+        self._marks = None  # its device timings stop short: the planner keeps the last step's
         for m, out in zip(self.matrices, ms):
             m.error.zero_()
             out.fill_(float("nan"))

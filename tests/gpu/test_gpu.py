@@ -359,7 +359,8 @@ def test_the_planner_times_the_codecs_and_copies_on_the_gpu(tmp_path, monkeypatc
     assert 0 < onebit.payload_ratio < 0.05
     # the factor products and the reconstruction as torch ops on the card, one round of factors
     acp = costs["acpsgd"]
-    assert acp.rank == 4 and acp.rounds == 1 and acp.compress.per_byte_s > 0 and acp.decompress.per_byte_s > 0
+    # (the fitted slope of a product held in the card's L2 cache may be 0: what 4 MB costs is not)
+    assert acp.rank == 4 and acp.rounds == 1 and acp.compress(4 << 20) > 0 and acp.decompress(4 << 20) > 0
     # cached per card: a second call reads the same numbers back without measuring
     assert calibrate.codec_costs(options, lambda p: 1 / 0, torch.cuda.get_device_name(dev)) == costs
 

@@ -160,11 +160,17 @@ import os, gradpress.torch as bps
 from gradpress.torch.parallel import DistributedDataParallel
 bps.init()
 r, out = bps.rank(), {}
-for way in ("optimizer", "ddp", "cross_barrier"):
+for way in ("optimizer", "ddp", "cross_barrier", "onebit", "zero_one"):
     model = make_model()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
     forward = model
-    if way == "optimizer":
+    if way == "onebit":   # frozen at its compressed steps' start
+        opt = bps.OneBitAdam(model.parameters(), lr=0.01, weight_decay=0.01, freeze_step=UNFREEZE_AT,
+                             named_parameters=model.named_parameters())
+    elif way == "zero_one":
+        opt = bps.ZeroOneAdam(model.parameters(), lr=0.01, weight_decay=0.01, var_freeze_step=UNFREEZE_AT,
+                              local_step_scaler=1, named_parameters=model.named_parameters())
+    elif way == "optimizer":
         opt = bps.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
     elif way == "cross_barrier":
         from gradpress.torch.cross_barrier import CrossBarrier
@@ -188,7 +194,8 @@ bps.shutdown()
 
 def test_a_layer_frozen_after_wrapping_is_left_where_it_is(cluster):
     """As in torch: with momentum and weight decay, zeros pushed for a frozen layer and made
-    its gradient would move it on; its gradient stays None."""
+    its gradient would move it on; its gradient stays None. OneBitAdam and ZeroOneAdam leave
+    it out of their update too."""
     c = cluster(workers=2, servers=1)
     c.start(FROZEN).assert_success()
     for r in range(2):
