@@ -79,7 +79,7 @@ class PartitionFlight:
         if op.job.future.done() and not relayed:  # failed meanwhile: the caller may reuse its tensors
             self._refuse_unread(op)
             return
-        filling = _filling(op.job)
+        filling = op.job.filling()
         if filling is None:
             self.stages.await_source(op.job)
         if relayed:  # ours to sum for the machine: the peers' pushes first
@@ -113,14 +113,22 @@ class PartitionFlight:
         wk.next_round += 1
         wk.in_flight = op
         op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
+        self._unmark(op)  # a grouped encode's payload for it is never taken: its mark must go here
         self.stages.send(op, PartitionStages.refusal(f"its push_pull of tensor {op.job.tensor.name!r} failed "
                                                      "before this partition went"))
+
+    def _unmark(self, op: PartitionOp) -> None:
+        for held in grouped.unmark(op):
+            self._queue.put(held, priority=HELD_FIRST)
 
     def _encode(self, op: PartitionOp, rounds: list[int] | None) -> Payload | ValueError | None:
         """On the host-copies thread: ``op``'s payload (with its tensor's other partitions'
         where ``rounds``), or the ValueError of a refused round. An encoder that fails on the
         GPU (out of memory, a CUDA error) refuses the round too: the job fails naming the
-        tensor, and the key's round still reaches the server."""
+        tensor, and the key's round still reaches the server. A job failed since it was queued
+        is refused unread: its caller may be rewriting the tensor."""
+        if op.job.future.done():
+            return ValueError(f"its push_pull of tensor {op.job.tensor.name!r} failed before this partition went")
         try:
             if rounds is not None:
                 self.stages.compress_tensor(op.job, rounds)
@@ -134,8 +142,7 @@ class PartitionFlight:
     def _encoded(self, op: PartitionOp, made: Payload | ValueError | None) -> None:
         """Back on this thread: push ``op``'s payload, unless its round failed meanwhile."""
         if isinstance(made, ValueError) or op.wkey.in_flight is not op:  # later jobs may wait on its marks
-            for held in grouped.unmark(op):
-                self._queue.put(held, priority=HELD_FIRST)
+            self._unmark(op)
         if op.wkey.in_flight is not op:
             return  # failed meanwhile (its deadline passed): the round never goes out
         self.stages.send(op, self._refused(op, made) if isinstance(made, ValueError) else made)
@@ -288,13 +295,3 @@ class PartitionFlight:
             self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {who}: "
                                         f"{h['message']}"))
 
-
-def _filling(job: PushPull) -> object | None:
-    """The event of the asynchronous copy still filling ``job``'s host source (a CUDA tensor
-    staged through pinned memory, ``torch/staging.py``), or None: there is none, it is done,
-    or the source is on the device (its wait is queued there, ``await_source``)."""
-    if (ready := job.ready) is None or is_device_array(job.src) or not hasattr(ready, "query"):
-        return None
-    from ..kernels.cuda import streams
-    with streams.on_event_device(ready):  # (none selected here: CUDA would make a context on GPU 0)
-        return None if ready.query() else ready

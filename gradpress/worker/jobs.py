@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
+from ..compressors.arrays import is_device_array
 from .future import Future
 from .keys import Tensor, WorkerKey
 
@@ -20,7 +20,7 @@ class PushPull:
     remaining: int
     lr: float | None = None
     # waited for before src is read: a CUDA event after the asynchronous copy that fills src
-    # (the caller never blocks on it; the host-copies thread waits for it, flight._filling)
+    # (the caller never blocks on it; the host-copies thread waits for it, ``filling``)
     ready: Any = None
     # payloads of its partitions compressed together with the first one sent (stages.py,
     # ``compress_tensor``), by key: (round, payload or the ValueError of a refused step);
@@ -41,6 +41,16 @@ class PushPull:
         if isinstance(payload, ValueError):
             raise payload
         return payload
+
+    def filling(self) -> object | None:
+        """The event of the asynchronous copy still filling the host source (a CUDA tensor
+        staged through pinned memory, ``torch/staging.py``), or None: there is none, it is
+        done, or the source is on the device (its wait is queued there, ``await_source``)."""
+        if (ready := self.ready) is None or is_device_array(self.src) or not hasattr(ready, "query"):
+            return None
+        from ..kernels.cuda import streams
+        with streams.on_event_device(ready):  # (none selected here: CUDA would make a context on GPU 0)
+            return None if ready.query() else ready
 
 
 @dataclass

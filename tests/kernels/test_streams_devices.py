@@ -186,7 +186,7 @@ def test_host_waits_on_a_gpu_1_event_run_with_gpu_1_selected(monkeypatch):
     """The host-copies thread's wait, and the communication thread's query and wait for a
     staged source's copy: each with the event's GPU current, on threads that own their GPU
     work (they select it and keep it)."""
-    from gradpress.worker import flight
+    from gradpress.worker.jobs import PushPull
     from gradpress.worker.host_copies import HostCopies
     from gradpress.worker.stages import PartitionStages
     selected = {}
@@ -199,7 +199,7 @@ def test_host_waits_on_a_gpu_1_event_run_with_gpu_1_selected(monkeypatch):
     def communication():
         copies.after(done, lambda: None)      # not done yet: the host-copies thread waits for it
         job = types.SimpleNamespace(ready=staged, src=bytearray(4))
-        seen.append(flight._filling(job))
+        seen.append(PushPull.filling(job))
         PartitionStages.await_source(job)
     thread = threading.Thread(target=communication)
     thread.owns_gpu_work = True

@@ -306,3 +306,63 @@ def test_a_failed_push_pulls_partitions_still_queued_go_out_refused_without_read
     assert stages.read == [0], f"partitions {stages.read[1:]} read their source after the job failed"
     assert [i for i, *_ in stages.pushed] == [0, 1, 2]   # every round still reaches the servers
     assert all("refused" in h for h in stages.headers[1:]), stages.headers
+
+
+def test_after_a_grouped_encode_failed_with_partitions_past_the_credit_the_next_job_sends_every_partition():
+    # the partitions dispatched after the failure go out refused, unread: the marks the failed
+    # grouped encode left on their keys go with them, else the tensor's next push_pulls waited
+    # behind those marks for good
+    flight, _, t = setup(parts=(4, 4, 2))
+    stages = flight.stages = OffThread()
+    stages.go.set()
+
+    def out_of_memory(*_):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB")
+    stages.compress_tensor = out_of_memory
+    flight._queue = type(flight._queue)(1)   # one partition on the wire at a time
+    a = job(t, 0.1)
+    flight.start(a, priority=0)
+    flight.dispatch()
+    stages.finished(1)
+    with pytest.raises(JobError):
+        a.future.result(0)
+    for _ in range(len(t.keys)):   # each refused round's end gives the credit to the next partition
+        for wk in t.keys:
+            if wk.in_flight is not None:
+                flight._leave_flight(wk.in_flight)
+        flight.dispatch()
+    assert [i for i, *_ in stages.pushed] == [0, 1, 2] and all("refused" in h for h in stages.headers)
+    assert [wk.compressed_by for wk in t.keys] == [None] * 3, "a failed job's marks are left"
+    del stages.compress_tensor
+    flight._queue = type(flight._queue)(64)
+    b = job(t, 0.2)
+    flight.start(b, priority=0)
+    assert _pushed_by(flight, stages, t, b) == [0, 1, 2], [len(wk.held) for wk in t.keys]
+    stages.host_copies.close(5)
+
+
+def test_encoders_queued_when_their_push_pull_fails_do_not_read_its_tensor():
+    # a landing failure (or a refusal) fails the job while its partitions' encoders wait on the
+    # host-copies thread: the caller, told, may rewrite the tensor, so they refuse unread
+    class Reads(OffThread):
+        def __init__(self):
+            super().__init__()
+            self.read = []
+
+        def compress(self, op):
+            self.read.append(op.wkey.index)
+            return ({"made": True}, [])
+    flight, _, t = setup(group=False)
+    stages = flight.stages = Reads()
+    gate = threading.Event()
+    stages.host_copies.run(lambda: gate.wait(30), lambda _: None)   # the encoders queue behind it
+    a = job(t, 0.1)
+    flight.start(a, priority=0)
+    flight.dispatch()
+    a.future.fail(JobError("push_pull of tensor 't': landing failed for key 65536"))
+    gate.set()
+    stages.finished(1 + len(t.keys))
+    assert stages.read == [], f"partitions {stages.read} read their tensor after its push_pull failed"
+    assert [i for i, *_ in stages.pushed] == [0, 1, 2]   # every round still reaches the servers
+    assert all("failed before this partition went" in h["refused"] for h in stages.headers), stages.headers
+    stages.host_copies.close(5)
