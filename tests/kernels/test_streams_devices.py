@@ -209,3 +209,29 @@ def test_host_waits_on_a_gpu_1_event_run_with_gpu_1_selected(monkeypatch):
     copies.close(5)
     assert done.seen == [("query", 1), ("synchronize", 1)], done.seen
     assert seen == [staged] and staged.seen == [("query", 1), ("synchronize", 1)], staged.seen
+
+
+def test_drain_queries_each_gpu_1_stream_mark_with_gpu_1_selected(monkeypatch):
+    """At a job's end the communication thread waits for gradpress's streams on GPU 1: each
+    query with GPU 1 current (none selected, CUDA would make a context on GPU 0 for it)."""
+    selected, marks = {}, []
+    monkeypatch.setattr(streams, "cuda", types.SimpleNamespace(
+        select_device=lambda i: selected.__setitem__(threading.get_ident(), i)))
+    monkeypatch.setattr(streams, "_local", threading.local())
+
+    class Mark(_Event):
+        def __init__(self):
+            super().__init__(selected, done=True)
+            marks.append(self)
+
+        def record(self, stream) -> None:
+            pass
+    monkeypatch.setattr(streams, "_torch", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Mark)))
+    monkeypatch.setattr(streams, "_pairs", {(1, 0): (None, object()), (1, 1): (None, object())})
+    drained = []
+    thread = threading.Thread(target=lambda: drained.append(streams.drain(5.0)))
+    thread.owns_gpu_work = True
+    thread.start()
+    thread.join(5)
+    assert drained == [True] and len(marks) == 2
+    assert all(m.seen == [("query", 1)] for m in marks), [m.seen for m in marks]

@@ -279,8 +279,14 @@ def drain(timeout_s: float) -> bool:
         mark.record(made)
         marks.append(mark)
     deadline = time.monotonic() + timeout_s
-    while not all(mark.query() for mark in marks):
+    # each queried with its GPU current (on a thread without one, CUDA would make a context on GPU 0)
+    while not all(_done(mark) for mark in marks):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.001)
     return True
+
+
+def _done(mark: Any) -> bool:
+    with on_event_device(mark):
+        return mark.query()
