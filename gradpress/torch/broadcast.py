@@ -242,7 +242,12 @@ def _pack(obj: Any) -> bytes:
         if isinstance(o, np.ndarray):
             return msgpack.ExtType(_EXT_NDARRAY, _pack([o.dtype.str, list(o.shape), o.tobytes()]))
         if torch.is_tensor(o):
-            a = o.detach().cpu().numpy()
+            t = o.detach().cpu()
+            try:
+                a = t.numpy()
+            except TypeError:  # numpy has no such dtype (a bfloat16 learning rate): its bytes, named by torch
+                raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                return msgpack.ExtType(_EXT_TENSOR, _pack([str(t.dtype), list(t.shape), raw]))
             return msgpack.ExtType(_EXT_TENSOR, _pack([a.dtype.str, list(a.shape), a.tobytes()]))
         raise TypeError(f"the optimizer state holds a {type(o).__name__}; it may hold None, bool, int, "
                         f"float, str, bytes, lists, tuples, dicts, numpy arrays and scalars, and tensors")
@@ -255,6 +260,10 @@ def _unpack(data: bytes) -> Any:
         if code == _EXT_TUPLE:
             return tuple(value)
         dtype, shape, raw = value
+        if code == _EXT_TENSOR and dtype.startswith("torch."):
+            kind = getattr(torch, dtype[len("torch."):])
+            return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(kind).reshape(shape) if raw \
+                else torch.empty(shape, dtype=kind)
         a = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
         return a if code == _EXT_NDARRAY else torch.from_numpy(a)
     return msgpack.unpackb(data, ext_hook=ext_hook, raw=False, strict_map_key=False)

@@ -88,3 +88,17 @@ def test_overlapping_views_are_broadcast_in_waves_that_never_share_memory(monkey
             + [("wait", f"Parameter.{n}") for n in wave]]
     assert log == want
     assert all(float(t.abs().sum()) == 0 for _, t in items), "a worker that is not the root zeroes what it pushes"
+
+
+def test_the_optimizer_layout_carries_tensors_numpy_has_no_dtype_for():
+    """A bfloat16 learning rate in ``param_groups`` (numpy has no bfloat16): its bytes travel
+    named by torch, and come back equal, as the other tensors and values do."""
+    from gradpress.torch.broadcast import _pack, _unpack
+    layout = {"lr": torch.tensor(1e-3, dtype=torch.bfloat16), "betas": (torch.tensor(0.9), 0.999),
+              "empty": torch.zeros(0, 3, dtype=torch.bfloat16), "f8": torch.ones(2, dtype=torch.float8_e4m3fn),
+              "ints": torch.arange(4), "steps": 7}
+    back = _unpack(_pack(layout))
+    for key in ("lr", "empty", "ints"):
+        assert back[key].dtype == layout[key].dtype and torch.equal(back[key], layout[key]), key
+    assert back["f8"].dtype == torch.float8_e4m3fn and torch.equal(back["f8"].float(), layout["f8"].float())
+    assert isinstance(back["betas"], tuple) and torch.equal(back["betas"][0], torch.tensor(0.9)) and back["steps"] == 7
