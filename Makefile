@@ -52,9 +52,12 @@ bench: setup
 # On a machine with a CUDA GPU (../shared/gpu/README.md: no setup there, the caller's
 # PYTHONPATH carries the wheels it lacks): the GPU tests, then the GPU benchmark's quick run.
 # Where torch sees no GPU, both say so and measure nothing.
+# Each part has a deadline of its own (that machine's image may lack pytest-timeout, so the
+# tests' own marks do nothing there), and the benchmark runs even where a test failed: the
+# machine is lent for minutes. The exit status is the tests', else the benchmark's.
 gpu-check:
-	$(PY) -m pytest -q -p no:cacheprovider -m gpu tests/gpu
-	$(PY) benchmarks/gpu.py --quick
+	timeout -k 10 270 $(PY) -m pytest -q -p no:cacheprovider -m gpu tests/gpu; tests=$$?; \
+	timeout -k 10 300 $(PY) benchmarks/gpu.py --quick && exit $$tests
 
 # The CPU image (deploy/docker/Dockerfile.cpu) with podman or buildah; BASE=IMAGE picks the
 # base, else one is made with mmdebstrap. Prints the image's name and size (docs/deploy.md).

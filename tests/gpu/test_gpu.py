@@ -142,18 +142,19 @@ def test_loss_scaling_on_cuda_skips_an_overflow_alike_with_codecs_and_compressed
     test_amp_adam_integ.py) on CUDA workers with ``GradScaler("cuda")``: an overflow on one
     worker skips the round alike (the CUDA encoders refuse the inf, NaN lands on the device,
     the key's state restarts) and OneBitAdam/ZeroOneAdam skip their step alike."""
-    for codec in ("none", "onebit", "adam"):
+    # (uncompressed, the scaler alone finds the inf: the host's test covers it, and the GPU
+    # check's minutes are few)
+    for codec in ("onebit", "adam"):
         (tmp_path / codec).mkdir()
-    for codec in ("none", "onebit"):
-        c = LocalCluster(tmp_path / codec, workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
-        try:
-            c.start(amp_jobs.AMP, worker_env={"GP_CODEC": codec, "GP_DEVICE": "cuda"}).assert_success(180)
-            amp_jobs.check(*(torch.load(c.tmp / f"amp{r}.pt") for r in range(2)))
-        finally:
-            c.kill()
+    c = LocalCluster(tmp_path / "onebit", workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    try:
+        c.start(amp_jobs.AMP, worker_env={"GP_CODEC": "onebit", "GP_DEVICE": "cuda"}).assert_success(120)
+        amp_jobs.check(*(torch.load(c.tmp / f"amp{r}.pt") for r in range(2)))
+    finally:
+        c.kill()
     c = LocalCluster(tmp_path / "adam", workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
     try:
-        c.start(amp_jobs.ADAM, worker_env={"GP_DEVICE": "cuda"}).assert_success(180)
+        c.start(amp_jobs.ADAM, worker_env={"GP_DEVICE": "cuda"}).assert_success(150)
         amp_jobs.check_adam([torch.load(c.tmp / f"w{r}.pt") for r in range(2)])
     finally:
         c.kill()
