@@ -16,7 +16,8 @@ call ``synchronize()`` before reading parameters outside a forward pass (checkpo
 evaluation). Differences from BytePS: every ``step()`` crosses the barrier (BytePS
 steps the first one locally), and any optimizer works, not only SGD, Adam and RMSprop.
 On a GPU the updater queues its work on the training thread's stream as of ``step()``
-(``training_streams``), so a training loop on a stream of its own is ordered after it.
+(``training_streams``), so a training loop on a stream of its own is ordered after it; a
+forward on another stream than ``step()``'s waits for that one on the device.
 """
 from __future__ import annotations
 
@@ -95,6 +96,9 @@ class _CrossBarrier:
             event = self._ready.get(id(p))
             if event is not None:
                 self._wait(event)
+                queued = self._streams.get(p.device)  # a forward on another stream than step()'s waits for
+                if queued is not None and torch.cuda.current_stream(p.device) != queued:  # the update there
+                    torch.cuda.current_stream(p.device).wait_stream(queued)
 
     def _wait(self, event: threading.Event) -> None:
         timeout_s = ops.settings().op_timeout_s + 5

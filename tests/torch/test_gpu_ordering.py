@@ -127,3 +127,33 @@ def test_a_distributed_optimizers_hook_threads_submit_one_at_a_time():
     for hook in hooks:
         hook.join(10)
     assert Pipeline.most == 1 and sorted(map(id, Pipeline.given)) == sorted(map(id, params))
+
+
+def test_a_forward_on_another_stream_than_steps_waits_for_the_updates_there(monkeypatch):
+    """``step()`` outside the loop's ``torch.cuda.stream(s)`` block (or the other way round):
+    the updates were queued on step()'s stream, which the forward's does not wait for by
+    itself; on the same stream nothing is added."""
+    step_stream = SimpleNamespace(name="step's stream")
+    waited, now = [], {}
+
+    class Current:
+        def __init__(self, device):
+            self.name = now["stream"]
+
+        def __eq__(self, other):
+            return self.name == getattr(other, "name", None)
+
+        def wait_stream(self, s):
+            waited.append((self.name, s.name))
+    monkeypatch.setattr(torch.cuda, "current_stream", Current)
+    layer = torch.nn.Linear(2, 2)
+    barrier = cross_barrier._CrossBarrier.__new__(cross_barrier._CrossBarrier)
+    barrier._ready = {id(p): threading.Event() for p in layer.parameters()}
+    barrier._wait = lambda event: None   # (the updates are queued)
+    barrier._streams = {p.device: step_stream for p in layer.parameters()}
+    now["stream"] = "step's stream"
+    barrier._before_forward(layer, ())
+    assert waited == []
+    now["stream"] = "the loop's stream"
+    barrier._before_forward(layer, ())
+    assert waited == [("the loop's stream", "step's stream")] * 2
