@@ -12,7 +12,13 @@ allocates its buffers on the tensors' own device.
 """
 from __future__ import annotations
 
+import contextlib
+import sys
+from typing import Any, Callable
+
 import torch
+
+from ...torch.handles import wait_all
 
 
 class Route:
@@ -35,4 +41,17 @@ class Route:
         raise NotImplementedError
 
     def clear(self) -> None:
-        """Forget this step's tensors and handles (after a failed step: the next starts afresh)."""
+        """After a failed step: wait out this step's handles (``drain``) and forget its
+        tensors, so that the next step starts afresh."""
+
+
+def drain(handles: list[int], wait: Callable[[int], Any]) -> None:
+    """Wait out the handles a failed step left started, their errors dropped (the step's own
+    goes on): none stays pending, each one's clean-up runs (a CUDA consumer's stream waits
+    for what gradpress's streams still write into its tensor) before the route's buffers and
+    the gradients are written again, and a key's rounds stay in step. An interrupt (Ctrl-C)
+    is not held up by them."""
+    if isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit)):
+        return
+    with contextlib.suppress(Exception):
+        wait_all(handles, wait)

@@ -27,7 +27,7 @@ from ...compressors.spec import CodecSpec
 from ...torch.compression import Compression
 from ...torch.dtypes import HALVES, dtype_name
 from ..comm import Comm
-from . import Route
+from . import Route, drain
 
 
 class Bucket(Route):
@@ -150,7 +150,8 @@ class Bucket(Route):
         return parts
 
     def clear(self) -> None:
-        self._given, self._handle = {}, None
+        started, self._given, self._handle = self._handle, {}, None
+        drain([started[0]] if started is not None else [], self.comm.wait)
 
     def _in_views(self, tensors: list[torch.Tensor]) -> bool:
         """Whether every tensor is still the slice of the buffer that ``finish`` handed out."""

@@ -9,7 +9,7 @@ from ...compressors.spec import CodecSpec
 from ...torch.compression import Compression
 from ...torch.dtypes import HALVES, dtype_name
 from ..comm import Comm
-from . import Route
+from . import Route, drain
 
 
 class DirectRoute(Route):
@@ -60,4 +60,5 @@ class DirectRoute(Route):
         return out
 
     def clear(self) -> None:
-        self._pending.clear()
+        pending, self._pending = self._pending, {}
+        drain([handle for handle, *_ in pending.values()], self.comm.wait)

@@ -39,7 +39,11 @@ class LowRankRoute(Route):
                 extra = self.carry.pop(pid, None)
                 if extra is not None:
                     t.add_(extra.to(t.device, t.dtype).view_as(t))
-            self.reducer.reduce(self._given)
+            try:
+                self.reducer.reduce(self._given)
+            except BaseException:
+                self.clear()  # its uncompressed bucket, started, waited out: else the next step restarts it
+                raise
             for pid, half in self._narrow.items():
                 self._given[pid] = half.copy_(self._given[pid])
         self._reduced = True
@@ -53,3 +57,5 @@ class LowRankRoute(Route):
 
     def clear(self) -> None:
         self._given, self._narrow, self._reduced = {}, {}, False
+        if self.reducer.raw_bucket is not None:
+            self.reducer.raw_bucket.clear()

@@ -16,7 +16,7 @@ from ...torch.compression import Compression
 from ...torch.dtypes import WIRE
 from ...torch.sparse import is_row_sparse
 from ..comm import Comm
-from . import Route
+from . import Route, drain
 
 
 class RowsRoute(Route):
@@ -55,7 +55,8 @@ class RowsRoute(Route):
         return out
 
     def clear(self) -> None:
-        self._pending.clear()
+        pending, self._pending = self._pending, {}
+        drain([handle for handle, _ in pending.values()], self.comm.wait)
 
 
 class DensityVote:
