@@ -76,7 +76,7 @@ class PartitionFlight:
         self.stages.introduce(wk, op.job.src)
         op.round = wk.next_round
         relayed = wk.pushers and self.relay is not None
-        if op.job.future.done() and not relayed:  # failed meanwhile: the caller may reuse its tensors
+        if op.job.future.done():  # failed meanwhile: the caller may reuse its tensors (an owner's peers hear it)
             self._refuse_unread(op)
             return
         filling = op.job.filling()
@@ -180,8 +180,10 @@ class PartitionFlight:
         return PartitionStages.refusal(str(error))
 
     def fail_local(self, op: PartitionOp, message: str) -> None:
-        """An owned key's round failed before it reached the server: its job and the peers waiting fail."""
+        """An owned key's round failed before it reached the server: its job and the peers waiting
+        fail, and the server's round ends refused for every machine, as a worker's refusal ends it."""
         self.relay.fail(op.wkey.key, op.round, message)
+        self.stages.send(op, PartitionStages.refusal(message))
         self._leave_flight(op)
         self._fail_job(op, JobError(message))
 
@@ -233,8 +235,8 @@ class PartitionFlight:
                    f"no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s")
         if op.wkey.pushers and self.relay is not None:
             self.relay.fail(op.wkey.key, op.round, message)
-        elif not op.sent_us and op.wkey.via is None:  # the server's round still ends, for every worker
-            self.stages.send(op, PartitionStages.refusal(message))  # (the payload, the copy: never sent)
+        if not op.sent_us and op.wkey.via is None:  # the server's round still ends, for every worker (every
+            self.stages.send(op, PartitionStages.refusal(message))  # machine): the payload, the sum, never sent
         self._leave_flight(op)
         self._fail_job(op, OpTimeoutError(message))
 

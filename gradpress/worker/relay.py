@@ -50,6 +50,12 @@ class _Owned:
     copying: set[int] = field(default_factory=set)                     # rounds whose copy is still under way
 
 
+@dataclass
+class _Refused:
+    """A peer's push of a round that it refused (``PartitionStages.refusal``): no values."""
+    why: str
+
+
 class Flight(Protocol):
     """What the relay hands a summed round back to (``PartitionFlight``)."""
     def push_summed(self, op: PartitionOp) -> None: ...
@@ -114,7 +120,12 @@ class Relay:
             self._answer(identity, owned.reply)
 
     def fail(self, key: int, rnd: int, message: str) -> None:
-        """Our round ``rnd`` of ``key`` failed here: the peers waiting for it hear why."""
+        """Our round ``rnd`` of ``key`` failed here: the peers waiting for it hear why, and a
+        peer's push coming after it sums nothing (our op, its source, are the caller's again)."""
+        owned = self.keys.get(key)
+        if owned is not None:
+            owned.own.pop(rnd, None)
+            owned.copying.discard(rnd)
         self.relay(key, rnd, Op.ERROR, {"message": message, "key": key, "round": rnd}, [])
 
     def forget(self, keys: list[int]) -> None:
@@ -151,7 +162,9 @@ class Relay:
                 self.keys.setdefault(key, _Owned()).views[j] = region.array(h["dtype"], h["count"])
         elif op == Op.PUSH:
             owned = self.keys.setdefault(key, _Owned())
-            if h.get("shm"):
+            if "refused" in h:  # its push_pull failed before this partition went: the machine's round fails
+                values = _Refused(f"worker {self.group.base_rank + j} refused its push: {h['refused']}")
+            elif h.get("shm"):
                 values = owned.views.get(j)
                 if values is None:
                     raise ValueError(f"key {key}: a shared-memory push, but worker {self.group.base_rank + j} "
@@ -160,7 +173,8 @@ class Relay:
                 values = np.frombuffer(frames[0].buffer, h["dtype"])  # the frame stays alive with it
             else:
                 raise ValueError(f"key {key}: a local push carries {len(frames)} frames, expected 1")
-            if values.size != h["count"] or values.dtype != np.dtype(h["dtype"]):
+            if not isinstance(values, _Refused) and (values.size != h["count"]
+                                                      or values.dtype != np.dtype(h["dtype"])):
                 raise ValueError(f"key {key}: a local push of {h['count']} {h['dtype']} elements does not match "
                                  f"its {values.size} {values.dtype} segment")
             round_pushes = owned.pushed.setdefault(h["round"], {})
@@ -212,6 +226,8 @@ class Relay:
         values = []
         for j in range(self.group.size):
             v = mine if j == self.group.me else pushes[j]
+            if isinstance(v, _Refused):
+                raise ValueError(v.why)
             if v.size != wk.count or v.dtype != dtype:
                 raise ValueError(f"worker {self.group.base_rank + j} pushed {v.size} {v.dtype} "
                                  f"elements; the key holds {wk.count} {dtype}")

@@ -146,3 +146,29 @@ def test_a_nan_in_one_machines_sum_skips_that_round_everywhere_at_once(cluster):
     c.assert_success(50)  # well inside the 60 s a worker waiting out the round would take
     outs = [np.load(c.tmp / f"g{r}.npy") for r in range(4)]
     assert all(np.array_equal(o, outs[0]) for o in outs), "the round after the skipped one differs"
+
+
+# As STALL, with a second machine that pushes the stalled round later: the owner that waits
+# for worker 1 ends the server's round refused at its deadline, so machine 1's workers hear
+# why then, instead of waiting out their own deadline for a round that cannot end
+STALL_TWO_MACHINES = STALL.replace("""try:
+    c.push_pull_async""", """if r >= 2:
+    time.sleep(2.5)
+try:
+    c.push_pull_async""").replace("except OpTimeoutError as e:", "except (OpTimeoutError, JobError) as e:").replace(
+    "from gradpress.errors import OpTimeoutError", "from gradpress.errors import JobError, OpTimeoutError").replace(
+    'print("TIMEOUT", e, flush=True)',
+    'print("FAILED", type(e).__name__, e, flush=True)\n    time.sleep(3)  # (its queued refusal goes out first)')
+
+
+def test_an_owners_failed_round_ends_the_servers_round_for_the_other_machines(cluster):
+    c = cluster(workers=2, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "4", "BYTEPS_PARTITION_BYTES": "4000"})
+    c.start_machines(STALL_TWO_MACHINES, 2)
+    for r in (0, 2, 3):
+        assert c.procs[f"worker {r}"].wait(timeout=60) == 0, c.logs()
+    for r in (2, 3):
+        log = c.log(f"worker {r}")
+        # (the server quotes a worker's reason in 64 characters: worker 0's log has all of it)
+        assert "FAILED JobError" in log and "refused by worker 0 (push_pull of tensor 'w': partition 0" in log, log
+    assert "waiting for the local push of worker(s) [1]" in c.log("worker 0"), c.log("worker 0")
+    c.kill()

@@ -1,0 +1,65 @@
+"""The owner's relay (local reduction) on its own: a real key table's key, the group's
+sockets replaced by a recorder. A peer whose push_pull failed before a partition went
+pushes that round refused, without values: the machine's round fails at once, naming the
+peer and why, where the owner used to answer it an error and wait out its deadline."""
+from types import SimpleNamespace
+
+import numpy as np
+
+from gradpress.net.protocol import Op
+from gradpress.worker.future import Future
+from gradpress.worker.jobs import PartitionOp, PushPull
+from gradpress.worker.keys import KeyTable, Tensor
+from gradpress.worker.relay import Relay
+
+
+class Flight:
+    def __init__(self):
+        self.failed, self.summed = [], []
+
+    def push_summed(self, op):
+        self.summed.append(op.summed.copy())
+
+    def fail_local(self, op, message):
+        self.failed.append(message)
+
+
+def _relay():
+    table = KeyTable()
+    t = Tensor("t", 4, "float32", 1, [4], [0], None)
+    table.add(t, 1)
+    group = SimpleNamespace(base_rank=2, size=3, me=0, router=None)
+    flight = Flight()
+    relay = Relay(group, "worker 2", None, flight, host_copies=None)
+    sent = []
+    relay._send = lambda identity, op, buffers=(), **fields: sent.append((identity, op, fields))
+    wk = t.keys[0]
+    op = PartitionOp(PushPull(t, np.ones(4, np.float32), np.empty(4, np.float32), 3, Future("test"), 1), wk)
+    op.round = 0
+    return relay, flight, sent, wk, op
+
+
+def _push(relay, wk, j, **fields):
+    h = {"op": Op.PUSH, "key": wk.key, "round": 0, "dtype": "float32", "count": 4, "pull": True, **fields}
+    frames = [] if "refused" in fields else [SimpleNamespace(buffer=np.full(4, j, np.float32).tobytes())]
+    relay._from_peer(f"local {2 + j}".encode(), j, h, frames)
+
+
+def test_a_peers_refused_push_fails_the_machines_round_naming_the_peer():
+    relay, flight, sent, wk, op = _relay()
+    _push(relay, wk, 1, refused="its push_pull of tensor 't' failed before this partition went")
+    assert [(op_, f.get("round")) for _, op_, f in sent] == [(Op.PUSH_ACK, 0)], "refused push not taken"
+    relay.contribute(op)
+    _push(relay, wk, 2)
+    assert flight.summed == [] and len(flight.failed) == 1, (flight.summed, flight.failed)
+    assert "worker 3 refused its push: its push_pull of tensor 't' failed" in flight.failed[0]
+
+
+def test_a_peers_push_after_the_owners_round_failed_sums_nothing():
+    relay, flight, sent, wk, op = _relay()
+    relay.contribute(op)
+    relay.fail(wk.key, 0, "push_pull of tensor 't': round 0, waiting for the local push of worker(s) [3, 4]")
+    _push(relay, wk, 1)
+    _push(relay, wk, 2)
+    assert flight.summed == [] and flight.failed == []
+    assert [op_ for _, op_, _ in sent] == [Op.PUSH_ACK, Op.ERROR] * 2   # each pull hears why
