@@ -204,7 +204,7 @@ class PartitionStages:
         chunk = op.chunk if payload is None else None  # (a sparse share has a payload and no chunk)
         if is_device_array(chunk):
             wk = op.wkey
-            host = wk.push_view if wk.push_view is not None else self._host_stage(wk)
+            host = wk.push_view if wk.push_view is not None else self._host_stage(wk, chunk)
             self.host_copies.copy(chunk, host, lambda: self._send_copied(op, host), wk.describe)
             return
         self._push(op, payload, chunk)
@@ -272,14 +272,15 @@ class PartitionStages:
         if wk.via is None:
             self.bytes_pulled += sum(len(f.buffer) for f in frames)
 
-    def _host_stage(self, wk: WorkerKey) -> np.ndarray:
-        """The key's pinned host buffer, which its CUDA chunk is copied into. A round's buffer
-        is reused only by the key's next round, which starts after this one's pull came back
-        (the server had read the push by then)."""
+    def _host_stage(self, wk: WorkerKey, chunk: Any) -> np.ndarray:
+        """The key's pinned host buffer (in ``chunk``'s GPU's context), which its CUDA chunk is
+        copied into. A round's buffer is reused only by the key's next round, which starts
+        after this one's pull came back (the server had read the push by then)."""
         buffer = self.host_stages.get(wk.key)
         if buffer is None:
             from ..kernels.cuda import device
-            buffer = self.host_stages[wk.key] = device.pinned_host(wk.count, np.dtype(wk.tensor.dtype))
+            with device.on_device_of(chunk):
+                buffer = self.host_stages[wk.key] = device.pinned_host(wk.count, np.dtype(wk.tensor.dtype))
         return buffer
 
     def close(self) -> None:

@@ -6,6 +6,9 @@ torch's parts (this host has no GPU); they record what was selected."""
 import threading
 import types
 
+import numpy as np
+import torch
+
 from gradpress.kernels.cuda import streams
 
 
@@ -235,3 +238,44 @@ def test_drain_queries_each_gpu_1_stream_mark_with_gpu_1_selected(monkeypatch):
     thread.join(5)
     assert drained == [True] and len(marks) == 2
     assert all(m.seen == [("query", 1)] for m in marks), [m.seen for m in marks]
+
+
+def test_gradpress_streams_on_gpu_1_are_made_with_gpu_1_selected(monkeypatch):
+    """numba's handle of gradpress's stream belongs to the context current where it is made:
+    first asked for outside ``working_on`` (``torch_stream``, say), on a thread that had
+    selected no GPU or another, it went into GPU 0's, where launches on it fail."""
+    selected, made = {}, []
+    monkeypatch.setattr(streams, "cuda", types.SimpleNamespace(
+        select_device=lambda i: selected.__setitem__(threading.get_ident(), i),
+        external_stream=lambda handle: made.append((handle, selected.get(threading.get_ident()))) or handle))
+    monkeypatch.setattr(streams, "_local", threading.local())
+    monkeypatch.setattr(streams, "_pairs", {})
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Stream=lambda device: types.SimpleNamespace(cuda_stream=f"stream on {device}")))
+    monkeypatch.setattr(streams, "_torch", lambda: fake_torch)
+    thread = threading.Thread(target=lambda: streams._pair(1))
+    thread.owns_gpu_work = True
+    thread.start()
+    thread.join(5)
+    assert made == [("stream on 1", 1)], made
+
+
+def test_a_gpu_1_keys_pinned_stage_is_made_with_gpu_1_selected(monkeypatch):
+    """Pinned memory belongs to the context current where it is made (the communication
+    thread's first copy of a key: none selected yet, CUDA would make one on GPU 0)."""
+    from gradpress.kernels.cuda import device
+    from gradpress.worker.stages import PartitionStages
+    selected, pinned = {}, []
+    monkeypatch.setattr(streams, "cuda", types.SimpleNamespace(
+        select_device=lambda i: selected.__setitem__(threading.get_ident(), i)))
+    monkeypatch.setattr(streams, "_local", threading.local())
+    monkeypatch.setattr(device, "pinned_host", lambda n, dtype: pinned.append(selected.get(threading.get_ident()))
+                        or np.empty(n, dtype))
+    stages = types.SimpleNamespace(host_stages={})
+    wk = types.SimpleNamespace(key=7, count=4, tensor=types.SimpleNamespace(dtype="float32"))
+    chunk = types.SimpleNamespace(device=torch.device("cuda", 1))
+    thread = threading.Thread(target=lambda: PartitionStages._host_stage(stages, wk, chunk))
+    thread.owns_gpu_work = True
+    thread.start()
+    thread.join(5)
+    assert pinned == [1] and stages.host_stages[7].shape == (4,), pinned

@@ -65,11 +65,12 @@ def _pair(index: int, lane: int = PUSH) -> tuple[Any, Any]:
             pair = _pairs.get((index, lane))
             if pair is None:
                 torch = _torch()
-                if torch is not None:
-                    made = torch.cuda.Stream(device=index)
-                    pair = (cuda.external_stream(made.cuda_stream), made)
-                else:
-                    pair = (cuda.stream(), None)
+                with on_device(index):  # numba's stream in GPU ``index``'s context, not the caller's
+                    if torch is not None:
+                        made = torch.cuda.Stream(device=index)
+                        pair = (cuda.external_stream(made.cuda_stream), made)
+                    else:
+                        pair = (cuda.stream(), None)
                 _pairs[(index, lane)] = pair
     return pair
 
