@@ -227,7 +227,7 @@ class PartitionFlight:
         missing = self.relay.waiting_for(op) if self.relay is not None and op.wkey.pushers else []
         if missing:
             where = f"waiting for the local push of worker(s) {missing}"
-        elif not op.sent_us and not op.wkey.pushers:  # with the host-copies thread: a GPU copy or encoder hangs
+        elif not op.sent_us:  # with the host-copies thread: a GPU copy or encoder hangs (an owner's too)
             where = "never sent: its copy off the GPU, or its encoder there, did not finish"
         else:
             where = f"on {self.describe(self.stages.endpoint(op.wkey))}"
