@@ -25,9 +25,11 @@ class Comm:
         from ..torch import ops
         return ops.push_pull_rows_async_inplace(tensor, average=True, name=name, priority=priority)
 
-    def wait(self, handle: int) -> torch.Tensor:
-        from ..torch import ops
-        return ops.synchronize(handle)
+    def wait(self, handle: int, timeout_s: float | None = None) -> torch.Tensor:
+        """The average behind ``handle``, waited for at most ``timeout_s`` (default: the job's
+        GRADPRESS_OP_TIMEOUT_S and 5 s, as ``synchronize``)."""
+        from ..torch import handles, ops
+        return ops.synchronize(handle) if timeout_s is None else handles.wait(handle, timeout_s)
 
     def size(self) -> int:
         from ..torch import ops

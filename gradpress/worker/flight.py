@@ -181,10 +181,11 @@ class PartitionFlight:
 
     def fail_local(self, op: PartitionOp, message: str) -> None:
         """An owned key's round failed before it reached the server: its job and the peers waiting
-        fail, and the server's round ends refused for every machine, as a worker's refusal ends it."""
+        fail, and the server's round ends refused for every machine, as a worker's refusal ends it.
+        It stays in flight until the server's answer: the key's next round must not reach the
+        server before this one ended there."""
         self.relay.fail(op.wkey.key, op.round, message)
         self.stages.send(op, PartitionStages.refusal(message))
-        self._leave_flight(op)
         self._fail_job(op, JobError(message))
 
     def _land(self, op: PartitionOp, h: dict, frames: list) -> None:

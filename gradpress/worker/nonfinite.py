@@ -43,8 +43,11 @@ def land(op: Any, h: dict) -> None:
     restart(op, h)
     if is_device_array(dst):
         from ..kernels.cuda import device
-        with device.working_on(dst, landing=True):  # after the landings queued before it; pageable
-            device.land_divided(np.full(device.length(dst), np.nan, np.float32), dst, 1, wait=False)  # (staged)
+        with device.working_on(dst, landing=True):  # after the landings queued before it
+            if hasattr(dst, "fill_"):  # a CUDA tensor: filled there (a copy from pageable memory waits)
+                dst.fill_(float("nan"))
+            else:
+                device.land_divided(np.full(device.length(dst), np.nan, np.float32), dst, 1)
     else:
         dst[...] = np.nan
     _landed[0] += 1

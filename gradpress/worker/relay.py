@@ -126,6 +126,7 @@ class Relay:
         owned = self.keys.get(key)
         if owned is not None:
             owned.own.pop(rnd, None)
+            owned.pushed.pop(rnd, None)
             owned.copying.discard(rnd)
         self.relay(key, rnd, Op.ERROR, {"message": message, "key": key, "round": rnd}, [])
 
@@ -208,6 +209,10 @@ class Relay:
         del owned.own[rnd]
         owned.pushed.pop(rnd)
         wk = op.wkey
+        if op.job.future.done():  # failed meanwhile: its caller may be rewriting the tensor we would read
+            self.flight.fail_local(op, f"push_pull of {wk.describe()}, round {rnd}: its push_pull failed before "
+                                       f"the machine's sum")
+            return
         try:
             op.summed = self._sum(owned, op, pushes)
         except ValueError as e:

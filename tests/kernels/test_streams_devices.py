@@ -3,6 +3,7 @@ numba's device and its torch stream set between calls), a block on one GPU neste
 GPU's block leaves that other GPU's device and stream current again when it ends; on any other
 thread, a block on one GPU never makes a context on another. Stand-ins take numba's and
 torch's parts (this host has no GPU); they record what was selected."""
+import contextlib
 import threading
 import types
 
@@ -245,19 +246,34 @@ def test_gradpress_streams_on_gpu_1_are_made_with_gpu_1_selected(monkeypatch):
     first asked for outside ``working_on`` (``torch_stream``, say), on a thread that had
     selected no GPU or another, it went into GPU 0's, where launches on it fail."""
     selected, made = {}, []
+
+    @contextlib.contextmanager
+    def pushed(i):   # numba's context of GPU i pushed, popped after
+        before = selected.get(threading.get_ident())
+        selected[threading.get_ident()] = i
+        yield
+        selected[threading.get_ident()] = before
     monkeypatch.setattr(streams, "cuda", types.SimpleNamespace(
-        select_device=lambda i: selected.__setitem__(threading.get_ident(), i),
+        select_device=lambda i: selected.__setitem__(threading.get_ident(), i), gpus={1: pushed(1), 2: pushed(2)},
         external_stream=lambda handle: made.append((handle, selected.get(threading.get_ident()))) or handle))
     monkeypatch.setattr(streams, "_local", threading.local())
     monkeypatch.setattr(streams, "_pairs", {})
     fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        Stream=lambda device: types.SimpleNamespace(cuda_stream=f"stream on {device}")))
+        Stream=lambda device: types.SimpleNamespace(cuda_stream=f"stream on {device}"),
+        device=lambda i: contextlib.nullcontext()))
     monkeypatch.setattr(streams, "_torch", lambda: fake_torch)
-    thread = threading.Thread(target=lambda: streams._pair(1))
+    after = []
+
+    def on_gpu_2_then_1():   # inside a GPU 2 block, GPU 1's stream is made for the first time
+        with streams.on_device(2):
+            streams._pair(1)
+            after.append(selected.get(threading.get_ident()))
+    thread = threading.Thread(target=on_gpu_2_then_1)
     thread.owns_gpu_work = True
     thread.start()
     thread.join(5)
     assert made == [("stream on 1", 1)], made
+    assert after == [2], "the thread was left on GPU 1 inside its GPU 2 block"
 
 
 def test_a_gpu_1_keys_pinned_stage_is_made_with_gpu_1_selected(monkeypatch):

@@ -3,6 +3,8 @@
 The averages a route hands back equal a numpy replay of the same sums; with tensors on
 ``meta`` (a device that is not the host's) every buffer a route makes and everything it
 sends stays on that device. Real jobs run the same routes in the *_integ tests."""
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -262,7 +264,7 @@ class FailingOnce(FakeComm):
         super().__init__()
         self.failing, self.waited = name, []
 
-    def wait(self, handle):
+    def wait(self, handle, timeout_s=None):
         self.waited.append(handle)
         out = super().wait(handle)
         if self.sent[handle - 1].name == self.failing:
@@ -298,7 +300,7 @@ def test_a_failed_steps_started_push_pulls_are_waited_out_when_the_routes_clear(
     comm = FakeComm()
     waited = []
     wait = comm.wait
-    comm.wait = lambda handle: waited.append(handle) or wait(handle)
+    comm.wait = lambda handle, timeout_s=None: waited.append(handle) or wait(handle)
     a, b, c = _members()
     direct = DirectRoute([a, b], {id(a): "a", id(b): "b"}, {id(a): 0, id(b): 0}, {}, lambda p: 0.1, comm)
     bucket = Bucket("g", [c], None, 0, comm)
@@ -308,6 +310,28 @@ def test_a_failed_steps_started_push_pulls_are_waited_out_when_the_routes_clear(
     direct.clear()
     bucket.clear()
     assert sorted(waited) == [1, 2, 3] and direct.finish() == {} and bucket.finish() == {}
+
+
+def test_a_failed_steps_handles_are_waited_out_within_one_deadline_in_all():
+    # a server that hangs (alive, heartbeats going on) holds each handle to its own deadline:
+    # one after another, a step of many would report its error only after all of them
+    from types import SimpleNamespace
+
+    from gradpress.pipeline.routes import drain
+
+    class Hung:
+        settings = SimpleNamespace(op_timeout_s=0.3)
+
+        def __init__(self):
+            self.given = []
+
+        def wait(self, handle, timeout_s=None):
+            self.given.append(timeout_s)
+            time.sleep(timeout_s)
+            raise TimeoutError("no reply")
+    comm = Hung()
+    drain([1, 2, 3], comm)
+    assert comm.given[0] <= 0.3 and comm.given[1:] == [0.0, 0.0], comm.given
 
 
 # ---- planned -----------------------------------------------------------------------------

@@ -51,7 +51,7 @@ class FakeComm:
     def start_rows(self, tensor, name, *, priority=0):
         return self.start(tensor, name, priority=priority)
 
-    def wait(self, handle):
+    def wait(self, handle, timeout_s=None):
         return self._out.pop(handle)
 
     def size(self):

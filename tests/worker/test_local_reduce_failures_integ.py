@@ -153,7 +153,7 @@ def test_a_nan_in_one_machines_sum_skips_that_round_everywhere_at_once(cluster):
 # why then, instead of waiting out their own deadline for a round that cannot end
 STALL_TWO_MACHINES = STALL.replace("""try:
     c.push_pull_async""", """if r >= 2:
-    time.sleep(2.5)
+    time.sleep(3.5)
 try:
     c.push_pull_async""").replace("except OpTimeoutError as e:", "except (OpTimeoutError, JobError) as e:").replace(
     "from gradpress.errors import OpTimeoutError", "from gradpress.errors import JobError, OpTimeoutError").replace(

@@ -63,3 +63,12 @@ def test_a_peers_push_after_the_owners_round_failed_sums_nothing():
     _push(relay, wk, 2)
     assert flight.summed == [] and flight.failed == []
     assert [op_ for _, op_, _ in sent] == [Op.PUSH_ACK, Op.ERROR] * 2   # each pull hears why
+
+
+def test_an_owner_whose_push_pull_failed_while_the_pushes_came_in_does_not_read_its_tensor():
+    relay, flight, sent, wk, op = _relay()
+    relay.contribute(op)
+    op.job.future.fail(RuntimeError("its push_pull failed: a landing"))
+    _push(relay, wk, 1)
+    _push(relay, wk, 2)
+    assert flight.summed == [] and len(flight.failed) == 1 and "failed before the machine's sum" in flight.failed[0]

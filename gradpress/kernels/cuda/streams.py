@@ -65,7 +65,10 @@ def _pair(index: int, lane: int = PUSH) -> tuple[Any, Any]:
             pair = _pairs.get((index, lane))
             if pair is None:
                 torch = _torch()
-                with on_device(index):  # numba's stream in GPU ``index``'s context, not the caller's
+                # numba's stream in GPU ``index``'s context, not the caller's (and the caller's
+                # device back after: an owned thread may be inside another GPU's ``working_on``)
+                same = config.ENABLE_CUDASIM or getattr(_local, "device", None) == index
+                with contextlib.nullcontext() if same else _switched(index):
                     if torch is not None:
                         made = torch.cuda.Stream(device=index)
                         pair = (cuda.external_stream(made.cuda_stream), made)

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Callable
+import time
+from typing import Any
 
 import torch
-
-from ...torch.handles import wait_all
 
 
 class Route:
@@ -45,13 +44,16 @@ class Route:
         tensors, so that the next step starts afresh."""
 
 
-def drain(handles: list[int], wait: Callable[[int], Any]) -> None:
+def drain(handles: list[int], comm: Any) -> None:
     """Wait out the handles a failed step left started, their errors dropped (the step's own
-    goes on): none stays pending, each one's clean-up runs (a CUDA consumer's stream waits
-    for what gradpress's streams still write into its tensor) before the route's buffers and
-    the gradients are written again, and a key's rounds stay in step. An interrupt (Ctrl-C)
-    is not held up by them."""
-    if isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit)):
+    goes on): each one's clean-up runs (a CUDA consumer's stream waits for what gradpress's
+    streams still write into its tensor) before the route's buffers and the gradients are
+    written again, and a key's rounds stay in step. One deadline for them all,
+    GRADPRESS_OP_TIMEOUT_S (a handle still pending then is cleaned up when it ends). An
+    interrupt (Ctrl-C) is not held up by them."""
+    if not handles or isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit)):
         return
-    with contextlib.suppress(Exception):
-        wait_all(handles, wait)
+    deadline = time.monotonic() + comm.settings.op_timeout_s
+    for handle in handles:
+        with contextlib.suppress(Exception):
+            comm.wait(handle, max(0.0, deadline - time.monotonic()))

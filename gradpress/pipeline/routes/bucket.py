@@ -151,7 +151,7 @@ class Bucket(Route):
 
     def clear(self) -> None:
         started, self._given, self._handle = self._handle, {}, None
-        drain([started[0]] if started is not None else [], self.comm.wait)
+        drain([started[0]] if started is not None else [], self.comm)
 
     def _in_views(self, tensors: list[torch.Tensor]) -> bool:
         """Whether every tensor is still the slice of the buffer that ``finish`` handed out."""

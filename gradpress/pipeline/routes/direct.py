@@ -61,4 +61,4 @@ class DirectRoute(Route):
 
     def clear(self) -> None:
         pending, self._pending = self._pending, {}
-        drain([handle for handle, *_ in pending.values()], self.comm.wait)
+        drain([handle for handle, *_ in pending.values()], self.comm)

@@ -56,7 +56,7 @@ class RowsRoute(Route):
 
     def clear(self) -> None:
         pending, self._pending = self._pending, {}
-        drain([handle for handle, _ in pending.values()], self.comm.wait)
+        drain([handle for handle, _ in pending.values()], self.comm)
 
 
 class DensityVote:
