@@ -261,7 +261,9 @@ def _unpack(data: bytes) -> Any:
             return tuple(value)
         dtype, shape, raw = value
         if code == _EXT_TENSOR and dtype.startswith("torch."):
-            kind = getattr(torch, dtype[len("torch."):])
+            kind = getattr(torch, dtype[len("torch."):], None)
+            if not isinstance(kind, torch.dtype):
+                raise ValueError(f"the root's optimizer state holds a tensor of {dtype!r}, not a torch dtype")
             return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(kind).reshape(shape) if raw \
                 else torch.empty(shape, dtype=kind)
         a = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
