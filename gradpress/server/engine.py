@@ -55,7 +55,7 @@ def refused_push(header: dict, frames: list, state) -> Refused:
         raise PushError(f"key {header['key']}: a {kind} push must carry no data, for a dense "
                         f"{'compressed ' if overflow else ''}key of its {header['count']} {header['dtype']} elements")
     why = header["nonfinite"] if overflow else header["refused"]
-    return Refused(f"{logs.peer(header['from'])} ({logs.peer(why)})", overflow)
+    return Refused(f"{logs.peer(header['from'])} ({logs.peer(why, logs.REASON_CHARS)})", overflow)
 
 
 def engine_count(setting: int, cores: float, sharing: int) -> int:

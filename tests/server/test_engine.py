@@ -174,6 +174,13 @@ def test_a_refused_push_is_taken_without_data_and_one_with_data_is_dropped(inpro
     pulled, = engine.serve(b"w0", _header(Op.PULL, key=9, round=0), [])
     assert pulled.op == Op.ERROR and pulled.fields["round"] == 0
     assert "refused by worker 0 (key 9: error feedback met NaN/inf)" in pulled.fields["message"]
+    # a reason is quoted whole up to logs.REASON_CHARS (the cause of a failure on another
+    # machine), a longer one cut
+    for why, kept in (("its encoder failed on the GPU: RuntimeError: CUDA out of memory. " + "x" * 150, 216),
+                      ("y" * 100_000, 240)):
+        engine.serve(b"w0", _header(Op.PUSH, key=9, round=1 + kept // 240, dtype="float32", count=4, refused=why), [])
+        pulled, = engine.serve(b"w0", _header(Op.PULL, key=9, round=1 + kept // 240), [])
+        assert why[:kept] in pulled.fields["message"] and len(pulled.fields["message"]) < 400, pulled.fields
 
 
 def test_a_nonfinite_push_is_taken_without_data_for_a_compressed_key_only(inproc):
