@@ -219,6 +219,30 @@ def test_an_encoder_that_fails_on_the_gpu_fails_its_job_naming_the_tensor_and_ev
     stages.host_copies.close(5)
 
 
+def _out_of_memory(*_):
+    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+
+def _grouped_encode_failing(credit: int = 64):
+    """A flight of a 3-partition tensor whose grouped encode fails on the GPU (its encoders
+    on the host-copies thread), ``credit`` partitions on the wire at a time."""
+    flight, _, t = setup(parts=(4, 4, 2))
+    stages = flight.stages = OffThread()
+    stages.go.set()
+    stages.compress_tensor = _out_of_memory
+    flight._queue = type(flight._queue)(credit)
+    return flight, stages, t
+
+
+def _rounds_end_one_by_one(flight, t) -> None:
+    """Each round in flight ends (its reply came), and each end gives the credit to the next partition."""
+    for _ in range(len(t.keys)):
+        for wk in t.keys:
+            if wk.in_flight is not None:
+                flight._leave_flight(wk.in_flight)
+        flight.dispatch()
+
+
 def _pushed_by(flight, stages, t, b) -> list[int]:
     """The partitions of job ``b`` that went out, once the encoders it started are done."""
     flight.dispatch()
@@ -231,13 +255,7 @@ def _pushed_by(flight, stages, t, b) -> list[int]:
 def test_after_a_grouped_encode_failed_on_the_gpu_the_next_job_sends_every_partition():
     # the grouped launch fails before the first key's payload is taken: that key kept the
     # failed job's mark, and the next job's partition was held behind it for good
-    flight, _, t = setup(parts=(4, 4, 2))
-    stages = flight.stages = OffThread()
-    stages.go.set()
-
-    def out_of_memory(*_):
-        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB")
-    stages.compress_tensor = out_of_memory
+    flight, stages, t = _grouped_encode_failing()
     a = job(t, 0.1)
     flight.start(a, priority=0)
     flight.dispatch()
@@ -298,11 +316,7 @@ def test_a_failed_push_pulls_partitions_still_queued_go_out_refused_without_read
     flight.start(a, priority=0)
     flight.dispatch()
     assert a.future.done() and stages.read == [0]
-    for _ in range(len(t.keys)):   # each round's end gives the credit back: the next partition goes
-        for wk in t.keys:
-            if wk.in_flight is not None:
-                flight._leave_flight(wk.in_flight)
-        flight.dispatch()
+    _rounds_end_one_by_one(flight, t)
     assert stages.read == [0], f"partitions {stages.read[1:]} read their source after the job failed"
     assert [i for i, *_ in stages.pushed] == [0, 1, 2]   # every round still reaches the servers
     assert all("refused" in h for h in stages.headers[1:]), stages.headers
@@ -312,25 +326,14 @@ def test_after_a_grouped_encode_failed_with_partitions_past_the_credit_the_next_
     # the partitions dispatched after the failure go out refused, unread: the marks the failed
     # grouped encode left on their keys go with them, else the tensor's next push_pulls waited
     # behind those marks for good
-    flight, _, t = setup(parts=(4, 4, 2))
-    stages = flight.stages = OffThread()
-    stages.go.set()
-
-    def out_of_memory(*_):
-        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB")
-    stages.compress_tensor = out_of_memory
-    flight._queue = type(flight._queue)(1)   # one partition on the wire at a time
+    flight, stages, t = _grouped_encode_failing(credit=1)   # one partition on the wire at a time
     a = job(t, 0.1)
     flight.start(a, priority=0)
     flight.dispatch()
     stages.finished(1)
     with pytest.raises(JobError):
         a.future.result(0)
-    for _ in range(len(t.keys)):   # each refused round's end gives the credit to the next partition
-        for wk in t.keys:
-            if wk.in_flight is not None:
-                flight._leave_flight(wk.in_flight)
-        flight.dispatch()
+    _rounds_end_one_by_one(flight, t)   # the later partitions go out refused
     assert [i for i, *_ in stages.pushed] == [0, 1, 2] and all("refused" in h for h in stages.headers)
     assert [wk.compressed_by for wk in t.keys] == [None] * 3, "a failed job's marks are left"
     del stages.compress_tensor
