@@ -190,8 +190,7 @@ class Compressor(ABC):
                             return
                     elif self._decode_device(header, buffers, device.as_device(out), key, round, divisor):
                         return
-            with device.on_device_of(out):  # (pinned in out's GPU's context, where no other is current)
-                host = device.host_scratch(device.length(out))  # pinned and reused: the copy is DMA
+            host = device.host_scratch(device.length(out), out)  # pinned and reused: the copy is DMA
             self._decode_checked(header, buffers, host, False, key, round, divisor if single else 1)
             with device.working_on(out, landing=True):
                 device.copy_from_host(host, out)

@@ -89,8 +89,7 @@ class Relay:
         if is_device_array(mine):  # to the host now, while the peers' pushes come in (``HostCopies``)
             from ..kernels.cuda import device
             if owned.host is None:  # pinned, as the stages' own staging buffers: the copy is DMA
-                with device.on_device_of(mine):  # (in its GPU's context)
-                    owned.host = device.pinned_host(op.wkey.count, np.dtype(op.wkey.tensor.dtype))
+                owned.host = device.pinned_host(op.wkey.count, np.dtype(op.wkey.tensor.dtype), mine)
             owned.copying.add(op.round)
             self.host_copies.copy(mine, owned.host, lambda: self._copied(op), op.wkey.describe)
             return

@@ -279,8 +279,7 @@ class PartitionStages:
         buffer = self.host_stages.get(wk.key)
         if buffer is None:
             from ..kernels.cuda import device
-            with device.on_device_of(chunk):
-                buffer = self.host_stages[wk.key] = device.pinned_host(wk.count, np.dtype(wk.tensor.dtype))
+            buffer = self.host_stages[wk.key] = device.pinned_host(wk.count, np.dtype(wk.tensor.dtype), chunk)
         return buffer
 
     def close(self) -> None:

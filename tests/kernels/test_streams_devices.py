@@ -285,8 +285,8 @@ def test_a_gpu_1_keys_pinned_stage_is_made_with_gpu_1_selected(monkeypatch):
     monkeypatch.setattr(streams, "cuda", types.SimpleNamespace(
         select_device=lambda i: selected.__setitem__(threading.get_ident(), i)))
     monkeypatch.setattr(streams, "_local", threading.local())
-    monkeypatch.setattr(device, "pinned_host", lambda n, dtype: pinned.append(selected.get(threading.get_ident()))
-                        or np.empty(n, dtype))
+    monkeypatch.setattr(device, "cuda", types.SimpleNamespace(pinned_array=lambda n, dtype: pinned.append(
+        selected.get(threading.get_ident())) or np.empty(n, dtype)))
     stages = types.SimpleNamespace(host_stages={})
     wk = types.SimpleNamespace(key=7, count=4, tensor=types.SimpleNamespace(dtype="float32"))
     chunk = types.SimpleNamespace(device=torch.device("cuda", 1))

@@ -220,7 +220,7 @@ def test_a_partitions_push_and_pull_wait_for_its_copy_and_a_round_failed_meanwhi
         return queued[-1]
     monkeypatch.setattr(device, "copy_to_host_queued", copy_to_host_queued)
     monkeypatch.setattr(device, "working_on", lambda x, landing=False: contextlib.nullcontext())
-    monkeypatch.setattr(device, "pinned_host", lambda n, dtype: np.zeros(n, dtype))
+    monkeypatch.setattr(device, "pinned_host", lambda n, dtype, near=None: np.zeros(n, dtype))
     wakes = Wakes()
     stages = PartitionStages("worker 0", [worker], [False], Tracer(""), HostCopies(wakes))
     table = KeyTable()

@@ -261,22 +261,25 @@ _refusals: list[int] = []  # registrations the driver refused (the first is logg
 _scratch = threading.local()
 
 
-def host_scratch(n: int) -> np.ndarray:
+def host_scratch(n: int, near: Any = None) -> np.ndarray:
     """A pinned float32 host array of ``n`` elements, this thread's own, reused by every call
-    of the same length (a host decode's landing before its copy to the device)."""
+    of the same length (a host decode's landing before its copy to ``near``)."""
     cache = _scratch.__dict__.setdefault("by_length", {})
     if n not in cache:
         if len(cache) >= 64:  # partitions come in a few sizes; a job of many is not hoarded
             cache.clear()
-        cache[n] = pinned_host(n, np.float32)
+        cache[n] = pinned_host(n, np.float32, near)
     return cache[n]
 
 
-def pinned_host(n: int, dtype: Any) -> np.ndarray:
-    """A page-locked host array (numpy's interface) for DMA copies; a plain one under the simulator."""
+def pinned_host(n: int, dtype: Any, near: Any = None) -> np.ndarray:
+    """A page-locked host array (numpy's interface) for DMA copies; a plain one under the
+    simulator. Made in ``near``'s GPU's context where ``near`` is a CUDA tensor: on a thread
+    with no GPU selected, numba would make (and pin it in) a context on GPU 0."""
     if config.ENABLE_CUDASIM:
         return np.empty(n, dtype)
-    return cuda.pinned_array(n, dtype)
+    with on_device_of(near):
+        return cuda.pinned_array(n, dtype)
 
 
 def empty(n: int, dtype: type) -> Any:

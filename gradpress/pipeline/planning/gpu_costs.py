@@ -49,14 +49,12 @@ def measure_on_device(params: dict[str, Any], device: Any) -> CodecCost:
                 torch.cuda.synchronize(device)
             return call
         if raw:
-            with gpu.on_device_of(base):  # pinned in base's GPU's context, not in one made on GPU 0
-                hosts = [gpu.pinned_host(n, np.float32) for _ in range(2)]
+            hosts = [gpu.pinned_host(n, np.float32, base) for _ in range(2)]
             comp.append((nbytes, median_s(finished(lambda: gpu.copy_to_host_into(xs[turn()], hosts[turn.now % 2])))))
             decomp.append((nbytes, median_s(finished(lambda: gpu.land_divided(hosts[turn() % 2], outs[turn.now], 2)))))
             continue
         if halves:  # Compression.fp16's cast on the card, then the raw path's copies at half the bytes
-            with gpu.on_device_of(base):
-                hosts = [gpu.pinned_host(n, np.float16) for _ in range(2)]
+            hosts = [gpu.pinned_host(n, np.float16, base) for _ in range(2)]
             landed = [torch.empty(n, dtype=torch.float16, device=device) for _ in range(2)]
             torch.cuda.synchronize(device)
 
