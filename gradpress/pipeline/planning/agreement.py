@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Callable
 
 import torch
 
+from ...errors import JobError
 from ...planner.profile import probe_batches
 from ...torch.handles import wait_all
 from ..comm import Comm
@@ -22,12 +24,27 @@ class Agreement:
         self.made: list[str] = []        # tensors made and not yet released
         self._last: list[str] = []       # the latest broadcast's: kept until the next one
 
-    def broadcast(self, text: str | None, kind: str, version: int) -> str:
-        """Rank 0's ``text`` on every worker."""
-        from ...torch.objects import broadcast_bytes
+    def broadcast(self, make: Callable[[], str] | None, kind: str, version: int) -> str:
+        """Rank 0's text, which ``make()`` makes there (others pass None), on every worker.
+        Where ``make`` raises on rank 0 (its calibration out of GPU memory, say), every
+        worker raises: rank 0 its own error once it has sent the others its cause, they a
+        JobError quoting it. Else they would wait out the op deadline in the broadcast,
+        where rank 0's program caught its error and went on."""
+        from ...torch.objects import ObjectError, broadcast_bytes
+        payload = error = caught = None
+        if make is not None:
+            try:
+                payload = make().encode()
+            except Exception as e:  # noqa: BLE001 - whatever it is, the others hear of it
+                caught, error = e, f"{type(e).__name__}: {e}"
         made: list[str] = []
-        payload = None if text is None else text.encode()
-        data = broadcast_bytes(payload, None, 0, f"{kind}.{self.label}.{version}", made=made)
+        try:
+            data = broadcast_bytes(payload, error, 0, f"{kind}.{self.label}.{version}", made=made)
+        except ObjectError as e:
+            self.made += made
+            if caught is not None:
+                raise caught
+            raise JobError(f"gradpress's planner: rank 0 could not make its {kind} ({e})") from e
         self.made += self._last
         self._last = made
         return data.decode()

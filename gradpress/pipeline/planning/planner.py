@@ -165,11 +165,10 @@ class AutoPlanner:
     def _make_plan(self) -> None:
         round_trips, batches = self.agreement.probe(self.version)
         planned = [p for p in self.params if not self.leave_out(p)]
-        text = None
-        if self.comm.rank() == 0:  # "": nothing left to plan
-            text = first_profile(self.clock, planned, self.names, self.priority, self.options, round_trips, batches,
+        def profiled() -> str:  # "": nothing left to plan
+            return first_profile(self.clock, planned, self.names, self.priority, self.options, round_trips, batches,
                                  self.comm, self.params, self.fused, self.sent_dtype).to_json() if planned else ""
-        text = self.agreement.broadcast(text, "PlanProfile", self.version)
+        text = self.agreement.broadcast(profiled if self.comm.rank() == 0 else None, "PlanProfile", self.version)
         if not text:
             self._keep(set())
             self.stage = PlanStage.IDLE
@@ -200,10 +199,9 @@ class AutoPlanner:
     def _refine(self) -> None:
         """Re-base the plan in force on rank 0's steps measured under it; then measure the
         next alternative, or keep the one ``choose`` picks."""
-        text = None
-        if self.comm.rank() == 0:
-            text = rebased(self.profile, self.plan, self.clock, self.names, self.params).to_json()
-        text = self.agreement.broadcast(text, "PlanRefined", self.version)
+        def refined() -> str:
+            return rebased(self.profile, self.plan, self.clock, self.names, self.params).to_json()
+        text = self.agreement.broadcast(refined if self.comm.rank() == 0 else None, "PlanRefined", self.version)
         profile = Profile.from_json(text, "rank 0's refined profile")
         predicted = predict(*self.plan.simulated(profile))
         measured = float(profile.notes["measured_s"])
@@ -280,12 +278,11 @@ class AutoPlanner:
         recent = [round(1e3 * t, 1) for t in self.clock.measured[-self.tuning.drift_steps:]]
         self.version += 1
         round_trips, _ = self.agreement.probe(self.version)
-        text = None
-        if self.comm.rank() == 0:
+        def relinked() -> str:  # "": the link is as profiled
             link = fit_link(round_trips, self.comm.size(), self.profile.codecs["none"].add, self.profile.message_s)
             changed = abs(link.bytes_per_s / self.profile.link.bytes_per_s - 1) > self.tuning.link_change
-            text = self.profile.scaled(bytes_per_s=link.bytes_per_s).to_json() if changed else ""
-        text = self.agreement.broadcast(text, "PlanProfile", self.version)
+            return self.profile.scaled(bytes_per_s=link.bytes_per_s).to_json() if changed else ""
+        text = self.agreement.broadcast(relinked if self.comm.rank() == 0 else None, "PlanProfile", self.version)
         if not text:  # the link is as profiled: the model, not the network, is off
             log.info("gradpress: iterations (%s ms) are off the prediction, but the link is as profiled; "
                      "keeping plan %d", recent, self.version - 1)
