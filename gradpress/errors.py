@@ -17,6 +17,10 @@ class TensorMismatchError(JobError):
     """Workers disagree on a tensor's size, dtype or partitioning."""
 
 
+class NotInitializedError(JobError, ValueError):
+    """gradpress.torch was used before ``init()`` (a ValueError too: BytePS raises one)."""
+
+
 class OpTimeoutError(JobError):
     """A push_pull, declare or barrier missed its deadline (GRADPRESS_OP_TIMEOUT_S)."""
 

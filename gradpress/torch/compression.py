@@ -12,8 +12,9 @@ import torch
 class TensorCompressor:
     """Interface: ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``.
 
-    (BytePS calls this class ``Compressor``; gradpress keeps that name for the gradient
-    codecs of ``gradpress.compressors``, which work per partition.)"""
+    (BytePS calls this class ``Compressor``, and so does this module: a custom compressor
+    subclasses either name; ``gradpress.compressors.Compressor`` is another thing, the
+    gradient codecs, which work per partition.)"""
 
     @staticmethod
     def compress(tensor: torch.Tensor):
@@ -22,6 +23,9 @@ class TensorCompressor:
     @staticmethod
     def decompress(tensor: torch.Tensor, ctx):
         raise NotImplementedError
+
+
+Compressor = TensorCompressor  # byteps.torch.compression's name, which custom compressors subclass
 
 
 class NoneCompressor(TensorCompressor):

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import queue
 import threading
+import types
 
 import torch
 
@@ -41,7 +42,10 @@ log = logging.getLogger(__name__)
 _STOP = object()
 
 
-class _CrossBarrier:
+class _CrossBarrier(torch.optim.Optimizer):
+    # An Optimizer, as BytePS's (an LR scheduler takes it), that never ran Optimizer's
+    # __init__: its groups, state and methods are the wrapped DistributedOptimizer's
+    # (``__getattr__``, and Optimizer's own methods delegated below the class).
     # (torch.amp.GradScaler then calls step() on every worker, which refuses it there at the
     # same step: left to itself the scaler skipped step() on some workers, whose rounds then
     # hung, and unscaled gradients still landing)
@@ -177,6 +181,18 @@ class _CrossBarrier:
         single.step()
         with torch.no_grad():
             p.grad.zero_()
+
+
+def _delegated(name: str):
+    def call(self, *args, **kwargs):
+        return getattr(self._opt, name)(*args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+for _name, _member in vars(torch.optim.Optimizer).items():  # (its static methods need no instance)
+    if isinstance(_member, types.FunctionType) and not _name.startswith("__") and _name not in vars(_CrossBarrier):
+        setattr(_CrossBarrier, _name, _delegated(_name))
 
 
 def training_streams(params: list[torch.Tensor]) -> dict[torch.device, object]:

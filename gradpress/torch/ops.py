@@ -18,7 +18,7 @@ import torch
 from .. import allocator, exit_gc, gil, logs
 from ..compressors.spec import CodecSpec
 from ..config import Settings
-from ..errors import JobError, RegistrationRefused
+from ..errors import JobError, NotInitializedError, RegistrationRefused
 from ..worker import WorkerClient
 from . import carriers, cuda_check, exact_ints, failures, handles, modes, sparse, staging
 from .compression import Compression
@@ -95,7 +95,7 @@ def shutdown() -> None:
 
 def _require() -> WorkerClient:
     if _client is None:
-        raise JobError("gradpress is not initialised: call gradpress.torch.init() first")
+        raise NotInitializedError("gradpress is not initialised: call gradpress.torch.init() first")
     if _client.fatal is not None:
         raise _client.fatal
     return _client

@@ -215,11 +215,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         planner = None if self._async else self._gradpress.planner
         return planner.plan if planner is not None else None
 
-    def zero_grad(self, set_to_none: bool = True):
+    def zero_grad(self, *args, **kwargs):  # the wrapped class's own arguments and defaults
         if not self._async and self._gradpress.any_submitted:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize()")
-        return super().zero_grad(set_to_none)
+        return super().zero_grad(*args, **kwargs)
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,

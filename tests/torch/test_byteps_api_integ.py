@@ -1,7 +1,8 @@
 """BytePS API behaviour that its example scripts and common training code rely on, across
 real worker processes: integer averages floor-divided, declare's 0, unnamed broadcasts of
 other shapes, tied weights broadcast once, numpy scalars in an optimizer's hyper-parameters,
-frozen parameters left out of named_parameters, set_backward_passes_per_step,
+frozen parameters left out of named_parameters, set_backward_passes_per_step, an
+optimizer's own zero_grad signature, BytePS's Compressor base class,
 and two DistributedDataParallel models whose parameter names are the same."""
 import pytest
 
@@ -113,6 +114,27 @@ except ValueError as e:
     assert "trainable parameter(s) of the optimizer are missing from named_parameters" in str(e), e
 else:
     raise AssertionError("a trainable parameter without a name was accepted")
+
+# an optimizer whose zero_grad takes no argument, and a custom compressor on BytePS's base class
+from gradpress.torch.compression import Compressor
+class Plain(torch.optim.SGD):
+    def zero_grad(self):
+        super().zero_grad(set_to_none=False)
+class Halves(Compressor):
+    @staticmethod
+    def compress(tensor):
+        return tensor.half(), tensor.dtype
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor.to(ctx)
+small = nn.Linear(3, 2)
+plain = bps.DistributedOptimizer(Plain(small.parameters(), lr=0.0), named_parameters=small.named_parameters(),
+                                 compression=Halves)
+small(torch.full((1, 3), float(r))).sum().backward()
+plain.step()
+assert torch.equal(small.bias.grad, torch.ones(2)), small.bias.grad  # averaged, through the halves
+plain.zero_grad()  # its own default: gradients zeroed, not dropped
+assert all(p.grad is not None and not p.grad.any() for p in small.parameters())
 
 # two DDP models in one job with the same parameter names and other shapes (a GAN's two)
 def wrapped(width):

@@ -36,6 +36,8 @@ bps.broadcast_optimizer_state(opt_b, root_rank=0)
 # the groups torch made in load_state_dict are where gradpress reads each parameter's lr
 assert all(opt_b._groups[id(p)] is g for g in opt_b.param_groups for p in g["params"])
 sched = torch.optim.lr_scheduler.StepLR(opt_b, step_size=2, gamma=0.5)
+assert isinstance(opt_a, torch.optim.Optimizer)  # as BytePS's: an LR scheduler takes it
+sched_a = torch.optim.lr_scheduler.StepLR(opt_a, step_size=2, gamma=0.5)
 for step in range(6):
     x, y = batch(step)
     if frozen and step == 2:
@@ -44,8 +46,7 @@ for step in range(6):
     opt_a.zero_grad()
     nn.functional.cross_entropy(a(x), y).backward()   # a's forward waits for each layer's update
     opt_a.step()
-    for group in opt_a.param_groups:                     # the same schedule, changed right after step()
-        group["lr"] = opt_b.param_groups[0]["lr"] * (0.5 if step % 2 == 1 else 1.0)
+    sched_a.step()  # the same schedule, changed right after step(), while the updater may still run
     opt_b.zero_grad()
     nn.functional.cross_entropy(b(x), y).backward()
     opt_b.step()
