@@ -191,15 +191,17 @@ def announce_host(settings: Settings) -> str:
 
 
 def send(sock: zmq.Socket, op: Op, sender: str, buffers: Sequence[Any] = (),
-         identity: bytes | None = None, **fields: Any) -> None:
-    """Send one message; ``identity`` addresses a peer of a ROUTER socket."""
+         identity: bytes | None = None, nonblocking: bool = False, **fields: Any) -> None:
+    """Send one message; ``identity`` addresses a peer of a ROUTER socket. ``nonblocking``:
+    zmq.Again where the peer's queue is full, rather than waiting (a message is queued whole
+    or not at all: its first frame decides)."""
     frames: list[Any] = [] if identity is None else [identity]
     frames.append(protocol.encode(op, sender, **fields))
     frames.extend(buffers)
-    last = len(frames) - 1
+    last, flags = len(frames) - 1, zmq.NOBLOCK if nonblocking else 0
     for i, frame in enumerate(frames):
         nbytes = getattr(frame, "nbytes", None) or len(frame)
-        sock.send(frame, zmq.SNDMORE if i < last else 0, copy=nbytes < ZERO_COPY_MIN_BYTES)
+        sock.send(frame, (zmq.SNDMORE if i < last else 0) | flags, copy=nbytes < ZERO_COPY_MIN_BYTES)
 
 
 def recv(sock: zmq.Socket, routed: bool,

@@ -9,9 +9,7 @@ recorded on the future concerned; a fatal one fails every future that waits.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
-import os
 import queue
 import threading
 import time
@@ -36,11 +34,9 @@ from .keys import KeyTable, StateRequest, Tensor
 from .local import LocalGroup
 from .relay import Relay
 from .stages import PartitionStages
+from .waker import Waker
 
 log = logging.getLogger(__name__)
-_write_keeping_gil = ctypes.PyDLL(None).write  # libc's, called with the GIL held (see ``wake``)
-_write_keeping_gil.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
-_write_keeping_gil.restype = ctypes.c_ssize_t
 
 
 class CommunicationThread(threading.Thread):
@@ -58,12 +54,8 @@ class CommunicationThread(threading.Thread):
         self.stopped = threading.Event()
         self.table = KeyTable()
         self._commands: queue.Queue = queue.Queue()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)  # written with the GIL held: it must never block
-        # set by the first wake since the thread last took its commands: later submits skip the
-        # pipe write (a syscall, 12% of the training thread's backward hooks in py-spy)
-        self._wake_due = False
+        self.waker = Waker()
+        self.wake = self.waker.wake  # (from any thread: waker.py)
         self.flight: PartitionFlight | None = None
         self._barriers: dict[tuple[str, int], Future] = {}
         self._barrier_seq = 0
@@ -85,16 +77,10 @@ class CommunicationThread(threading.Thread):
         if self.stopped.is_set():
             raise JobError("gradpress was shut down on this worker")
         self._commands.put(command)
+        if self.stopped.is_set():  # it stopped meanwhile: its queue may have been failed before this put
+            for future in self._queued():
+                future.fail(self.fatal or JobError("gradpress was shut down on this worker"))
         self.wake()
-
-    def wake(self) -> None:
-        if self._wake_due:
-            return  # a byte is in the pipe since the thread last took its commands
-        self._wake_due = True
-        # libc's write, not os.write, which lets the GIL go: the thread it wakes took it then and
-        # worked while the backward waited in its hook (0.58 ms a wake on a CPU worker). Kept, the
-        # hook returns to autograd first. A full pipe (-1, EAGAIN): it is due to wake anyway.
-        _write_keeping_gil(self._wake_w, b"x", 1)
 
     # ---- the communication thread: the loop ----------------------------------
 
@@ -138,7 +124,7 @@ class CommunicationThread(threading.Thread):
             if self.link is not None:
                 self.tracer.write(self.link.name)
                 self.link.close()
-            os.close(self._wake_r)
+            self.waker.close()
             transport.deliver_queued(self.ctx)  # the context is this thread's (``transport.own_context``)
 
     def _loop(self, servers: list[zmq.Socket]) -> None:
@@ -146,18 +132,12 @@ class CommunicationThread(threading.Thread):
         relay = self.flight.relay
         for sock in [self.link.sock] + servers + ([relay.group.router] if relay else []):
             poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self.waker.fd, zmq.POLLIN)
         timeout_ms = self.s.heartbeat_interval_s * 1000 / 2
         while not self.stopped.is_set():
             ready = dict(poller.poll(timeout_ms))
-            if self._wake_r in ready:
-                try:
-                    os.read(self._wake_r, 65536)
-                except BlockingIOError:
-                    pass
-                # cleared after the pipe is read and before the queue is: a command put
-                # after this finds it False and writes a byte that is still to be read
-                self._wake_due = False
+            if self.waker.fd in ready:
+                self.waker.taken()
             self.stages.host_copies.run_finished()
             while not self._commands.empty():
                 command = self._commands.get_nowait()
@@ -292,9 +272,12 @@ class CommunicationThread(threading.Thread):
         waiting += self.declarations.futures()
         waiting += list(self._barriers.values())
         waiting += [wk.state_request.future for wk in self.table.values() if wk.state_request is not None]
-        waiting += [self._finish] if self._finish else []
+        return waiting + ([self._finish] if self._finish else []) + self._queued()
+
+    def _queued(self) -> list[Future]:
+        """The futures of the commands still queued, taking them (a push_pull's job's too)."""
+        waiting = []
         while not self._commands.empty():
-            future = getattr(self._commands.get_nowait(), "future", None)
-            waiting += [future] if future is not None else []
+            waiting += cmd.waiters(self._commands.get_nowait())
         return waiting
 

@@ -80,3 +80,11 @@ class Finish:
 class Abort:
     """This worker failed: tell the scheduler (``reason`` is its first error line)."""
     reason: str
+
+
+def waiters(command: Any) -> list[Future]:
+    """The futures callers wait on for ``command``: its own, and a push_pull's job's (one to
+    start, or one to start once its tensor is declared)."""
+    start = command if isinstance(command, StartPushPull) else getattr(command, "start", None)
+    futures = [getattr(command, "future", None), start.job.future if start is not None else None]
+    return [f for f in futures if f is not None]

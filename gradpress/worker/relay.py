@@ -265,7 +265,12 @@ class Relay:
         self._send(identity, op, buffers, **fields)
 
     def _send(self, identity: bytes, op: Op, buffers=(), **fields) -> None:
+        # never blocking: a peer that reads nothing (stopped, its queue full) must not stop this
+        # thread, its heartbeats and every other key; that peer misses this message, and its
+        # deadline names this owner
         try:
-            transport.send(self.group.router, op, self.sender, buffers, identity=identity, **fields)
+            transport.send(self.group.router, op, self.sender, buffers, identity=identity, nonblocking=True, **fields)
+        except zmq.Again:
+            log.warning("dropped %s to %s: its queue is full (it reads nothing)", op.name, logs.peer(identity))
         except zmq.ZMQError as e:  # the peer is gone: the scheduler names it to everyone
             log.warning("could not send %s to %s: %s", op.name, logs.peer(identity), e)

@@ -1,7 +1,8 @@
 """The owner's relay (local reduction) on its own: a real key table's key, the group's
 sockets replaced by a recorder. A peer whose push_pull failed before a partition went
 pushes that round refused, without values: the machine's round fails at once, naming the
-peer and why, where the owner used to answer it an error and wait out its deadline."""
+peer and why, where the owner used to answer it an error and wait out its deadline. And, on
+real sockets, a peer that reads nothing never blocks the owner's sends."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -72,3 +73,42 @@ def test_an_owner_whose_push_pull_failed_while_the_pushes_came_in_does_not_read_
     _push(relay, wk, 1)
     _push(relay, wk, 2)
     assert flight.summed == [] and len(flight.failed) == 1 and "failed before the machine's sum" in flight.failed[0]
+
+
+def test_an_owner_never_blocks_on_a_peer_that_reads_nothing():
+    """A stopped peer (SIGSTOP) whose queue is full: the owner's sends to it are dropped, not
+    waited on, so its thread (heartbeats, every other key) goes on."""
+    import threading
+
+    import zmq
+    ctx = zmq.Context.instance()
+    router, peer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        for sock in (router, peer):
+            sock.setsockopt(zmq.SNDHWM, 2)
+            sock.setsockopt(zmq.RCVHWM, 2)
+            sock.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        peer.setsockopt(zmq.IDENTITY, b"local 3")
+        peer.connect(f"tcp://127.0.0.1:{port}")
+        peer.send(b"hello")  # the router learns the peer's identity
+        router.recv_multipart()
+        relay = Relay(SimpleNamespace(base_rank=2, size=3, me=0, router=router), "worker 2", None, Flight(),
+                      host_copies=None)
+        big, failed = np.zeros(1 << 18, np.float32), []  # 1 MiB a message, 64 of them: past the TCP buffers too
+
+        def send_many() -> None:
+            try:
+                for r in range(64):
+                    relay._send(b"local 3", Op.PULL_REPLY, [big], key=1, round=r, dtype="float32", count=big.size)
+            except BaseException as e:  # noqa: BLE001 - the test reports it
+                failed.append(e)
+        sender = threading.Thread(target=send_many, daemon=True)
+        sender.start()
+        sender.join(20)
+        assert not failed, failed
+        assert not sender.is_alive(), "the owner blocked on a peer that reads nothing"
+    finally:
+        router.close()
+        peer.close()

@@ -1,4 +1,4 @@
-"""Waking the worker's communication thread from a backward hook (``CommunicationThread.wake``):
+"""Waking the worker's communication thread from a backward hook (``waker.Waker``):
 one byte per idle spell, never blocking, and the GIL kept through the write, so that the
 woken thread does not take it and its work while the hook waits inside the write."""
 import os
@@ -6,44 +6,37 @@ import sys
 import threading
 import time
 
-import zmq
 
-from gradpress.config import Settings
-from gradpress.trace import Tracer
-from gradpress.worker.comm import CommunicationThread
-
-
-def _comm() -> CommunicationThread:
-    return CommunicationThread(Settings(), zmq.Context.instance(), Tracer(""))
+from gradpress.worker.waker import Waker
 
 
 def test_one_byte_until_the_thread_takes_its_commands():
-    comm = _comm()
+    waker = Waker()
     for _ in range(5):
-        comm.wake()
-    assert os.read(comm._wake_r, 100) == b"x"
-    comm._wake_due = False  # as the thread does once it has read the pipe
-    comm.wake()
-    assert os.read(comm._wake_r, 100) == b"x"
+        waker.wake()
+    assert os.read(waker.fd, 100) == b"x"
+    waker.due = False  # as the thread does once it has read the pipe
+    waker.wake()
+    assert os.read(waker.fd, 100) == b"x"
 
 
 def test_a_full_pipe_never_blocks_the_caller():
-    comm = _comm()
+    waker = Waker()
 
     def fill() -> None:
         for _ in range(200_000):  # far past a pipe's 64 KiB
-            comm._wake_due = False
-            comm.wake()
+            waker.due = False
+            waker.wake()
 
     filler = threading.Thread(target=fill, daemon=True)
     filler.start()
     filler.join(60)
     assert not filler.is_alive(), "wake() blocked on a full pipe"
-    assert len(os.read(comm._wake_r, 1 << 20)) >= 4096  # it was full
+    assert len(os.read(waker.fd, 1 << 20)) >= 4096  # it was full
 
 
 def test_no_other_thread_runs_during_the_write():
-    comm = _comm()
+    waker = Waker()
     count, stop = [0], threading.Event()
 
     def spin() -> None:
@@ -59,9 +52,9 @@ def test_no_other_thread_runs_during_the_write():
             time.sleep(0.001)
         ran = 0
         for _ in range(200):  # a few microseconds in all, unless a write lets the GIL go
-            comm._wake_due = False
+            waker.due = False
             before = count[0]
-            comm.wake()
+            waker.wake()
             ran += count[0] != before
     finally:
         stop.set()
