@@ -16,6 +16,10 @@ import msgpack
 PROTOCOL_VERSION = 1
 # Largest header accepted; headers are a few hundred bytes, data travels in frames.
 MAX_HEADER_BYTES = 1 << 20
+# Lists and maps inside a header, at most this deep, the header itself 1 (the protocol's own go
+# to 4: the address book's nodes and their ports): deeper ones are refused at decoding, where
+# the messages and logs that quote them would have raised RecursionError (msgpack takes 1023).
+MAX_DEPTH = 8
 
 
 class ProtocolError(ValueError):
@@ -138,9 +142,27 @@ def decode(frame: bytes | memoryview) -> dict[str, Any]:
         raise ProtocolError(f"header is not msgpack: {type(e).__name__}: {e}") from None
     if not isinstance(header, dict):
         raise ProtocolError(f"header is a {type(header).__name__}, not a map")
+    for value in header.values():  # (the hot messages' fields are all scalars: this is quick)
+        if isinstance(value, (dict, list)) and _too_deep(value):
+            raise ProtocolError(f"header nests lists and maps deeper than {MAX_DEPTH}")
     _check(header)
     header["op"] = Op(header["op"])
     return header
+
+
+def _too_deep(value: dict | list) -> bool:
+    """Whether ``value`` (a field of a header, itself at depth 1) nests past MAX_DEPTH; without
+    recursion, which is what such a value would exhaust."""
+    stack = [(value, 2)]
+    while stack:
+        value, depth = stack.pop()
+        items = value.values() if isinstance(value, dict) else value
+        for item in items:
+            if isinstance(item, (dict, list)):
+                if depth >= MAX_DEPTH:
+                    return True
+                stack.append((item, depth + 1))
+    return False
 
 
 def _check(header: dict[str, Any]) -> None:

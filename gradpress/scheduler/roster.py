@@ -147,7 +147,7 @@ class Roster:
             failed = next((m for m in self.workers() if (m.worker_id, m.local_rank) == slot), None)
         if failed is not None and failed.rank >= 0:
             rank = failed.rank
-        elif h.get("worker_id", -1) >= 0:
+        elif 0 <= h.get("worker_id", -1) < self.num_worker and 0 <= h.get("local_rank", 0) < MAX_LOCAL_SIZE:
             # not ranked yet (the job had not started): the rank its DMLC_WORKER_ID would have given it
             rank = h["worker_id"] * (failed.local_size if failed else 1) + h.get("local_rank", 0)
         else:

@@ -103,6 +103,8 @@ class Scheduler(Liveness):
                 self._dispatch(identity, member, header)
             except zmq.ZMQError as e:  # a peer vanished between its message and our reply
                 log.warning("could not answer %s: %s", logs.peer(header["from"]), e)
+            except Exception:  # a message no check foresaw: the job's only scheduler must not die of it
+                log.exception("dropped a %s from %s that failed here", header["op"].name, logs.peer(header["from"]))
 
     def _dispatch(self, identity: bytes, member: Member | None, h: dict) -> None:
         op = h["op"]

@@ -72,6 +72,24 @@ def test_malformed_headers_are_rejected_with_the_reason(frame, why):
         protocol.decode(frame)
 
 
+def _nested(depth: int):
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_headers_nested_deeper_than_the_limit_are_refused_and_the_limit_is_taken():
+    """A peer's deeply nested field would raise RecursionError where a message quotes it (a
+    scheduler's refusal, a server's mismatch): refused at decoding instead."""
+    deep = {"compressor": "onebit", "x": _nested(protocol.MAX_DEPTH)}  # its innermost list at depth MAX_DEPTH + 1
+    frame = raw(op=int(Op.DECLARE), name="t", count=4, dtype="float32", parts=[4], compression_params=deep)
+    with pytest.raises(ProtocolError, match=f"deeper than {protocol.MAX_DEPTH}"):
+        protocol.decode(frame)
+    frame = raw(op=int(Op.DECLARE), name="t", count=4, dtype="float32", parts=_nested(protocol.MAX_DEPTH - 1))
+    assert protocol.decode(frame)["parts"] == _nested(protocol.MAX_DEPTH - 1)
+
+
 def test_encoding_an_invalid_header_fails_at_the_sender():
     with pytest.raises(ProtocolError, match="missing field 'round'"):
         protocol.encode(Op.PULL, "worker 0", key=1)

@@ -12,16 +12,23 @@ from gradpress.net.protocol import Op
 from gradpress.scheduler.scheduler import Scheduler
 
 
+class _Job(dict):
+    scheduler: Scheduler
+
+
 @pytest.fixture
 def job():
-    """A running scheduler with one worker and one server registered; yields their links."""
+    """A running scheduler with one worker and one server registered; yields their links (and
+    the scheduler, as ``.scheduler``)."""
     common = dict(num_worker=1, num_server=1, root_uri="127.0.0.1", node_host="127.0.0.1",
                   heartbeat_interval_s=0.1, heartbeat_timeout_s=30, connect_timeout_s=30, job_secret=TEST_SECRET)
     scheduler = Scheduler(Settings(role="scheduler", root_port=0, **common))
     running = threading.Thread(target=scheduler.run, daemon=True)
     running.start()
     at = dict(common, root_port=scheduler.port)
-    links = {role: SchedulerLink(Settings(role=role, **at), role, transport.context()) for role in ("worker", "server")}
+    links = _Job({role: SchedulerLink(Settings(role=role, **at), role, transport.context())
+                  for role in ("worker", "server")})
+    links.scheduler = scheduler
     server_registered = threading.Thread(target=links["server"].register, daemon=True)
     server_registered.start()
     links["worker"].register()
@@ -87,3 +94,32 @@ def test_a_registration_after_a_normal_end_is_refused_saying_why():
         link.close()
         scheduler._linger_until = 0.0
         running.join(timeout=5)
+
+
+def test_an_abort_naming_ids_out_of_range_ends_the_job_naming_an_unknown_worker(job):
+    """Ids no worker can have (a launcher's, or anyone's without CURVE): the scheduler used to
+    compute a rank past 64 bits and die encoding NODE_LOST; every member hears of an unknown
+    worker instead."""
+    stranger = SchedulerLink(job["worker"].settings, "worker", transport.context())
+    try:
+        stranger.send(Op.ABORT, reason="a test's", pid=4242, worker_id=2 ** 63, local_rank=2 ** 63)
+        for link in (job["worker"], job["server"]):
+            lost = _next(link, Op.NODE_LOST)
+            assert lost["rank"] == -1 and "a test's" in lost["reason"], lost
+    finally:
+        stranger.close()
+
+
+def test_a_message_that_fails_in_the_scheduler_is_dropped_and_the_job_goes_on(job, monkeypatch):
+    """Whatever no check foresaw in one message must not end the job's only scheduler."""
+    arrive = job.scheduler.barriers.arrive
+
+    def failing_once(*args):
+        monkeypatch.setattr(job.scheduler.barriers, "arrive", arrive)
+        raise RuntimeError("a test's")
+    monkeypatch.setattr(job.scheduler.barriers, "arrive", failing_once)
+    job["worker"].send(Op.BARRIER, group="all", seq=1)  # dropped
+    job["worker"].send(Op.BARRIER, group="all", seq=1)  # (as a retry would)
+    job["server"].send(Op.BARRIER, group="all", seq=1)
+    done = _next(job["server"], Op.BARRIER_DONE)
+    assert (done["group"], done["seq"]) == ("all", 1), done
