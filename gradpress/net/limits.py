@@ -61,7 +61,7 @@ class Limits:
                              f"{self.partition_bytes}; every node must have the same setting)")
 
 
-def check_lr(lr: float, what: str) -> None:
-    """A learning rate travels with pushes; it must be finite and not negative."""
+def check_lr(lr: float, what: str, error: type[ValueError] = ValueError) -> None:
+    """A learning rate travels with pushes; it must be finite and not negative (else ``error``)."""
     if not (math.isfinite(lr) and lr >= 0):
-        raise ValueError(f"{what}: learning rate {lr!r} is not a finite number >= 0")
+        raise error(f"{what}: learning rate {lr!r} is not a finite number >= 0")

@@ -14,8 +14,12 @@ import json
 
 import numpy as np
 
-from ..placement import KeyPlacement
+from ..placement import MAX_PARTITIONS, KeyPlacement
 from ..net.protocol import Op
+
+# Tensors a job may declare (a model has thousands; every name the scheduler keeps for good):
+# past it a peer gone wrong would grow the scheduler's memory without end.
+MAX_TENSORS = 1 << 20
 
 
 @dataclass
@@ -44,6 +48,12 @@ class Declarations:
                 or sum(parts) != count or not parts:
             return [([identity], Op.ERROR, {"name": name, "message":
                     f"tensor {name!r}: partition sizes {parts} do not add up to {count} elements"})]
+        if len(parts) > MAX_PARTITIONS:  # (the next tensor's keys would start within them)
+            return [([identity], Op.ERROR, {"name": name, "message":
+                    f"tensor {name!r}: {len(parts)} partitions, at most {MAX_PARTITIONS}"})]
+        if name not in self.tensors and len(self.tensors) >= MAX_TENSORS:
+            return [([identity], Op.ERROR, {"name": name, "message":
+                    f"tensor {name!r}: the job already declared {MAX_TENSORS} tensors, the most it may"})]
         compression = json.dumps(compression_params, sort_keys=True) if compression_params else "uncompressed"
         spec = (count, dtype, tuple(parts), compression)
         d = self.tensors.get(name)

@@ -177,6 +177,9 @@ class Engine(threading.Thread):
                 state.load_server_state(np.frombuffer(buf, np.float32), header.get("lr"))
                 return []
             if op == Op.PUSH:
+                if header.get("pull") and not state.pullable(header["round"]):  # refused before it is kept
+                    raise PushError(f"{state.describe()}: a push of round {header['round']} asks for that round's "
+                                    f"pull, but the key is at round {state.round}")
                 values = refused_push(header, frames, state) if "refused" in header or "nonfinite" in header \
                     else self._shared_push(identity, header, state) if header.get("shm") \
                     else state.decode(header, frames)
@@ -252,6 +255,8 @@ class Engine(threading.Thread):
         """Map a co-located worker's push segment, and share results through a segment of ours."""
         if self._async:
             raise PushError(f"{state.describe()}: shared memory is not used in async mode")
+        if state.compressor is not None:  # (refused before anything is mapped or allocated)
+            raise PushError(f"{state.describe()}: compressed keys travel in frames, not shared memory")
         nbytes = state.count * np.dtype(state.dtype).itemsize  # check_init made sure h agrees
         try:
             region = self.peer_chunks.region(h["shm"], nbytes)

@@ -188,10 +188,15 @@ class SparseKeyState:
         if rnd == self.done_round:
             return [self._reply(sender, rnd)]
         if rnd == self.round:
-            self.waiting.append(sender)
+            if sender not in self.waiting:  # (a pull repeated gets one reply)
+                self.waiting.append(sender)
             return []
         raise PushError(f"{self.describe()}: pull for round {rnd}; the key completed round "
                         f"{self.done_round} and is accumulating round {self.round}")
+
+    def pullable(self, rnd: int) -> bool:
+        """Whether a pull of round ``rnd`` is taken now (answered, or waiting for its round)."""
+        return rnd in (self.round, self.done_round)
 
     def _reply(self, to: bytes, rnd: int) -> Reply:
         fields, frames = self.result

@@ -129,10 +129,7 @@ class KeyState:
             raise PushError(f"{self.describe()}: a restored residual of {residual.size} {residual.dtype} "
                             f"values; the key holds {self.count} float32")
         if lr is not None:
-            try:
-                check_lr(lr, self.describe())
-            except ValueError as e:
-                raise PushError(str(e)) from None
+            check_lr(lr, self.describe(), PushError)
         if not np.isfinite(residual).all():  # it would fail every later round's compression
             raise PushError(f"{self.describe()}: a restored residual holds NaN or inf")
         self.compressor.load_state_dict({"residuals": {self.key: residual.copy()},
@@ -156,11 +153,6 @@ class KeyState:
         if header["dtype"] != self.dtype or header["count"] != self.count:
             raise PushError(f"{self.describe()}: push of {header['count']} {header['dtype']} elements; "
                             f"the key holds {self.count} {self.dtype}")
-        if "lr" in header:
-            try:
-                check_lr(header["lr"], self.describe())
-            except ValueError as e:
-                raise PushError(str(e)) from None
         if getattr(self.compressor, "corrected", False) and not header.get("lr"):
             raise PushError(f"{self.describe()}: corrected error feedback needs each push's learning rate "
                             f"(> 0); this push has {header.get('lr')!r}")
@@ -181,6 +173,8 @@ class KeyState:
 
     def push(self, sender: bytes, rnd: int, values: np.ndarray | Payload | Refused,
              lr: float | None = None) -> list[Reply]:
+        if lr is not None:  # every push's, whatever it carries (a refused one's is kept too)
+            check_lr(lr, self.describe(), PushError)
         if self.async_mode and self.done_round >= 0:  # initialised: add the delta at once
             if not isinstance(values, Refused):
                 self._absorb(values, rnd, first=False)
@@ -212,10 +206,15 @@ class KeyState:
         if rnd == self.done_round:
             return [self._reply(sender, rnd)]
         if rnd == self.round:
-            self.waiting.append(sender)
+            if sender not in self.waiting:  # (a pull repeated gets one reply)
+                self.waiting.append(sender)
             return []
         raise PushError(f"{self.describe()}: pull for round {rnd}; the key completed round "
                         f"{self.done_round} and is accumulating round {self.round}")
+
+    def pullable(self, rnd: int) -> bool:
+        """Whether a pull of round ``rnd`` is taken now (answered, or waiting for its round)."""
+        return (self.async_mode and self.done_round >= 0) or rnd in (self.round, self.done_round)
 
     def _decoded(self, payload: Payload, rnd: int) -> np.ndarray:
         """An early push's payload decompressed (and so checked) into float32 values of its own."""

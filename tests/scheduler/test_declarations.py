@@ -51,3 +51,17 @@ def test_a_worker_that_never_declares_is_named_at_the_deadline():
 def test_partitions_that_do_not_add_up_are_refused():
     [(_, op, fields)] = decls().declare(b"w0", 0, "t", 10, "float32", [3, 3], now=0)
     assert op == Op.ERROR and "do not add up" in fields["message"]
+
+
+def test_more_partitions_than_a_key_holds_or_tensors_past_the_cap_are_refused(monkeypatch):
+    from gradpress.placement import MAX_PARTITIONS
+    from gradpress.scheduler import declarations
+    d = decls()
+    [(_, op, fields)] = d.declare(b"w0", 0, "t", MAX_PARTITIONS + 1, "float32", [1] * (MAX_PARTITIONS + 1), now=0)
+    assert op == Op.ERROR and f"at most {MAX_PARTITIONS}" in fields["message"]
+    monkeypatch.setattr(declarations, "MAX_TENSORS", 2)
+    for name in ("a", "b"):
+        assert d.declare(b"w0", 0, name, 1, "float32", [1], now=0) == []  # (waiting for worker 1)
+    [(_, op, fields)] = d.declare(b"w0", 0, "c", 1, "float32", [1], now=0)
+    assert op == Op.ERROR and "already declared 2 tensors" in fields["message"]
+    assert d.declare(b"w1", 1, "a", 1, "float32", [1], now=0)[0][1] == Op.DECLARED  # a known name goes on

@@ -227,3 +227,49 @@ def test_a_push_carrying_its_pull_is_answered_as_a_push_then_a_pull(wired):
     assert [(r.op, r.to) for r in failed if r.op == Op.ERROR] == [(Op.ERROR, b"w0"), (Op.ERROR, b"w1")]
     with pytest.raises(ValueError, match="pull"):
         protocol.decode(protocol.encode(Op.PUSH, "worker 0", key=9, round=2, dtype="float32", count=2, pull=1))
+
+
+def test_a_push_that_cannot_have_its_pull_is_refused_before_it_is_kept(wired):
+    """A push of the next round asking for that round's pull (which the key cannot take yet) is
+    refused whole: its values are not summed into that round, which the worker then pushes
+    again as it should."""
+    engine, _, _ = wired(workers=2)
+    for w in (b"w0", b"w1"):
+        engine.serve(w, _header(Op.INIT_KEY, key=9, name="t", count=2, dtype="float32"), [])
+    push = dict(key=9, dtype="float32", count=2)
+    engine.serve(b"w0", _header(Op.PUSH, round=0, **push), [np.float32([1, 1]).tobytes()])
+    early = engine.serve(b"w0", _header(Op.PUSH, round=1, pull=True, **push), [np.float32([100, 100]).tobytes()])
+    assert [r.op for r in early] == [Op.ERROR] and "asks for that round's pull" in early[0].fields["message"]
+    engine.serve(b"w1", _header(Op.PUSH, round=0, **push), [np.float32([2, 2]).tobytes()])
+    again = engine.serve(b"w0", _header(Op.PUSH, round=1, pull=True, **push), [np.float32([3, 3]).tobytes()])
+    assert [r.op for r in again] == [Op.PUSH_ACK], again
+    done = engine.serve(b"w1", _header(Op.PUSH, round=1, pull=True, **push), [np.float32([4, 4]).tobytes()])
+    assert [np.frombuffer(r.buffers[0], np.float32).tolist() for r in done if r.op == Op.PULL_REPLY] == [[7, 7]] * 2
+
+
+def test_a_pull_repeated_is_answered_once(wired):
+    engine, _, _ = wired(workers=2)
+    for w in (b"w0", b"w1"):
+        engine.serve(w, _header(Op.INIT_KEY, key=9, name="t", count=2, dtype="float32"), [])
+    engine.serve(b"w0", _header(Op.PUSH, key=9, round=0, dtype="float32", count=2), [np.float32([1, 1]).tobytes()])
+    for _ in range(3):
+        assert engine.serve(b"w0", _header(Op.PULL, key=9, round=0), []) == []
+    done = engine.serve(b"w1", _header(Op.PUSH, key=9, round=0, dtype="float32", count=2, pull=True),
+                        [np.float32([2, 2]).tobytes()])
+    assert sorted(r.to for r in done if r.op == Op.PULL_REPLY) == [b"w0", b"w1"]
+
+
+def test_every_push_s_learning_rate_is_checked_and_shared_memory_is_refused_for_a_compressed_key(inproc):
+    """A refused push's learning rate too (it is kept); a compressed key's INIT_KEY naming a
+    shared segment is refused before anything is mapped or allocated for it."""
+    engine, _, _ = inproc
+    engine.start()
+    params = {"compressor": "onebit", "ef": "vanilla"}
+    engine.serve(b"w0", _header(Op.INIT_KEY, key=9, name="t", count=4, dtype="float32", compression_params=params), [])
+    bad = engine.serve(b"w0", _header(Op.PUSH, key=9, round=0, dtype="float32", count=4, refused="no",
+                                      lr=float("nan")), [])
+    assert [r.op for r in bad] == [Op.ERROR] and "learning rate nan" in bad[0].fields["message"], bad
+    shared = engine.serve(b"w0", _header(Op.INIT_KEY, key=9, name="t", count=4, dtype="float32",
+                                         compression_params=params, shm=[1, 2, 3, 0]), [])
+    assert [r.op for r in shared] == [Op.ERROR], shared
+    assert "compressed keys travel in frames" in shared[0].fields["message"] and not engine.push_views

@@ -40,8 +40,9 @@ def test_a_learning_rate_is_checked_on_arrival():
     header = {"dtype": "float32", "count": 8, "codec": "onebit", "meta": {}}
     with pytest.raises(PushError, match="corrected error feedback needs"):
         k.decode(header, [])
-    with pytest.raises(PushError, match="learning rate nan"):
-        k.decode(dict(header, lr=float("nan")), [])
+    with pytest.raises(PushError, match="learning rate nan"):  # (checked as the push is taken)
+        k.push(b"w0", 0, k.decode(dict(header, lr=float("nan")), []), float("nan"))
+    assert not k.pushed
     with pytest.raises(PushError, match="NaN or inf"):
         k.load_server_state(np.full(8, np.inf, np.float32), 0.1)
     with pytest.raises(PushError, match="learning rate -1"):
