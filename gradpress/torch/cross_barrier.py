@@ -25,6 +25,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 import types
 
 import torch
@@ -40,6 +41,7 @@ from .optimizer import DistributedOptimizer, constructor_args
 
 log = logging.getLogger(__name__)
 _STOP = object()
+FATAL_CHECK_S = 0.5  # how often a wait for an update asks whether the job failed meanwhile
 
 
 class _CrossBarrier(torch.optim.Optimizer):
@@ -106,8 +108,11 @@ class _CrossBarrier(torch.optim.Optimizer):
 
     def _wait(self, event: threading.Event) -> None:
         timeout_s = ops.settings().op_timeout_s + 5
-        if not event.wait(timeout_s):
-            raise OpTimeoutError(f"CrossBarrier: a parameter's update did not arrive within {timeout_s:g} s")
+        deadline = time.monotonic() + timeout_s
+        while not event.wait(min(FATAL_CHECK_S, max(0.0, deadline - time.monotonic()))):
+            ops.client()  # the job's fatal error (a lost peer), after which no update arrives, raised now
+            if time.monotonic() >= deadline:
+                raise OpTimeoutError(f"CrossBarrier: a parameter's update did not arrive within {timeout_s:g} s")
         if self._error is not None:
             raise JobError(f"CrossBarrier: updating the parameters failed: {self._error!r}") from self._error
 
