@@ -73,14 +73,18 @@ class Liveness:
     # ---- a failed worker ------------------------------------------------
 
     def _abort(self, identity: bytes, sender: Member | None, h: dict) -> None:
-        """A worker failed: tell everyone else who and why, and end the job with an error."""
-        failed, rank = self.roster.failed_worker(sender, h)
-        name = transport.node_name("worker", rank) if rank >= 0 else f"worker (pid {h.get('pid', '?')})"
+        """A worker failed, or a server (its engine): tell everyone else who and why, and end
+        the job with an error."""
+        if sender is not None and sender.role == "server":  # the workers hear why now, not at its silence
+            failed, rank, role = sender, sender.rank, "server"
+        else:
+            (failed, rank), role = self.roster.failed_worker(sender, h), "worker"
+        name = transport.node_name(role, rank) if rank >= 0 else f"worker (pid {h.get('pid', '?')})"
         reason = f"failed: {h['reason']}"
         log.error("%s failed: %s", name, logs.peer(h["reason"]))
         self._failure = f"the job failed: {name} {reason}"
         others = [m.identity for m in self.roster.members.values() if m is not failed and m.identity != identity]
-        self._send_each(others, Op.NODE_LOST, role="worker", rank=rank, reason=reason)
+        self._send_each(others, Op.NODE_LOST, role=role, rank=rank, reason=reason)
         self._send_each([identity], Op.SHUTDOWN, reason=self._failure)  # the sender's acknowledgement
         if failed is not None and failed.identity != identity:
             self._send_each([failed.identity], Op.SHUTDOWN, reason=self._failure)

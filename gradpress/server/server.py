@@ -12,6 +12,7 @@ server with no engine threads (``engine.engine_count``: set so, or too few cores
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -24,11 +25,12 @@ from ..net.guard import PeerGuard
 from ..net.limits import Limits
 from ..net.outbox import RETRY_INTERVAL_S, Outbox
 from ..config import Settings
-from ..errors import JobError
+from ..errors import JobError, NodeLostError
 from ..compressors.warmup import warm_up
 from ..net.node import SchedulerLink
 from ..trace import Tracer
 from ..net.protocol import Op
+from ..worker.abort import MAX_REASON_CHARS
 from .budget import KeyBudget
 from .engine import INLINE_MAX_BYTES, STOP, Engine, local_engine_count
 
@@ -84,6 +86,9 @@ class Server:
             return self._loop()
         except JobError as e:
             log.error("%s", e)
+            if self.link.book is not None and not isinstance(e, NodeLostError):  # its own failure (an
+                with contextlib.suppress(zmq.ZMQError):  # engine's): the scheduler tells every worker why, now
+                    self.link.send(Op.ABORT, reason=str(e)[:MAX_REASON_CHARS])
             return 1
         finally:
             if self.io_engine is not None:

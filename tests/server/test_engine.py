@@ -136,6 +136,13 @@ def test_the_server_stops_with_an_error_naming_the_engine_failure(monkeypatch, c
         assert not serving.is_alive(), "the server kept running after its engine failed"
         assert exit_code == [1]
         assert f"server 0: {who} failed: RuntimeError: {FAULT}" in caplog.text, caplog.text
+        # the workers hear it from the scheduler at once, naming the server and why, not at its silence
+        lost = None
+        while lost is None and worker.sock.poll(5000):
+            _, header, _ = transport.recv(worker.sock, routed=False)
+            lost = header if header is not None and header["op"] == Op.NODE_LOST else None
+        assert lost is not None, "no NODE_LOST reached the worker"
+        assert (lost["role"], lost["rank"]) == ("server", 0) and FAULT in lost["reason"], lost
     finally:
         scheduler.exit_code = 0
         worker.close()
