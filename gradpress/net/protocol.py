@@ -142,18 +142,20 @@ def decode(frame: bytes | memoryview) -> dict[str, Any]:
         raise ProtocolError(f"header is not msgpack: {type(e).__name__}: {e}") from None
     if not isinstance(header, dict):
         raise ProtocolError(f"header is a {type(header).__name__}, not a map")
-    for value in header.values():  # (the hot messages' fields are all scalars: this is quick)
-        if isinstance(value, (dict, list)) and _too_deep(value):
-            raise ProtocolError(f"header nests lists and maps deeper than {MAX_DEPTH}")
+    if not _CONTAINERS.isdisjoint(map(type, header.values())) and _too_deep(header):  # (most have none)
+        raise ProtocolError(f"header nests lists and maps deeper than {MAX_DEPTH}")
     _check(header)
     header["op"] = Op(header["op"])
     return header
 
 
-def _too_deep(value: dict | list) -> bool:
-    """Whether ``value`` (a field of a header, itself at depth 1) nests past MAX_DEPTH; without
-    recursion, which is what such a value would exhaust."""
-    stack = [(value, 2)]
+_CONTAINERS = frozenset((dict, list))
+
+
+def _too_deep(header: dict) -> bool:
+    """Whether ``header`` nests lists and maps past MAX_DEPTH; without recursion, which is what
+    such a header would exhaust."""
+    stack = [(header, 1)]
     while stack:
         value, depth = stack.pop()
         items = value.values() if isinstance(value, dict) else value
