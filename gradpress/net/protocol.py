@@ -16,6 +16,8 @@ import msgpack
 PROTOCOL_VERSION = 1
 # Largest header accepted; headers are a few hundred bytes, data travels in frames.
 MAX_HEADER_BYTES = 1 << 20
+# The longest reason an ABORT carries (a failed node's first error line; a repr can be long).
+MAX_REASON_CHARS = 500
 # Lists and maps inside a header, at most this deep, the header itself 1 (the protocol's own go
 # to 4: the address book's nodes and their ports): deeper ones are refused at decoding, where
 # the messages and logs that quote them would have raised RecursionError (msgpack takes 1023).

@@ -29,8 +29,7 @@ from ..errors import JobError, NodeLostError
 from ..compressors.warmup import warm_up
 from ..net.node import SchedulerLink
 from ..trace import Tracer
-from ..net.protocol import Op
-from ..worker.abort import MAX_REASON_CHARS
+from ..net.protocol import MAX_REASON_CHARS, Op
 from .budget import KeyBudget
 from .engine import INLINE_MAX_BYTES, STOP, Engine, local_engine_count
 

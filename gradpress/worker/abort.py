@@ -21,12 +21,10 @@ import zmq
 from ..config import Settings
 from ..errors import JobError
 from ..net import transport
-from ..net.protocol import Op
+from ..net.protocol import MAX_REASON_CHARS, Op
 
 log = logging.getLogger(__name__)
 
-# The longest first error line sent; a traceback's last line can be a whole repr.
-MAX_REASON_CHARS = 500
 
 
 def first_error_line(error: BaseException) -> str:
