@@ -17,6 +17,8 @@ from typing import Any, Mapping
 
 ROLES = ("scheduler", "server", "worker")
 MAX_SERVER_LANES = 16  # (the I/O threads a process runs at most by default: net/transport.py)
+MAX_TIMEOUT_S = 1e6  # a deadline's most: 11 days (ZeroMQ takes a send timeout in int32 milliseconds)
+MAX_PARTITION_BYTES = 1 << 30
 
 
 def _setting(default: Any, env: str, doc: str, secret: bool = False) -> Any:
@@ -94,8 +96,11 @@ class Settings:
             if not 0 <= getattr(self, name) <= 65535:
                 raise ValueError(f"{_env(name)}={getattr(self, name)}: not a port number")
         for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s", "op_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{_env(name)}={getattr(self, name)}: must be positive")
+            if not 0 < getattr(self, name) <= MAX_TIMEOUT_S:  # (above it, ZeroMQ's and Python's waits overflow)
+                raise ValueError(f"{_env(name)}={getattr(self, name)}: seconds, more than 0 and at most "
+                                 f"{MAX_TIMEOUT_S:.0f} (11 days); gradpress has no wait without a deadline")
+        if self.partition_bytes > MAX_PARTITION_BYTES:
+            raise ValueError(f"BYTEPS_PARTITION_BYTES={self.partition_bytes}: at most {MAX_PARTITION_BYTES} (1 GiB)")
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             raise ValueError(f"PS_HEARTBEAT_TIMEOUT={self.heartbeat_timeout_s} must exceed "
                              f"PS_HEARTBEAT_INTERVAL={self.heartbeat_interval_s}")

@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="gradpress-launch", description=__doc__.split("\n\n")[1])
     p.add_argument("--config", help="TOML job file (the environment overrides it)")
     p.add_argument("--local", action="store_true", help="run a whole job on this machine")
-    p.add_argument("--workers", type=int, default=2, help="--local: number of workers")
-    p.add_argument("--servers", type=int, default=1, help="--local: number of servers")
+    p.add_argument("--workers", type=int, help="--local: number of workers (default 2)")
+    p.add_argument("--servers", type=int, help="--local: number of servers (default 1)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command (after --)")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -42,12 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"gradpress-launch: {e}", file=sys.stderr)
         return 2
+    if not args.local and (args.workers, args.servers) != (None, None):  # else silently the environment's
+        p.error("--workers and --servers size a --local job; a job started by hand takes DMLC_NUM_WORKER and "
+                "DMLC_NUM_SERVER")
     if args.local:
+        workers, servers = 2 if args.workers is None else args.workers, 1 if args.servers is None else args.servers
         if not command:
             p.error("--local needs a worker command after --")
-        if args.workers < 1 or args.servers < 1:
+        if workers < 1 or servers < 1:
             p.error("--workers and --servers must be at least 1")
-        return run_local(command, args.workers, args.servers)
+        return run_local(command, workers, servers)
     logs.configure(settings.log_level)
     try:
         auth.job_keys(settings)  # a by-hand start without a secret stops here, saying what to set

@@ -92,6 +92,10 @@ def test_wrong_type_is_named(tmp_path, line, expected):
     # a cap of 0, or below -1, would have meant the default without a word
     ("server_max_keys = 0", "GRADPRESS_SERVER_MAX_KEYS=0: a cap of at least 1"),
     ("server_max_key_bytes = -5", "GRADPRESS_SERVER_MAX_KEY_BYTES=-5: a cap of at least 1"),
+    # past these, ZeroMQ's send timeout and Python's waits overflow deep in a job, naming nothing
+    ("heartbeat_timeout_s = 3e6", "PS_HEARTBEAT_TIMEOUT=3000000.0: seconds, more than 0 and at most 1000000"),
+    ("op_timeout_s = 1e10", "GRADPRESS_OP_TIMEOUT_S=10000000000.0: seconds, more than 0 and at most 1000000"),
+    ("partition_bytes = 10000000000000000000", "BYTEPS_PARTITION_BYTES=10000000000000000000: at most 1073741824"),
 ])
 def test_wrong_value_is_named(tmp_path, line, expected):
     path = job_file(tmp_path, f"[settings]\n{line}\n")
@@ -179,3 +183,12 @@ def test_io_threads_follow_the_cores_under_curve_and_the_setting_wins():
 def test_a_deadline_from_the_environment_must_be_finite(raw):
     with pytest.raises(ValueError, match=f"GRADPRESS_CONNECT_TIMEOUT_S={raw}: must be a finite number"):
         Settings.load({"GRADPRESS_CONNECT_TIMEOUT_S": raw})
+
+
+def test_launch_refuses_a_job_size_without_local(capsys):
+    """--workers/--servers size a --local job; a by-hand start used to ignore them silently."""
+    from gradpress import launcher
+    with pytest.raises(SystemExit) as caught:
+        launcher.main(["--workers", "4", "--", sys.executable, "train.py"])
+    assert caught.value.code == 2
+    assert "--workers and --servers size a --local job" in capsys.readouterr().err
