@@ -173,7 +173,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
 
 def _own_scalars(sd: dict) -> dict[str, str]:
     """gradpress's own optimizer state beside torch's (``gradpress_lowrank``, ``onebit``,
-    ``zero_one``: step counts, phases, schedules), its scalars by path, as text."""
+    ``zero_one``, ``gradpress_compression``: step counts, phases, schedules, plans), its
+    scalars by path, as text. Not its floats: a plan's reference time is each worker's own
+    measure, and a phase or a step that differs shows in the integers."""
     found: dict[str, str] = {}
 
     def walk(obj: Any, path: str) -> None:
@@ -183,7 +185,7 @@ def _own_scalars(sd: dict) -> dict[str, str]:
         elif isinstance(obj, (list, tuple)):
             for i, v in enumerate(obj):
                 walk(v, f"{path}/{i}")
-        elif obj is None or isinstance(obj, (bool, int, float, str)):
+        elif obj is None or isinstance(obj, (bool, int, str)):
             found[path] = repr(obj)
     for key, value in sd.items():
         if key not in ("state", "param_groups"):

@@ -160,23 +160,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         """The wrapped optimizer's state; with powersgd / acpsgd also ``gradpress_lowrank``: the
-        step count, kept factors and this worker's error buffers (each worker saves its own)."""
+        step count, kept factors and this worker's error buffers (each worker saves its own);
+        and ``gradpress_compression``: the codecs' state, this worker's residuals and momenta
+        and the servers' residuals (fetched from them), and ``auto``'s plan with its own."""
         sd = super().state_dict()
         pipeline = getattr(self, "_gradpress", None)
-        if isinstance(pipeline, GradientPipeline) and pipeline.lowrank is not None:
-            sd["gradpress_lowrank"] = pipeline.state_dict()["lowrank"]
+        if isinstance(pipeline, GradientPipeline):
+            state = pipeline.state_dict(residuals=True)
+            if state["lowrank"] is not None:
+                sd["gradpress_lowrank"] = state["lowrank"]
+            sd["gradpress_compression"] = {k: v for k, v in state.items() if k != "lowrank"}
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
         state_dict = dict(state_dict)
         extra = state_dict.pop("gradpress_lowrank", None)
+        codecs = state_dict.pop("gradpress_compression", None)  # (absent from checkpoints of before)
         super().load_state_dict(state_dict)
         self._index_groups()  # torch made new group dicts: hyper-parameters live in those now
-        if extra is not None:
-            if self._async or self._gradpress.lowrank is None:
-                raise ValueError("this state_dict holds powersgd / acpsgd state, but this optimizer has no "
-                                 "low-rank compression")
-            self._gradpress.load_state_dict({"lowrank": extra})
+        if extra is not None and (self._async or self._gradpress.lowrank is None):
+            raise ValueError("this state_dict holds powersgd / acpsgd state, but this optimizer has no "
+                             "low-rank compression")
+        if (extra is not None or codecs is not None) and not self._async:
+            self._gradpress.load_state_dict({"lowrank": extra, **(codecs or {})})
 
     def _index_groups(self) -> None:
         """Each parameter's group, where its learning rate is read (corrected error feedback)."""
