@@ -20,7 +20,7 @@ import time
 from . import logs
 from .config import Settings
 from .net import auth
-from .processes import ProcessGroup
+from .processes import ProcessGroup, Terminated, raise_on_termination
 
 # Runs the role DMLC_ROLE names (scheduler or server) in a process of its own.
 ROLE_COMMAND = [sys.executable, "-m", "gradpress.launcher"]
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--local needs a worker command after --")
         if workers < 1 or servers < 1:
             p.error("--workers and --servers must be at least 1")
+        raise_on_termination()
         return run_local(command, workers, servers)
     logs.configure(settings.log_level)
     try:
@@ -58,11 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     except auth.JobSecretError as e:
         print(f"gradpress-launch: DMLC_ROLE={settings.role}: {e}", file=sys.stderr)
         return 2
-    if settings.role in ("scheduler", "server"):
-        return serve(settings)
-    if not command:
+    if not command and settings.role == "worker":
         p.error("DMLC_ROLE=worker needs the training command to run")
-    return run_workers(command, settings)
+    raise_on_termination()
+    return serve(settings) if settings.role in ("scheduler", "server") else run_workers(command, settings)
 
 
 def serve(settings: Settings) -> int:
@@ -78,7 +78,10 @@ def serve(settings: Settings) -> int:
         from .server import Server as Node
     node = Node(settings)
     try:
-        return node.run()
+        return node.run()  # (a server tells the scheduler it was stopped, as any failure of its)
+    except Terminated as e:
+        print(f"gradpress-launch: {settings.role}: {e}", file=sys.stderr)
+        return 128 + e.signum
     finally:
         transport.deliver_queued(node.ctx)
 
@@ -105,6 +108,10 @@ def run_local(command: list[str], workers: int, servers: int) -> int:
             print(f"gradpress-launch: {e}", file=sys.stderr)
             job.group.stop()
             return 1
+        except Terminated as e:  # while it started
+            print(f"gradpress-launch: {e}", file=sys.stderr)
+            job.group.stop()
+            return 128 + e.signum
         return job.group.wait(essential=[n for n in job.group.names if n.startswith("worker")])
 
 

@@ -12,8 +12,29 @@ import threading
 import time
 
 from .config import Settings
+from .errors import JobError
 
 STOP_GRACE_S = 5.0
+
+
+class Terminated(JobError):
+    """SIGTERM or SIGHUP reached gradpress-launch (a pod deleted, a scheduler's preemption):
+    what it runs stops as for Ctrl-C, its children sent SIGTERM, then SIGKILL."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def raise_on_termination() -> None:
+    """SIGTERM and SIGHUP raise ``Terminated`` in the main thread. Why: a launcher that is a
+    container's entrypoint is PID 1, which the kernel never kills for a signal it has no
+    handler for, so a deleted pod waited out its grace period for SIGKILL, its training
+    never told; elsewhere the launcher died at once and left children that ignore SIGTERM."""
+    def terminated(signum, _frame):
+        raise Terminated(signum)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, terminated)
 
 
 class ProcessGroup:
@@ -85,6 +106,10 @@ class ProcessGroup:
         except KeyboardInterrupt:
             self.stop()
             return 130
+        except Terminated as e:
+            self._say(f"{e}; stopping the job")
+            self.stop()
+            return 128 + e.signum
         finally:
             for t in self.readers:
                 t.join(timeout=2)
@@ -118,16 +143,25 @@ class ProcessGroup:
         return culprit if culprit > 0 else 128 - culprit
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        """SIGTERM to every process still running; SIGKILL to those left after STOP_GRACE_S,
+        or at once on a second interrupt or termination (which used to skip it)."""
+        try:
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for proc in self.procs.values():
+                try:
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        except (KeyboardInterrupt, Terminated):
+            pass  # no more grace
+        finally:
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
 
     def _say(self, text: str) -> None:
         with self._print:

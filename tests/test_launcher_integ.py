@@ -52,3 +52,83 @@ def test_worker_role_runs_one_process_per_local_slot(cluster):
     c.assert_success(120)
     log = c.log("worker 0")
     assert "rank 0 of 2 local 0/2" in log and "rank 1 of 2 local 1/2" in log, log
+
+
+IGNORES_SIGTERM = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a child that would outlive a launcher killed at once
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+def test_a_terminated_launcher_stops_its_children_and_exits_143(tmp_path):
+    """SIGTERM (a pod deleted) stops the job as Ctrl-C does: children sent SIGTERM, then
+    SIGKILL, even one that ignores SIGTERM; the launcher exits 128 + 15. It used to die at
+    once and leave such a child running (and, as a container's PID 1, to ignore SIGTERM)."""
+    import signal
+    import time
+    script, pid_file = tmp_path / "w.py", tmp_path / "pid"
+    script.write_text(IGNORES_SIGTERM)
+    launcher = subprocess.Popen([sys.executable, "-m", "gradpress.launcher", "--local", "--workers", "1",
+                                 "--servers", "1", "--", sys.executable, str(script), str(pid_file)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        launcher.send_signal(signal.SIGTERM)
+        out, _ = launcher.communicate(timeout=30)
+        assert launcher.returncode == 143, out
+        assert "stopped by SIGTERM" in out, out
+        time.sleep(0.5)
+        assert not os.path.exists(f"/proc/{child}") or " Z " in open(f"/proc/{child}/stat").read(), \
+            "a child outlived its terminated launcher"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        if child is not None and os.path.exists(f"/proc/{child}"):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_terminated_server_tells_the_scheduler_so_every_worker_hears_it_at_once():
+    """A server pod deleted: its launcher's SIGTERM reaches the workers as NODE_LOST naming
+    the server and the signal, not as its silence a heartbeat timeout later."""
+    import signal
+    import threading
+    import time
+
+    from cluster import TEST_SECRET
+    from gradpress.config import Settings
+    from gradpress.net import transport
+    from gradpress.net.node import SchedulerLink
+    from gradpress.net.protocol import Op
+    from gradpress.scheduler.scheduler import Scheduler
+    common = dict(num_worker=1, num_server=1, root_uri="127.0.0.1", node_host="127.0.0.1", heartbeat_interval_s=0.2,
+                  heartbeat_timeout_s=60, connect_timeout_s=60, job_secret=TEST_SECRET)
+    scheduler = Scheduler(Settings(role="scheduler", root_port=0, **common))
+    threading.Thread(target=scheduler.run, daemon=True).start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_", "GRADPRESS_", "PS_"))}
+    env.update(DMLC_ROLE="server", DMLC_NUM_WORKER="1", DMLC_NUM_SERVER="1", DMLC_PS_ROOT_URI="127.0.0.1",
+               DMLC_PS_ROOT_PORT=str(scheduler.port), DMLC_NODE_HOST="127.0.0.1", GRADPRESS_JOB_SECRET=TEST_SECRET,
+               PS_HEARTBEAT_INTERVAL="0.2", PS_HEARTBEAT_TIMEOUT="60")
+    server = subprocess.Popen([sys.executable, "-m", "gradpress.launcher"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    worker = SchedulerLink(Settings(role="worker", root_port=scheduler.port, **common), "worker", transport.context())
+    try:
+        worker.register()
+        server.send_signal(signal.SIGTERM)
+        lost, deadline = None, time.monotonic() + 20
+        while lost is None and worker.sock.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            _, header, _ = transport.recv(worker.sock, routed=False)
+            lost = header if header is not None and header["op"] == Op.NODE_LOST else None
+        assert lost is not None, "the workers heard nothing within 20 s"
+        assert (lost["role"], lost["rank"]) == ("server", 0) and "stopped by SIGTERM" in lost["reason"], lost
+        server.wait(30)
+    finally:
+        scheduler.exit_code = 0
+        worker.close()
+        if server.poll() is None:
+            server.kill()
