@@ -124,7 +124,9 @@ def test_a_terminated_server_tells_the_scheduler_so_every_worker_hears_it_at_onc
         while lost is None and worker.sock.poll(max(0.0, deadline - time.monotonic()) * 1000):
             _, header, _ = transport.recv(worker.sock, routed=False)
             lost = header if header is not None and header["op"] == Op.NODE_LOST else None
-        assert lost is not None, "the workers heard nothing within 20 s"
+        if lost is None:
+            server.kill()
+            raise AssertionError(f"the workers heard nothing within 20 s; the server said:\n{server.communicate()[0]}")
         assert (lost["role"], lost["rank"]) == ("server", 0) and "stopped by SIGTERM" in lost["reason"], lost
         server.wait(30)
     finally:

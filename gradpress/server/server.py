@@ -85,8 +85,8 @@ class Server:
             return self._loop()
         except JobError as e:
             log.error("%s", e)
-            if self.link.book is not None and not isinstance(e, NodeLostError):  # its own failure (an
-                with contextlib.suppress(zmq.ZMQError):  # engine's): the scheduler tells every worker why, now
+            if self.link.announced and not isinstance(e, NodeLostError):  # its own failure (an engine's,
+                with contextlib.suppress(zmq.ZMQError):  # a SIGTERM): the scheduler tells every worker why, now
                     self.link.send(Op.ABORT, reason=str(e)[:MAX_REASON_CHARS])
             return 1
         finally:
