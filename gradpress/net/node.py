@@ -88,18 +88,18 @@ class SchedulerLink:
         self._last_sent = 0.0
         self._last_heard = time.monotonic()
         self.shut_down = False  # SHUTDOWN arrived: the scheduler may go silent now, by design
-        self.announced = False  # REGISTER sent: the scheduler knows this node once it took it
+        self.announced = False  # REGISTER sent (or being sent): the scheduler may know this node
         self._last_tick = time.monotonic()
 
     def register(self) -> AddressBook:
         """Announce this node and wait for the address book (deadline: connect timeout)."""
         s = self.settings
+        self.announced = True  # (first: a signal may end the send after the message went)
         self._send(Op.REGISTER, role=self.role, host=self.host, port=self.port,
                    worker_id=s.worker_id if self.role == "worker" else -1,
                    local_rank=s.local_rank, local_size=s.local_size, pid=os.getpid(),
                    machine=host.machine_id(), **({"local_reduce": s.local_reduce} if self.role == "worker" else {}),
                    **({"ports": self.lanes} if self.lanes else {}))
-        self.announced = True
         deadline = time.monotonic() + s.connect_timeout_s
         hint = _unlaunched_hint(s)
         if hint:  # a script run with plain `python`: say so now, not at the deadline
