@@ -124,8 +124,19 @@ def scaled_server_states(states: dict, scale: float) -> dict:
     return {i: (None if r is None else (r * scale).astype(r.dtype), lr) for i, (r, lr) in states.items()}
 
 
+_OTHER_SETTINGS = ("saved under other compression settings? Load it where the tensor is compressed as it was "
+                   "then, or drop 'gradpress_compression' from the optimizer's state to start its codecs afresh")
+
+
 def check_server_states(t: "Tensor", states: dict) -> None:
+    held = any(residual is not None for residual, _ in states.values())
+    if held and (t.spec is None or not dict(t.spec.params).get("ef")):  # (the server would refuse it at a push)
+        now = "it travels uncompressed" if t.spec is None else f"its codec {t.spec.codec} has no error feedback"
+        raise ValueError(f"tensor {t.name!r}: the checkpoint holds the servers' error-feedback residuals, but "
+                         f"{now} here: {_OTHER_SETTINGS}")
     for i, (residual, _) in states.items():
+        if residual is None:
+            continue
         if not 0 <= i < len(t.parts) or residual.size != t.parts[i]:
             raise ValueError(f"tensor {t.name!r}: a server state for partition {i} of {residual.size} values "
                              f"does not fit its {len(t.parts)} partition(s) {t.parts}")
@@ -207,5 +218,10 @@ class KeyTable:
     @staticmethod
     def _install_compressor_state(t: "Tensor", state: Any) -> None:
         if t.compressor is not None and hasattr(t.compressor, "load_state_dict"):
-            t.compressor.load_state_dict(by_key(state, {wk.index: wk.key for wk in t.keys},
-                                                f"compressor state of tensor {t.name!r}"))
+            keyed = by_key(state, {wk.index: wk.key for wk in t.keys}, f"compressor state of tensor {t.name!r}")
+            try:
+                t.compressor.load_state_dict(keyed)
+            except (KeyError, TypeError, AttributeError) as e:  # another chain's state (momentum on, then off)
+                raise ValueError(f"tensor {t.name!r}: the checkpoint's compressor state does not fit its "
+                                 f"codec here ({t.spec.codec}, {dict(t.spec.params)}; {type(e).__name__}: {e}): "
+                                 f"{_OTHER_SETTINGS}") from None
