@@ -125,7 +125,8 @@ def scaled_server_states(states: dict, scale: float) -> dict:
 
 
 _OTHER_SETTINGS = ("saved under other compression settings? Load it where the tensor is compressed as it was "
-                   "then, or drop 'gradpress_compression' from the optimizer's state to start its codecs afresh")
+                   "then, or load the optimizer's state without its codecs' (a DistributedOptimizer's "
+                   "'gradpress_compression') to start them afresh")
 
 
 def check_server_states(t: "Tensor", states: dict) -> None:
