@@ -45,6 +45,8 @@ def suspend() -> None:
         if all(residual is None for residual, _ in servers.values()):
             servers = None
         carried[name] = (client.compressor_state(name), servers)
+    for name, states in client.pending_loaded().items():  # loaded (a checkpoint's) for tensors not used yet
+        carried.setdefault(name, states)
     size = ops.size()
     ops.shutdown()
     _carried, _carried_size = carried, size

@@ -129,6 +129,11 @@ class WorkerClient:
         """Every tensor this worker has declared, by name."""
         return dict(self.comm.table.tensors)
 
+    def pending_loaded(self) -> dict[str, tuple[Any, dict | None]]:
+        """The states loaded for tensors this job has not declared (yet): name -> (this worker's
+        compressor state, the servers' states)."""
+        return self.comm.table.pending()
+
     def took_loaded(self, name: str) -> bool:
         """Whether ``name``, declared in this job (since released, perhaps), took the states
         loaded for it before (``load_compressor_state``, ``load_server_state``)."""

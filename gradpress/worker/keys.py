@@ -200,6 +200,12 @@ class KeyTable:
     def pending_server_state(self, name: str) -> dict | None:
         return self._server_states.get(name)
 
+    def pending(self) -> dict[str, tuple[Any, dict | None]]:
+        """The states loaded (a checkpoint's) for tensors not declared since: name -> (this
+        worker's compressor state, the servers' states), either None."""
+        return {name: (self._compressor_states.get(name), self._server_states.get(name))
+                for name in sorted(set(self._compressor_states) | set(self._server_states))}
+
     def load_compressor_state(self, name: str, state: Any) -> None:
         t = self.tensors.get(name)
         if t is None:

@@ -1,6 +1,6 @@
 """What suspend() carries into the next job, in the cases the straight run does not cover:
-a second scale event before any step, a push_pull still under way at suspend(), and a
-new job with another number of workers."""
+a second scale event before any step, a state loaded (a checkpoint's) for a tensor not used
+yet, a push_pull still under way at suspend(), and a new job with another number of workers."""
 import time
 
 import pytest
@@ -27,8 +27,12 @@ bps.push_pull(t, name="x", compression_params={PARAMS})
 bps.suspend()
 """
 
-TWICE = FIRST_JOB + """
+TWICE = FIRST_JOB.replace("bps.suspend()", """
+from gradpress.torch import ops
+ops.client().load_compressor_state("y", ops.client().compressor_state("x"))  # a checkpoint's, y unused yet
+bps.suspend()""") + """
 first = elastic._carried["x"]
+assert elastic._carried.get("y") is not None and elastic._carried["y"][0] is not None, "y's loaded state was lost"
 open(os.path.join(d, f"suspended{r}"), "w").close()
 join_second(d)
 bps.resume(2, 1, r)
