@@ -38,7 +38,7 @@ def number(params: dict, name: str, default: float, low: float, high: float,
     try:
         parsed = float(value) if isinstance(value, (str, int, float)) and \
             not isinstance(value, bool) else math.nan
-    except ValueError:
+    except (ValueError, OverflowError):  # (an int past a float's range: 10**400)
         parsed = math.nan
     if not low <= parsed <= high or (integer and parsed != int(parsed)):
         kind = "an integer" if integer else "a number"

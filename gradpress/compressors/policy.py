@@ -21,7 +21,8 @@ class CompressionPolicy:
                  min_bytes: int = 0):
         self.default = CodecSpec.from_params(default, "compression default") if default else None
         # a rule's spec is None when it exempts: overridden_by hands such rules back in
-        self.rules = [(pattern, _spec(params, f"compression rule {pattern!r}")) for pattern, params in rules or []]
+        self.rules = [(pattern, _spec(params, f"compression rule {pattern!r}"))
+                      for pattern, params in _pairs(rules)]
         self.min_bytes = min_bytes
 
     @classmethod
@@ -51,7 +52,7 @@ class CompressionPolicy:
     def overridden_by(self, default: dict | None, rules: list[tuple[str, dict]] | None) -> "CompressionPolicy":
         """This policy with code-given settings taking precedence."""
         return CompressionPolicy(default if default is not None else self.default,
-                                 list(rules or []) + self.rules, self.min_bytes)
+                                 _pairs(rules) + self.rules, self.min_bytes)
 
     def rule_for(self, name: str) -> CodecSpec | None:
         """The spec the rules (or the default) give ``name``, before the size and dtype rules."""
@@ -68,3 +69,19 @@ class CompressionPolicy:
 
 def _spec(params: dict | CodecSpec | None, where: str) -> CodecSpec | None:
     return None if params is None else CodecSpec.from_params(params, where)
+
+
+def _pairs(rules) -> list:
+    """``compression_rules`` checked: a list of (pattern, compression_params) pairs, each
+    pattern a string (a dict of them, or a bare pair, used to fail with an unpacking error)."""
+    if rules is None:
+        return []
+    if not isinstance(rules, (list, tuple)):
+        hint = ": pass list(rules.items())" if isinstance(rules, dict) else ""
+        raise ValueError(f"compression_rules: expected a list of (pattern, compression_params) pairs, got a "
+                         f"{type(rules).__name__}{hint}")
+    for i, rule in enumerate(rules):
+        if not (isinstance(rule, (list, tuple)) and len(rule) == 2 and isinstance(rule[0], str)):
+            raise ValueError(f"compression_rules[{i}] = {rule!r}: expected a (pattern, compression_params) pair, "
+                             f"the pattern a string such as '*.bias'")
+    return [tuple(rule) for rule in rules]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gradpress.compressors import auto, lowrank
-from gradpress.compressors.registry import build_compressor
+from gradpress.compressors.registry import COMPRESSORS, build_compressor
 
 # Codecs work on float32 partitions (the one home of this rule). Half-precision gradients are
 # compressed too: the gradient pipeline widens them to float32 on their own device first and
@@ -39,6 +39,12 @@ class CodecSpec:
             raise ValueError(f"{where}: expected a dict of compression_params, got "
                              f"{type(compression_params).__name__}")
         codec = compression_params.get("compressor", "none")
+        names = sorted({*COMPRESSORS, auto.AUTO, *lowrank.CODECS})
+        if not isinstance(codec, str) or codec.lower() not in names + [auto.HALVES]:
+            raise ValueError(f"{where}: compression_params['compressor'] = {codec!r}; accepted: {', '.join(names)}")
+        if codec != codec.lower():  # names are case-insensitive; the spec (and the wire) carries them lower case
+            codec = codec.lower()
+            compression_params = {**compression_params, "compressor": codec}
         if codec == auto.HALVES:
             raise ValueError(f"{where}: {auto.HALVES!r} is an option of compressor 'auto' only; to send "
                              f"float16 on the wire yourself, pass compression=Compression.fp16")

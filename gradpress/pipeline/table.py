@@ -6,6 +6,8 @@ so names, priorities and the checks on ``named_parameters`` live here alone.
 from __future__ import annotations
 
 import copy
+import fnmatch
+import warnings
 from typing import Callable, Iterable
 
 import torch
@@ -55,6 +57,12 @@ class ParameterTable:
         self.names = {id(p): by_id.get(id(p), f"frozen.{i}") for i, p in enumerate(params)}
         self.priority = {id(p): -i for i, p in enumerate(params)}
         self._apply(policy or CompressionPolicy())
+        names = list(self.names.values())
+        for pattern, _ in self.policy.rules:  # (a typo, or DDP's "module." prefix, silently left the default)
+            if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+                warnings.warn(f"compression rule {pattern!r} names none of this optimizer's {len(names)} "
+                              f"parameters (such as {names[0]!r}; patterns are fnmatch's, whole names)",
+                              stacklevel=3)
 
     def _apply(self, policy: CompressionPolicy) -> None:
         self.policy = policy

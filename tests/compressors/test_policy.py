@@ -50,10 +50,30 @@ def test_code_overrides_the_job_file(tmp_path):
     ({"compressor": "gzip"}, None, "gzip.*accepted"),
     (None, [("x", {"compressor": "topk", "k": -1})], "rule 'x'"),
     ("onebit", None, "expected a dict"),
+    # a name that is no codec's, all of them listed (low-rank and auto too); a number past a float's range
+    ({"compressor": None}, None, r"\['compressor'\] = None; accepted: acpsgd, auto, dithering"),
+    ({"compressor": "powersdg"}, None, "accepted: acpsgd, auto, dithering, fp16, none, onebit, powersgd"),
+    ({"compressor": "topk", "k": 10 ** 400}, None, r"\['k'\] = 1000.*accepted: a number"),
+    # rules of the wrong shape: a dict of them, a pattern that is not a string
+    (None, {"*.bias": {"compressor": "none"}}, r"got a dict: pass list\(rules.items\(\)\)"),
+    (None, [(None, {"compressor": "none"})], r"compression_rules\[0\] = .*a \(pattern, compression_params\) pair"),
 ])
 def test_bad_settings_name_what_is_wrong(default, rules, match):
     with pytest.raises(ValueError, match=match):
         CompressionPolicy(default, rules)
+
+
+def test_codec_names_are_case_insensitive_and_a_rule_naming_no_parameter_is_warned_of():
+    import torch
+
+    from gradpress.pipeline.table import ParameterTable
+    assert CompressionPolicy({"compressor": "TopK", "k": 0.1}).default.codec == "topk"
+    assert CompressionPolicy({"compressor": "None"}).default is None  # as "none": uncompressed
+    assert CompressionPolicy({"compressor": "PowerSGD"}).default.codec == "powersgd"
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))  # "0.weight", "0.bias"
+    policy = CompressionPolicy(ONEBIT, [("*.bias", {"compressor": "none"}), ("module.*", TOPK)])
+    with pytest.warns(UserWarning, match="rule 'module.\\*' names none of this optimizer's 2 parameters"):
+        ParameterTable(list(model.parameters()), model.named_parameters(), policy)
 
 
 def test_bad_job_file_tables(tmp_path):
