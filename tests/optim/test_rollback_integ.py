@@ -13,7 +13,7 @@ bps.init()
 r = bps.rank()
 torch.manual_seed(0)
 model = torch.nn.Linear(40, 30)
-opt = bps.OneBitAdam(model.parameters(), lr=0.01, freeze_step=2, named_parameters=model.named_parameters())
+opt = {make_optimizer}
 
 def train(step):
     g = torch.Generator().manual_seed(1000 * step + r)
@@ -21,67 +21,35 @@ def train(step):
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.step()
-saved, reference = io.BytesIO(), {}
+saved, reference = io.BytesIO(), {{}}
 for step in range(6):
-    if step == 1:   # still in warm-up: nothing compressed yet
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, saved)
+    if step == {saved_at}:
+        torch.save({{"model": model.state_dict(), "opt": opt.state_dict()}}, saved)
     train(step)
     reference[step] = model.weight.detach().clone()
 saved.seek(0)
 checkpoint = torch.load(saved)
 model.load_state_dict(checkpoint["model"])
 opt.load_state_dict(checkpoint["opt"])
-for step in range(1, 6):
+for step in range({saved_at}, 6):
     train(step)
-    assert torch.equal(model.weight, reference[step]), f"step {step} replayed otherwise"
+    assert torch.equal(model.weight, reference[step]), f"step {{step}} replayed otherwise"
 print("OK rollback", flush=True)
 bps.shutdown()
 """
 
+ONEBIT_ADAM = "bps.OneBitAdam(model.parameters(), lr=0.01, freeze_step=2, named_parameters=model.named_parameters())"
+NESTEROV_ONEBIT = ("bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), "
+                   "named_parameters=model.named_parameters(), "
+                   "compression_params={'compressor': 'onebit', 'ef': 'vanilla', 'momentum': 'nesterov'})")
 
-def test_a_rollback_to_before_the_first_compressed_step_replays_it_bit_for_bit(cluster):
+
+@pytest.mark.parametrize("make_optimizer,saved_at", [
+    (ONEBIT_ADAM, 1),       # still in warm-up: nothing compressed yet
+    (NESTEROV_ONEBIT, 3),   # after three compressed steps: residuals and momenta on both sides
+], ids=["onebit-adam-before-compressing", "distributed-optimizer-after-compressing"])
+def test_a_rollback_replays_the_steps_after_its_checkpoint_bit_for_bit(cluster, make_optimizer, saved_at):
     c = cluster(workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
-    c.start(ROLLBACK).assert_success()
+    c.start(ROLLBACK.format(make_optimizer=make_optimizer, saved_at=saved_at)).assert_success()
     for w in range(2):
         assert "OK rollback" in c.log(f"worker {w}"), c.logs()
-
-
-COMPRESSED = """
-import io, torch, gradpress.torch as bps
-bps.init()
-r = bps.rank()
-torch.manual_seed(0)
-model = torch.nn.Linear(40, 30)
-opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                               named_parameters=model.named_parameters(),
-                               compression_params={"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov"})
-
-def train(step):
-    g = torch.Generator().manual_seed(1000 * step + r)
-    x, y = torch.randn(16, 40, generator=g), torch.randn(16, 30, generator=g)
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    opt.step()
-saved, reference = io.BytesIO(), {}
-for step in range(6):
-    if step == 3:   # after three compressed steps: residuals and momenta on both sides
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, saved)
-    train(step)
-    reference[step] = model.weight.detach().clone()
-saved.seek(0)
-checkpoint = torch.load(saved)
-model.load_state_dict(checkpoint["model"])
-opt.load_state_dict(checkpoint["opt"])
-for step in range(3, 6):
-    train(step)
-    assert torch.equal(model.weight, reference[step]), f"step {step} replayed otherwise"
-print("OK compressed rollback", flush=True)
-bps.shutdown()
-"""
-
-
-def test_a_distributed_optimizers_checkpoint_holds_its_codecs_state(cluster):
-    c = cluster(workers=2, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
-    c.start(COMPRESSED).assert_success()
-    for w in range(2):
-        assert "OK compressed rollback" in c.log(f"worker {w}"), c.logs()
