@@ -18,6 +18,7 @@ import tempfile
 import time
 
 from . import logs
+from .compressors.policy import CompressionPolicy
 from .config import Settings
 from .net import auth
 from .processes import ProcessGroup, Terminated, raise_on_termination
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["GRADPRESS_CONFIG"] = os.path.abspath(args.config)
     try:
         settings = Settings.load()
+        # the job file's [compression] too, before any process starts (else only the workers'
+        # optimizers read it, once scheduler and servers are up)
+        CompressionPolicy.from_job_file(settings.config_file, settings.min_compress_bytes)
     except ValueError as e:
         print(f"gradpress-launch: {e}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -192,3 +193,18 @@ def test_launch_refuses_a_job_size_without_local(capsys):
         launcher.main(["--workers", "4", "--", sys.executable, "train.py"])
     assert caught.value.code == 2
     assert "--workers and --servers size a --local job" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("table, expected", [
+    ('[compression.default]\ncompressor = "topk"\nk = 0\n', r"\[compression\]: compression default: .*\['k'\] = 0"),
+    ("compression = 5\n", "compression must be a table"),
+])
+def test_launch_checks_the_job_files_compression_before_anything_starts(tmp_path, monkeypatch, capsys, table,
+                                                                         expected):
+    """It used to be read only by the workers' optimizers, once scheduler and servers ran."""
+    from gradpress import launcher
+    monkeypatch.setenv("GRADPRESS_CONFIG", "")  # (main sets it; restored after the test)
+    path = job_file(tmp_path, table)
+    assert launcher.main(["--config", path, "--local", "--", sys.executable, "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert f"config file {path}" in err and re.search(expected, err), err

@@ -37,6 +37,9 @@ class CompressionPolicy:
             return cls(min_bytes=min_bytes)
         with open(path, "rb") as fh:
             table = tomllib.load(fh).get("compression", {})
+        if not isinstance(table, dict):
+            raise ValueError(f"config file {path}: compression must be a table ([compression]), got "
+                             f"{type(table).__name__}")
         unknown = set(table) - {"default", "rules"}
         if unknown:
             raise ValueError(f"config file {path}: unknown key(s) {sorted(unknown)} in [compression]; "
@@ -47,7 +50,10 @@ class CompressionPolicy:
                 raise ValueError(f"config file {path}: [[compression.rules]] #{i + 1} needs a string 'pattern'")
             params = {k: v for k, v in rule.items() if k != "pattern"}
             rules.append((rule["pattern"], params))
-        return cls(table.get("default"), rules, min_bytes)
+        try:
+            return cls(table.get("default"), rules, min_bytes)
+        except ValueError as e:
+            raise ValueError(f"config file {path}: [compression]: {e}") from None
 
     def overridden_by(self, default: dict | None, rules: list[tuple[str, dict]] | None) -> "CompressionPolicy":
         """This policy with code-given settings taking precedence."""
