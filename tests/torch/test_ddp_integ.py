@@ -86,3 +86,37 @@ def test_ddp_equals_distributed_optimizer(cluster, variant):
         p0, p1 = torch.load(c.tmp / f"{saved}0.pt"), torch.load(c.tmp / f"{saved}1.pt")
         for k in p0:
             assert torch.equal(p0[k], p1[k]), f"{saved}: {k} differs between the workers"
+
+
+REWRAPPED = """
+import warnings, torch, torch.nn as nn, gradpress.torch as bps
+from gradpress.torch.parallel import DistributedDataParallel
+bps.init()
+r = bps.rank()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+model[0].weight.requires_grad_(False)
+first = DistributedDataParallel(model)
+first(torch.full((3, 4), float(r))).sum().backward()
+model[0].weight.requires_grad_(True)   # what trains changes: torch's way is to wrap the module again
+model.zero_grad()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    second = DistributedDataParallel(model)
+    second(torch.full((3, 4), float(r + 1))).sum().backward()
+assert not [w for w in caught if "became trainable" in str(w.message)], [str(w.message) for w in caught]
+hooks = [len(p._post_accumulate_grad_hooks or {}) for p in model.parameters()]
+assert hooks == [1, 1, 1, 1], f"the earlier wrapper's hooks are still there: {hooks}"
+expected = torch.full((8, 4), 3 * 1.5) * model[1].weight.sum(0).unsqueeze(1)  # 3 rows of 1s and 2s, averaged
+assert torch.allclose(model[0].weight.grad, expected), (model[0].weight.grad, expected)
+print("OK rewrapped", flush=True)
+bps.shutdown()
+"""
+
+
+def test_a_module_wrapped_again_leaves_the_earlier_wrapper(cluster):
+    """The earlier wrapper's hooks went on pushing every gradient (and adopting the newly
+    trainable ones, with a warning); now it stops, as torch's earlier reducer does."""
+    c = cluster(workers=2, servers=1)
+    c.start(REWRAPPED).assert_success()
+    assert "OK rewrapped" in c.log("worker 0") and "OK rewrapped" in c.log("worker 1"), c.logs()

@@ -8,7 +8,8 @@ gradients and a plain torch optimizer steps. Parameters a forward pass did not u
 this worker, or on every one) get no gradient and fire no hook: at the end of the
 backward pass (a callback queued on autograd's engine by its first gradient) they travel
 as zeros, or as the gradient they hold, and the backward returns with every average, as
-torch's DDP with ``find_unused_parameters=True``. Left to the next step, the used ones
+torch's DDP with ``find_unused_parameters=True`` (but one that no worker used is left with
+zeros, as BytePS's DDP leaves it, where torch's leaves its gradient as it was). Left to the next step, the used ones
 stayed unaveraged and the workers' models drifted apart without a word. Inside
 ``no_sync()`` gradients accumulate locally and go out with the next backward outside it.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import collections
 import threading
 import warnings
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -44,6 +46,9 @@ def _check_spec(table: ParameterTable, p: torch.Tensor) -> None:
 
 
 _made: collections.Counter = collections.Counter()  # job epoch -> DistributedDataParallel objects made
+# each module's wrapper: a module wrapped again (torch's way to change what trains) leaves the
+# earlier one, whose hooks would otherwise push every gradient once more
+_wrapper_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class DistributedDataParallel(torch.nn.Module):
@@ -88,6 +93,10 @@ class DistributedDataParallel(torch.nn.Module):
                                            bucket_bytes=bucket_cap_mb * (1 << 20), fill=gradient_or_zeros,
                                            owner="DistributedDataParallel")
         self._param = {id(p): p for p in table.trainable}
+        earlier = _wrapper_of.get(module)
+        if earlier is not None:  # its hooks go, as torch's earlier reducer stops acting
+            earlier._leave()
+        _wrapper_of[module] = self
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
         self._every = list(module.parameters())  # frozen ones too: they may be unfrozen later
         self._late: list[torch.Tensor] = []  # this backward's parameters unfrozen since wrapping
@@ -102,6 +111,12 @@ class DistributedDataParallel(torch.nn.Module):
             if buffers:
                 broadcast_parameters(buffers, root_rank=0, prefix=f"Buffer.{self._prefix}")
         return self.module(*inputs, **kwargs)
+
+    def _leave(self) -> None:
+        """The module was wrapped again: this wrapper's gradients no longer travel."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._every = [], []
 
     @contextmanager
     def no_sync(self):
