@@ -112,13 +112,15 @@ def test_an_abort_naming_ids_out_of_range_ends_the_job_naming_an_unknown_worker(
 
 def test_a_message_that_fails_in_the_scheduler_is_dropped_and_the_job_goes_on(job, monkeypatch):
     """Whatever no check foresaw in one message must not end the job's only scheduler."""
-    arrive = job.scheduler.barriers.arrive
+    arrive, failed = job.scheduler.barriers.arrive, threading.Event()
 
     def failing_once(*args):
         monkeypatch.setattr(job.scheduler.barriers, "arrive", arrive)
+        failed.set()
         raise RuntimeError("a test's")
     monkeypatch.setattr(job.scheduler.barriers, "arrive", failing_once)
     job["worker"].send(Op.BARRIER, group="all", seq=1)  # dropped
+    assert failed.wait(5), "the scheduler never took the BARRIER"
     job["worker"].send(Op.BARRIER, group="all", seq=1)  # (as a retry would)
     job["server"].send(Op.BARRIER, group="all", seq=1)
     done = _next(job["server"], Op.BARRIER_DONE)
