@@ -24,15 +24,15 @@ class Agreement:
         self.made: list[str] = []        # tensors made and not yet released
         self._last: list[str] = []       # the latest broadcast's: kept until the next one
 
-    def broadcast(self, make: Callable[[], str] | None, kind: str, version: int) -> str:
-        """Rank 0's text, which ``make()`` makes there (others pass None), on every worker.
+    def broadcast(self, make: Callable[[], str], kind: str, version: int) -> str:
+        """Rank 0's text, which ``make()`` makes there (called on rank 0 only), on every worker.
         Where ``make`` raises on rank 0 (its calibration out of GPU memory, say), every
         worker raises: rank 0 its own error once it has sent the others its cause, they a
         JobError quoting it. Else they would wait out the op deadline in the broadcast,
         where rank 0's program caught its error and went on."""
         from ...torch.objects import ObjectError, broadcast_bytes
         payload = error = caught = None
-        if make is not None:
+        if self.comm.rank() == 0:
             try:
                 payload = make().encode()
             except Exception as e:  # noqa: BLE001 - whatever it is, the others hear of it

@@ -168,7 +168,7 @@ class AutoPlanner:
         def profiled() -> str:  # "": nothing left to plan
             return first_profile(self.clock, planned, self.names, self.priority, self.options, round_trips, batches,
                                  self.comm, self.params, self.fused, self.sent_dtype).to_json() if planned else ""
-        text = self.agreement.broadcast(profiled if self.comm.rank() == 0 else None, "PlanProfile", self.version)
+        text = self.agreement.broadcast(profiled, "PlanProfile", self.version)
         if not text:
             self._keep(set())
             self.stage = PlanStage.IDLE
@@ -201,7 +201,7 @@ class AutoPlanner:
         next alternative, or keep the one ``choose`` picks."""
         def refined() -> str:
             return rebased(self.profile, self.plan, self.clock, self.names, self.params).to_json()
-        text = self.agreement.broadcast(refined if self.comm.rank() == 0 else None, "PlanRefined", self.version)
+        text = self.agreement.broadcast(refined, "PlanRefined", self.version)
         profile = Profile.from_json(text, "rank 0's refined profile")
         predicted = predict(*self.plan.simulated(profile))
         measured = float(profile.notes["measured_s"])
@@ -282,7 +282,7 @@ class AutoPlanner:
             link = fit_link(round_trips, self.comm.size(), self.profile.codecs["none"].add, self.profile.message_s)
             changed = abs(link.bytes_per_s / self.profile.link.bytes_per_s - 1) > self.tuning.link_change
             return self.profile.scaled(bytes_per_s=link.bytes_per_s).to_json() if changed else ""
-        text = self.agreement.broadcast(relinked if self.comm.rank() == 0 else None, "PlanProfile", self.version)
+        text = self.agreement.broadcast(relinked, "PlanProfile", self.version)
         if not text:  # the link is as profiled: the model, not the network, is off
             log.info("gradpress: iterations (%s ms) are off the prediction, but the link is as profiled; "
                      "keeping plan %d", recent, self.version - 1)
