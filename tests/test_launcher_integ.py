@@ -93,44 +93,87 @@ def test_a_terminated_launcher_stops_its_children_and_exits_143(tmp_path):
             os.kill(child, signal.SIGKILL)
 
 
+class _ServerJob:
+    """An in-process scheduler of a job of one worker (a link, registered by ``start``) and one
+    server, started by the launcher as a pod starts it (``launch_server``)."""
+
+    def __init__(self):
+        import threading
+
+        from cluster import TEST_SECRET
+        from gradpress.config import Settings
+        from gradpress.net import transport
+        from gradpress.net.node import SchedulerLink
+        from gradpress.scheduler.scheduler import Scheduler
+        common = dict(num_worker=1, num_server=1, root_uri="127.0.0.1", node_host="127.0.0.1",
+                      heartbeat_interval_s=0.2, heartbeat_timeout_s=60, connect_timeout_s=60, job_secret=TEST_SECRET)
+        self.scheduler = Scheduler(Settings(role="scheduler", root_port=0, **common))
+        threading.Thread(target=self.scheduler.run, daemon=True).start()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_", "GRADPRESS_", "PS_"))}
+        self.env = dict(env, DMLC_ROLE="server", DMLC_NUM_WORKER="1", DMLC_NUM_SERVER="1",
+                        DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(self.scheduler.port),
+                        DMLC_NODE_HOST="127.0.0.1", GRADPRESS_JOB_SECRET=TEST_SECRET, PS_HEARTBEAT_INTERVAL="0.2",
+                        PS_HEARTBEAT_TIMEOUT="60")
+        self.servers: list[subprocess.Popen] = []
+        self.worker = SchedulerLink(Settings(role="worker", root_port=self.scheduler.port, **common), "worker",
+                                    transport.context())
+
+    def launch_server(self) -> subprocess.Popen:
+        self.servers.append(subprocess.Popen([sys.executable, "-m", "gradpress.launcher"], env=self.env,
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        return self.servers[-1]
+
+    def node_lost(self, within_s: float) -> dict | None:
+        """The NODE_LOST the worker hears within ``within_s`` seconds, or None."""
+        import time
+
+        from gradpress.net import transport
+        from gradpress.net.protocol import Op
+        deadline = time.monotonic() + within_s
+        while self.worker.sock.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            _, header, _ = transport.recv(self.worker.sock, routed=False)
+            if header is not None and header["op"] == Op.NODE_LOST:
+                return header
+        return None
+
+    def close(self) -> None:
+        self.scheduler.exit_code = 0
+        self.worker.close()
+        for server in self.servers:
+            if server.poll() is None:
+                server.kill()
+
+
 def test_a_terminated_server_tells_the_scheduler_so_every_worker_hears_it_at_once():
     """A server pod deleted: its launcher's SIGTERM reaches the workers as NODE_LOST naming
     the server and the signal, not as its silence a heartbeat timeout later."""
     import signal
-    import threading
-    import time
-
-    from cluster import TEST_SECRET
-    from gradpress.config import Settings
-    from gradpress.net import transport
-    from gradpress.net.node import SchedulerLink
-    from gradpress.net.protocol import Op
-    from gradpress.scheduler.scheduler import Scheduler
-    common = dict(num_worker=1, num_server=1, root_uri="127.0.0.1", node_host="127.0.0.1", heartbeat_interval_s=0.2,
-                  heartbeat_timeout_s=60, connect_timeout_s=60, job_secret=TEST_SECRET)
-    scheduler = Scheduler(Settings(role="scheduler", root_port=0, **common))
-    threading.Thread(target=scheduler.run, daemon=True).start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_", "GRADPRESS_", "PS_"))}
-    env.update(DMLC_ROLE="server", DMLC_NUM_WORKER="1", DMLC_NUM_SERVER="1", DMLC_PS_ROOT_URI="127.0.0.1",
-               DMLC_PS_ROOT_PORT=str(scheduler.port), DMLC_NODE_HOST="127.0.0.1", GRADPRESS_JOB_SECRET=TEST_SECRET,
-               PS_HEARTBEAT_INTERVAL="0.2", PS_HEARTBEAT_TIMEOUT="60")
-    server = subprocess.Popen([sys.executable, "-m", "gradpress.launcher"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    worker = SchedulerLink(Settings(role="worker", root_port=scheduler.port, **common), "worker", transport.context())
+    job = _ServerJob()
     try:
-        worker.register()
+        server = job.launch_server()
+        job.worker.register()
         server.send_signal(signal.SIGTERM)
-        lost, deadline = None, time.monotonic() + 20
-        while lost is None and worker.sock.poll(max(0.0, deadline - time.monotonic()) * 1000):
-            _, header, _ = transport.recv(worker.sock, routed=False)
-            lost = header if header is not None and header["op"] == Op.NODE_LOST else None
+        lost = job.node_lost(20)
         if lost is None:
             server.kill()
             raise AssertionError(f"the workers heard nothing within 20 s; the server said:\n{server.communicate()[0]}")
         assert (lost["role"], lost["rank"]) == ("server", 0) and "stopped by SIGTERM" in lost["reason"], lost
         server.wait(30)
     finally:
-        scheduler.exit_code = 0
-        worker.close()
-        if server.poll() is None:
-            server.kill()
+        job.close()
+
+
+def test_a_server_refused_at_registration_leaves_the_running_job_alone():
+    """A server pod restarted into a running job is refused ("registration is closed"): it
+    stops, and the job it could not join goes on (the scheduler's word is no failure of its
+    to report)."""
+    job = _ServerJob()
+    try:
+        job.launch_server()
+        job.worker.register()
+        late = job.launch_server()
+        out, _ = late.communicate(timeout=60)
+        assert late.returncode != 0 and "registration" in out, out
+        assert job.node_lost(2) is None and job.scheduler.exit_code is None, "a refused server ended the job"
+    finally:
+        job.close()

@@ -30,6 +30,7 @@ from ..compressors.warmup import warm_up
 from ..net.node import SchedulerLink
 from ..trace import Tracer
 from ..net.protocol import MAX_REASON_CHARS, Op
+from ..processes import Terminated
 from .budget import KeyBudget
 from .engine import INLINE_MAX_BYTES, STOP, Engine, local_engine_count
 
@@ -85,8 +86,8 @@ class Server:
             return self._loop()
         except JobError as e:
             log.error("%s", e)
-            if self.link.announced and not isinstance(e, NodeLostError):  # its own failure (an engine's,
-                with contextlib.suppress(zmq.ZMQError):  # a SIGTERM): the scheduler tells every worker why, now
+            if self._own_failure(e):  # the scheduler tells every worker why, now
+                with contextlib.suppress(zmq.ZMQError):
                     self.link.send(Op.ABORT, reason=str(e)[:MAX_REASON_CHARS])
             return 1
         finally:
@@ -101,6 +102,15 @@ class Server:
             self.sock.close()
             self.link.close()
             self.tracer.write(self.link.name)
+
+    def _own_failure(self, error: JobError) -> bool:
+        """Whether ``error`` is this server's own, in the job: an engine's failure once it
+        served, or a SIGTERM once the scheduler may know it (a REGISTER sent). Not the
+        scheduler's word (a refusal, the job ended, a lost node), which it already knows:
+        an ABORT would end a job still waiting for a server, a restarted pod say."""
+        if isinstance(error, Terminated):
+            return self.link.announced
+        return self.link.book is not None and not self.link.shut_down and not isinstance(error, NodeLostError)
 
     def _loop(self) -> int:
         poller = zmq.Poller()
