@@ -252,16 +252,21 @@ def _pushed_by(flight, stages, t, b) -> list[int]:
     return sorted(i for i, _, lr, _ in stages.pushed if lr == b.lr)
 
 
+def _failed_grouped(flight, stages, t, encodes: int) -> None:
+    """A job of ``t`` started, its grouped encode failed after ``encodes`` finished."""
+    a = job(t, 0.1)
+    flight.start(a, priority=0)
+    flight.dispatch()
+    stages.finished(encodes)
+    with pytest.raises(JobError):
+        a.future.result(0)
+
+
 def test_after_a_grouped_encode_failed_on_the_gpu_the_next_job_sends_every_partition():
     # the grouped launch fails before the first key's payload is taken: that key kept the
     # failed job's mark, and the next job's partition was held behind it for good
     flight, stages, t = _grouped_encode_failing()
-    a = job(t, 0.1)
-    flight.start(a, priority=0)
-    flight.dispatch()
-    stages.finished(3)
-    with pytest.raises(JobError):
-        a.future.result(0)
+    _failed_grouped(flight, stages, t, encodes=3)
     for wk in t.keys:  # the servers' refusals of the round end it, key by key
         if wk.in_flight is not None:
             flight._leave_flight(wk.in_flight)
@@ -292,19 +297,31 @@ def test_after_a_grouped_encode_outlived_its_rounds_the_next_job_sends_every_par
     stages.host_copies.close(5)
 
 
+class _RecordsReads:
+    """Stages whose encoder records each partition it read (its source) and makes a payload."""
+
+    def __init__(self):
+        super().__init__()
+        self.read = []
+
+    def compress(self, op):
+        self.read.append(op.wkey.index)
+        return ({"made": True}, [])
+
+
 def test_a_failed_push_pulls_partitions_still_queued_go_out_refused_without_reading_their_source():
     # the caller was told at the first failure and may reuse its tensor (a CUDA one's consumer
     # waited only for what was queued by then): later partitions must not read it
-    class Reads(Stages):
+    class Reads(_RecordsReads, Stages):
         def __init__(self):
             super().__init__()
-            self.read, self.headers = [], []
+            self.headers = []
 
         def compress(self, op):
-            self.read.append(op.wkey.index)
+            made = super().compress(op)
             if op.wkey.index == 0:
                 raise ValueError("the input holds NaN or inf")
-            return ({"made": True}, [])
+            return made
 
         def send(self, op, payload):
             super().send(op, payload)
@@ -327,12 +344,7 @@ def test_after_a_grouped_encode_failed_with_partitions_past_the_credit_the_next_
     # grouped encode left on their keys go with them, else the tensor's next push_pulls waited
     # behind those marks for good
     flight, stages, t = _grouped_encode_failing(credit=1)   # one partition on the wire at a time
-    a = job(t, 0.1)
-    flight.start(a, priority=0)
-    flight.dispatch()
-    stages.finished(1)
-    with pytest.raises(JobError):
-        a.future.result(0)
+    _failed_grouped(flight, stages, t, encodes=1)
     _rounds_end_one_by_one(flight, t)   # the later partitions go out refused
     assert [i for i, *_ in stages.pushed] == [0, 1, 2] and all("refused" in h for h in stages.headers)
     assert [wk.compressed_by for wk in t.keys] == [None] * 3, "a failed job's marks are left"
@@ -347,14 +359,8 @@ def test_after_a_grouped_encode_failed_with_partitions_past_the_credit_the_next_
 def test_encoders_queued_when_their_push_pull_fails_do_not_read_its_tensor():
     # a landing failure (or a refusal) fails the job while its partitions' encoders wait on the
     # host-copies thread: the caller, told, may rewrite the tensor, so they refuse unread
-    class Reads(OffThread):
-        def __init__(self):
-            super().__init__()
-            self.read = []
-
-        def compress(self, op):
-            self.read.append(op.wkey.index)
-            return ({"made": True}, [])
+    class Reads(_RecordsReads, OffThread):
+        pass
     flight, _, t = setup(group=False)
     stages = flight.stages = Reads()
     gate = threading.Event()
