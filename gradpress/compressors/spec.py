@@ -58,6 +58,12 @@ class CodecSpec:
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         if codec == "none":
+            # ef and momentum act on a codec's output: with none the gradient travels raw, and
+            # dropping them silently would train without the momentum the user asked for
+            asked = [key for key in ("ef", "momentum") if compression_params.get(key) is not None]
+            if asked:
+                raise ValueError(f"{where}: {' and '.join(asked)} need a codec, but compressor is 'none' (the "
+                                 f"gradient travels raw): pick a codec, or leave the momentum to the optimizer")
             return None
         return cls(codec, tuple(sorted(compression_params.items())))
 

@@ -54,6 +54,9 @@ def test_code_overrides_the_job_file(tmp_path):
     ({"compressor": None}, None, r"\['compressor'\] = None; accepted: acpsgd, auto, dithering"),
     ({"compressor": "powersdg"}, None, "accepted: acpsgd, auto, dithering, fp16, none, onebit, powersgd"),
     ({"compressor": "topk", "k": 10 ** 400}, None, r"\['k'\] = 1000.*accepted: a number"),
+    # worker state with nothing to act on: momentum or error feedback on the raw path
+    ({"compressor": "none", "momentum": "nesterov"}, None, "momentum need a codec, but compressor is 'none'"),
+    (None, [("x", {"ef": "vanilla", "momentum": "nesterov"})], "rule 'x'.*ef and momentum need a codec"),
     # rules of the wrong shape: a dict of them, a pattern that is not a string
     (None, {"*.bias": {"compressor": "none"}}, r"got a dict: pass list\(rules.items\(\)\)"),
     (None, [(None, {"compressor": "none"})], r"compression_rules\[0\] = .*a \(pattern, compression_params\) pair"),

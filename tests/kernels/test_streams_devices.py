@@ -31,6 +31,7 @@ def _fakes(monkeypatch) -> types.SimpleNamespace:
     monkeypatch.setattr(streams, "_torch", lambda: torch)
     monkeypatch.setattr(streams, "cuda", types.SimpleNamespace(select_device=select_device,
                                                                external_stream=lambda handle: ("numba", handle)))
+    monkeypatch.setattr(streams, "_pop_context", lambda: None)  # select_device above replaces, not pushes
     monkeypatch.setattr(streams, "_pairs", {})
     return state
 
@@ -295,3 +296,35 @@ def test_a_gpu_1_keys_pinned_stage_is_made_with_gpu_1_selected(monkeypatch):
     thread.start()
     thread.join(5)
     assert pinned == [1] and stages.host_stages[7].shape == (4,), pinned
+
+
+def test_an_owning_thread_switching_gpus_keeps_its_context_stack_bounded(monkeypatch):
+    """One process's model over two GPUs: its communication thread switches GPU at every
+    partition, and numba's select_device pushes a context each time. The stack keeps one
+    entry of gradpress's, the current GPU's, however many switches it makes."""
+    rt = _Runtime(believed=0)
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Stream=lambda device: _TorchStream(device), set_stream=rt.set_stream, stream=rt.stream, device=rt.device))
+    monkeypatch.setattr(streams, "_torch", lambda: torch)
+    monkeypatch.setattr(streams, "cuda", types.SimpleNamespace(select_device=lambda i: rt.stack.append(i),
+                                                               external_stream=lambda handle: ("numba", handle)))
+    monkeypatch.setattr(streams, "_pop_context", lambda: rt.stack.pop())
+    monkeypatch.setattr(streams, "_pairs", {})
+    monkeypatch.setattr(streams, "_local", threading.local())
+    depths, errors = [], []
+
+    def owner():
+        try:
+            for step in range(50):
+                for index in (0, 1, 1, 0):
+                    with streams.working_on(_on(index), landing=step % 2 == 1):
+                        assert rt.stack[-1] == index and rt.current[index] is streams._pairs[index, step % 2][1]
+                        depths.append(len(rt.stack))
+        except Exception as e:  # noqa: BLE001 - reported on the test's thread
+            errors.append(e)
+    thread = threading.Thread(target=owner)
+    thread.owns_gpu_work = True
+    thread.start()
+    thread.join(10)
+    assert not errors, errors
+    assert len(depths) == 200 and max(depths) == 1, f"the context stack grew to {max(depths)}"

@@ -20,15 +20,12 @@ for copies onto it:
 
 The host waits for a stream only where it reads what the device wrote.
 
-What a call costs matters here: the hooks of a 102-tensor model call ``produced`` once per
-gradient, and the communication thread enters ``working_on`` a few times per partition. So
-a thread remembers the device it launches on (numba's context is switched only when the
-device changes; a driver call each time cost 2 to 4% of the communication thread on an
-H100), events are reused (a fresh ``torch.cuda.Event`` creates a driver event at its first
-record), and the threads that own the worker's GPU work (a thread whose ``owns_gpu_work``
-attribute is true: the communication thread, and the host-copies thread that runs the
-encoders) keep numba's device and gradpress's stream as their current torch stream instead
-of switching them at every call.
+A call's cost matters: a 102-tensor model's hooks call ``produced`` per gradient, and the
+communication thread enters ``working_on`` a few times per partition. So a thread switches
+numba's context only when its device changes (a driver call each time cost 2-4% of that
+thread on an H100), events are reused (a new one makes a driver event at its first record),
+and the threads owning the worker's GPU work (``owns_gpu_work``: the communication and
+host-copies threads) keep numba's device and gradpress's torch stream current between calls.
 """
 from __future__ import annotations
 
@@ -45,8 +42,7 @@ PUSH, LANDING = 0, 1
 _pairs: dict[tuple[int, int], tuple[Any, Any]] = {}   # (device, lane) -> (numba stream, torch stream or None)
 _lock = threading.Lock()
 _local = threading.local()   # .stream, .lane: working_on's; .device: numba's; .torch_current: device -> stream
-# torch events free for reuse, by (device, blocking) (an event belongs to the device it was
-# first recorded on); deques: one thread takes while another gives back
+# torch events free for reuse, by (device, blocking) (an event is its first record's device's)
 _events: collections.defaultdict = collections.defaultdict(collections.deque)
 
 
@@ -136,10 +132,17 @@ def on_device(index: int):
     if config.ENABLE_CUDASIM or getattr(_local, "device", None) == index:
         return contextlib.nullcontext()
     if _owned():
+        if getattr(_local, "device", None) is not None:  # select_device pushes a context: pop this
+            _pop_context()  # thread's last, or a model over two GPUs grows the stack at every switch
         cuda.select_device(index)
         _local.device = index
         return contextlib.nullcontext()
     return _switched(index)
+
+
+def _pop_context() -> None:
+    from numba.cuda.cudadrv.driver import driver
+    driver.pop_active_context()
 
 
 def on_event_device(event: Any):
