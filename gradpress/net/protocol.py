@@ -50,6 +50,7 @@ class Op(IntEnum):
     ABORT = 19         # worker or launcher -> scheduler: a worker failed; `reason` is its first error line
     SHUTDOWN_ACK = 20  # node -> scheduler: SHUTDOWN received; the scheduler exits once every member sent it
     RELEASE = 21       # worker -> server: forget a key (every worker has left its tensor: an old plan's group)
+    LEFT = 22          # scheduler -> servers: a worker finished while others go on; no later round can complete
 
 
 # Schema: op -> (required fields, optional fields), each field name -> accepted types.
@@ -72,7 +73,7 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     Op.HEARTBEAT: ({}, {}),
     Op.NODE_LOST: ({"role": _STR, "rank": _INT, "reason": _STR}, {}),
     Op.SHUTDOWN: ({"reason": _STR}, {}),
-    Op.FINISH: ({}, {}),
+    Op.FINISH: ({}, {"busy": (bool,)}),  # busy: push_pulls of its own still under way
     Op.DECLARE: ({"name": _STR, "count": _INT, "dtype": _STR, "parts": (list,)},
                  {"compression_params": (dict,)}),
     # part_bytes: each partition's bytes (the servers holding them learn what the job declared)
@@ -111,6 +112,7 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     Op.ABORT: ({"reason": _STR}, {"pid": _INT, "worker_id": _INT, "local_rank": _INT}),
     Op.SHUTDOWN_ACK: ({}, {}),
     Op.RELEASE: ({"key": _INT}, {}),
+    Op.LEFT: ({"rank": _INT, "reason": _STR}, {}),
 }
 
 # Common fields every header carries.

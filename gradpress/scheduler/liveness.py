@@ -58,8 +58,13 @@ class Liveness:
 
     def _lost(self, m: Member, reason: str) -> None:
         log.error("lost %s (pid %d on %s): %s", m.name, m.pid, logs.peer(m.host), reason)
+        reason = f"{reason}; it ran as pid {m.pid} on {logs.peer(m.host)}"  # (which pod or machine to look at)
         others = [o.identity for o in self.roster.members.values() if o is not m]
         self._send_each(others, Op.NODE_LOST, role=m.role, rank=m.rank, reason=reason)
+        # and the node itself: one stopped (SIGSTOP, a frozen VM) reads it when it runs again,
+        # instead of finding the scheduler gone and blaming it
+        self._send_each([m.identity], Op.SHUTDOWN, reason=f"the job failed: the scheduler lost {m.name} (this "
+                                                          f"node: it was stopped or starved?): {reason}")
         self.exit_code = 1
 
     def _send_heartbeats(self) -> None:

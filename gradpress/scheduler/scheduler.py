@@ -138,7 +138,7 @@ class Scheduler(Liveness):
                                      fields))
             self._send_all(messages)
         elif op == Op.FINISH and member.role == "worker":
-            self._finished(member)
+            self._finished(member, h.get("busy", False))
         elif op == Op.ERROR:
             log.error("%s reports: %s", member.name, logs.peer(h["message"]))
         else:
@@ -155,11 +155,19 @@ class Scheduler(Liveness):
             return True
         return False
 
-    def _finished(self, member: Member) -> None:
+    def _finished(self, member: Member, busy: bool) -> None:
         member.finished = True
-        log.info("%s finished", member.name)
+        log.info("%s finished%s", member.name, " with push_pulls of its own still under way" if busy else "")
         if all(m.finished for m in self.roster.workers()):
             self._end(0, "done")
+        elif not self.s.enable_async and not busy:
+            # its rounds all completed before it finished: a round it has not pushed, or a barrier
+            # it has not reached, never will be, and those waiting for one hear why now, not at
+            # their deadline (servers and barriers fail them; reading server state goes on)
+            why = (f"{member.name} finished (shutdown, or its script ended) while other workers go on: the "
+                   f"workers ran different numbers of steps or push_pulls, so this can never complete")
+            self._send_all(self.barriers.leave(member, why))
+            self._send_each([m.identity for m in self.roster.servers()], Op.LEFT, rank=member.rank, reason=why)
 
     def _name_of(self, identity: bytes) -> str:
         member = self.roster.members.get(identity)

@@ -92,6 +92,7 @@ class Engine(threading.Thread):
         self._async = async_mode
         self._tracer = tracer
         self.failure: BaseException | None = None
+        self.left = ""  # why no round can complete any more (a worker finished early: Op.LEFT)
         self.push_views: dict[tuple[bytes, int], np.ndarray] = {}  # co-located workers' pushes
         self.peer_chunks = PeerChunks()    # co-located workers' push areas, mapped
         self.results = Arena("s")           # result slots of keys with co-located workers
@@ -152,6 +153,8 @@ class Engine(threading.Thread):
 
     def _handle(self, identity: bytes, header: dict, frames: list) -> list[Reply]:
         op = header["op"]
+        if op == Op.LEFT:
+            return self._worker_left(header["reason"])
         try:
             if op == Op.INIT_KEY:
                 return self._init_key(identity, header)
@@ -176,6 +179,8 @@ class Engine(threading.Thread):
                     raise PushError(f"{state.describe()}: a restored residual of {len(buf)} bytes")
                 state.load_server_state(np.frombuffer(buf, np.float32), header.get("lr"))
                 return []
+            if self.left and op in (Op.PUSH, Op.PULL) and header["round"] != getattr(state, "done_round", None):
+                raise PushError(f"{state.describe()}, round {header['round']}: {self.left}")
             if op == Op.PUSH:
                 if header.get("pull") and not state.pullable(header["round"]):  # refused before it is kept
                     raise PushError(f"{state.describe()}: a push of round {header['round']} asks for that round's "
@@ -199,6 +204,19 @@ class Engine(threading.Thread):
             return [Reply(identity, Op.ERROR, fields, [])]
         except Exception as e:  # a bug in this key's work: its round fails, the server serves on
             return self._break_key(identity, header, e)
+
+    def _worker_left(self, why: str) -> list[Reply]:
+        """A worker finished while others go on (synchronous jobs): the rounds still open never
+        complete. Those in them hear why now; so does every later push or pull of one."""
+        self.left = self.left or why
+        replies = []
+        for key, state in self.keys.items():
+            current = getattr(state, "round", None)
+            waiting = [(to, current) for to in [*getattr(state, "pushed", ()), *getattr(state, "waiting", ())]]
+            waiting += [(to, current + 1) for to in getattr(state, "early", ())]
+            replies += [Reply(to, Op.ERROR, {"message": f"{state.describe()}, round {rnd}: {self.left}", "key": key,
+                                             "round": rnd}, []) for to, rnd in sorted(set(waiting))]
+        return replies
 
     def _break_key(self, identity: bytes, header: dict, error: Exception) -> list[Reply]:
         """An unexpected exception in ``header``'s work: the key's sums can no longer be

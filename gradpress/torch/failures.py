@@ -11,15 +11,19 @@ failures the same way, over a socket of its own, since it may not have registere
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
 from typing import Callable
 
 from ..config import Settings
+from ..errors import JobError, OpTimeoutError
 from ..worker.abort import first_error_line, report_failure
 
+log = logging.getLogger(__name__)
 _installed = False
+_uncaught = False  # an uncaught exception ends the process: its exit status is not 0 already
 _lock = threading.Lock()
 
 
@@ -37,6 +41,8 @@ def install(current_client: Callable[[], object | None]) -> None:
     previous = sys.excepthook
 
     def report_then_print(exc_type, exc, tb) -> None:
+        global _uncaught
+        _uncaught = True
         client = current_client()
         if client is not None:  # Ctrl-C too: the others would wait for this worker's pushes
             try:
@@ -56,3 +62,31 @@ def report_init_failure(settings: Settings, error: BaseException, registered: bo
                    pid=os.getpid(), worker_id=settings.worker_id if registered else -1,
                    local_rank=settings.local_rank,
                    wait_s=min(2.0, settings.heartbeat_timeout_s))
+
+
+def leave_at_exit(shutdown: Callable[[], None], current_client: Callable[[], object | None]) -> Callable[[], None]:
+    """The exit handler of a worker that did not call ``shutdown()``: it leaves the job, and
+    where the job failed (a lost node, the scheduler's word, this worker's communication
+    ended by an error its script never met) the process exits 1. Python ignores what an exit
+    handler raises and exits 0, so a failed job's worker (a pod, one worker per launcher)
+    reported success. Its own deadline waiting for slower workers is a warning: their work
+    may be legitimately longer (an evaluation on rank 0), and this worker's is done."""
+    def leave() -> None:
+        client = current_client()
+        try:
+            shutdown()
+            failed = None if client is None or client.aborted else client.fatal
+        except OpTimeoutError as e:
+            log.warning("leaving the job at exit: %s", e)
+            return
+        except JobError as e:
+            failed = e
+        if failed is None:
+            return
+        log.error("the job failed: %s", failed)
+        if not _uncaught:  # (an uncaught exception already makes the status 1)
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            logging.shutdown()
+            os._exit(1)  # the only way to set the status from an exit handler (later handlers do not run)
+    return leave

@@ -75,7 +75,7 @@ def init(lazy: bool = True) -> None:
         _noname = itertools.count()
         failures.install(lambda: _client)
         if not _atexit_registered:
-            exit_gc.configure(settings, shutdown)
+            exit_gc.configure(settings, failures.leave_at_exit(shutdown, lambda: _client))
             _atexit_registered = True
 
 

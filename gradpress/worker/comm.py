@@ -202,7 +202,10 @@ class CommunicationThread(threading.Thread):
 
     def _finish_job(self, c: cmd.Finish) -> None:
         self._finish = c.future
-        self.link.send(Op.FINISH)
+        # busy: push_pulls of its own still under way, whose pushes may reach a server after the
+        # scheduler's word that this worker left (Op.LEFT): the scheduler then sends none
+        busy = self.flight.busy(list(self.table.tensors))
+        self.link.send(Op.FINISH, **({"busy": True} if busy else {}))
 
     def _abort_job(self, c: cmd.Abort) -> None:
         # the scheduler answers with SHUTDOWN, which ends this thread through _die

@@ -14,7 +14,7 @@ VALID = {
     Op.HEARTBEAT: {},
     Op.NODE_LOST: dict(role="server", rank=0, reason="no heartbeat"),
     Op.SHUTDOWN: dict(reason="done"),
-    Op.FINISH: {},
+    Op.FINISH: dict(busy=True),
     Op.DECLARE: dict(name="Gradient.fc.weight", count=10, dtype="float32", parts=[6, 4]),
     Op.DECLARED: dict(name="Gradient.fc.weight", tensor_id=3, servers=[0, 1]),
     Op.INIT_KEY: dict(key=(3 << 16) | 1, name="w", count=4, dtype="float16"),
@@ -28,6 +28,7 @@ VALID = {
     Op.ABORT: dict(reason="ValueError: boom", pid=4242, worker_id=1, local_rank=0),
     Op.SHUTDOWN_ACK: {},
     Op.RELEASE: dict(key=7),
+    Op.LEFT: dict(rank=1, reason="worker 1 finished while other workers go on"),
 }
 
 

@@ -60,6 +60,23 @@ def test_kill_9_stops_every_other_process_with_an_error_naming_the_lost_node(clu
     assert elapsed <= 2 * HEARTBEAT_TIMEOUT_S + 4, f"took {elapsed:.1f} s"
 
 
+def test_a_stopped_worker_declared_lost_learns_so_when_it_runs_again(cluster):
+    # before: resumed after the job had ended, it found the scheduler gone and blamed it
+    c = cluster(workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S)})
+    c.start(TRAIN_FOREVER)
+    for r in range(2):
+        _wait_for(c.tmp / f"ready{r}", c)
+    c.procs["worker 1"].send_signal(signal.SIGSTOP)
+    try:
+        for name in ("scheduler", "server 0", "worker 0"):
+            assert c.procs[name].wait(timeout=2 * HEARTBEAT_TIMEOUT_S + 8) != 0, c.logs()
+    finally:
+        c.procs["worker 1"].send_signal(signal.SIGCONT)
+    assert c.procs["worker 1"].wait(timeout=2 * HEARTBEAT_TIMEOUT_S + 8) != 0, c.logs()
+    log = c.log("worker 1")
+    assert "the scheduler lost worker 1 (this node" in log and "lost scheduler" not in log, c.logs()
+
+
 def test_launcher_stops_the_job_and_exits_nonzero_when_a_process_dies(tmp_path):
     script = tmp_path / "w.py"
     script.write_text("import os, signal, time, gradpress.torch as bps\nbps.init()\n"
@@ -228,6 +245,28 @@ def test_nodes_that_register_early_are_not_lost_while_the_rest_arrive(cluster):
     for i in range(2):
         c.start_worker(i, [sys.executable, str(script)])
     c.assert_success(60)
+
+
+UNEVEN_STEPS = """
+import torch, gradpress.torch as bps
+bps.init()
+x = torch.ones(1000)
+for step in range(3 if bps.rank() == 0 else 2):  # worker 1 runs one step fewer, then its script ends
+    bps.push_pull_inplace(x, average=True, name="w")
+print("all steps done", flush=True)
+"""
+
+
+def test_a_worker_that_runs_fewer_steps_stops_the_others_at_once_naming_it_and_every_process_fails(cluster):
+    # before: worker 0 waited out the op deadline, then the job named worker 0 as the failed one,
+    # and worker 1, whose exit handler's error Python ignores, exited 0
+    c = cluster(workers=2, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "60"})
+    started = time.monotonic()
+    codes = c.start(UNEVEN_STEPS).wait(55)
+    assert all(code != 0 for code in codes.values()), f"exit codes {codes}\n{c.logs()}"
+    assert "worker 1 finished" in c.log("worker 0") and "all steps done" not in c.log("worker 0"), c.logs()
+    assert "worker 1 finished" in c.log("worker 1"), c.log("worker 1")  # the reason reaches it too
+    assert time.monotonic() - started < 40, f"the job took {time.monotonic() - started:.0f} s\n{c.logs()}"
 
 
 def test_a_worker_that_finishes_early_waits_for_the_others_without_losing_the_scheduler(cluster):
