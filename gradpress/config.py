@@ -166,6 +166,8 @@ class Settings:
             raw = environ.get(f.metadata["env"])
             if raw is not None and raw != "":
                 values[f.name] = _parse(f, raw, f.metadata["env"])
+        if values.get("insecure") and values.get("security") == "curve":  # (the default says nothing: here only)
+            raise ValueError("GRADPRESS_INSECURE=1 and GRADPRESS_SECURITY=curve contradict each other: set one")
         return cls(**values)
 
     def to_env(self) -> dict[str, str]:

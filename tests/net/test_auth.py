@@ -39,6 +39,13 @@ def test_contradicting_settings_are_refused(values, message):
         Settings(**values)
 
 
+def test_insecure_with_curve_asked_for_is_refused_and_the_default_says_nothing():
+    # before: GRADPRESS_SECURITY=curve set by hand and GRADPRESS_INSECURE=1 ran the job unencrypted
+    with pytest.raises(ValueError, match="GRADPRESS_INSECURE=1 and GRADPRESS_SECURITY=curve contradict"):
+        Settings.load({"GRADPRESS_INSECURE": "1", "GRADPRESS_SECURITY": "curve"})
+    assert Settings.load({"GRADPRESS_INSECURE": "1"}).security == "off"
+
+
 def test_the_secret_file_gives_the_same_keys_as_the_variable(tmp_path):
     path = tmp_path / "secret"
     path.write_text(SECRET + "\n")
