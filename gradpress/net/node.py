@@ -62,6 +62,37 @@ class AddressBook:
         return [n for n in self.nodes if machine and n.machine == machine and n.role in ("worker", "server")]
 
 
+def address_book(h: dict, role: str) -> AddressBook:
+    """The scheduler's ADDRESS_BOOK, checked: a wrong one (a scheduler's bug) would have this
+    node average over a wrong number of workers, or talk to nodes outside the job.
+
+    Raises:
+        JobError: what is wrong with it.
+    """
+    try:
+        nodes = tuple(NodeInfo(n["role"], n["rank"], n["host"], n["port"], n.get("machine", ""),
+                               tuple(n.get("ports", ()))) for n in h["nodes"])
+    except (KeyError, TypeError, AttributeError) as e:
+        raise JobError(f"{role}: the scheduler's address book has a malformed node (missing or wrong: {e})") from None
+    ranks = {r: sorted(n.rank for n in nodes if n.role == r) for r in ("worker", "server")}
+    local = h.get("local_size", 1)
+    ports = [p for n in nodes for p in (n.port, *n.ports)]
+    problem = (
+        "a node's role, rank, host or port is of the wrong type or out of range" if any(
+            not isinstance(n.role, str) or type(n.rank) is not int or not isinstance(n.host, str) for n in nodes)
+        or any(type(p) is not int or not 0 <= p <= 65535 for p in ports) else
+        f"worker ranks {ranks['worker']} for num_workers={h['num_workers']}"
+        if ranks["worker"] != list(range(max(h["num_workers"], 1))) else
+        f"server ranks {ranks['server']} for num_servers={h['num_servers']}"
+        if ranks["server"] != list(range(max(h["num_servers"], 1))) else
+        f"this {role}'s rank {h['rank']} is not among them" if h["rank"] not in ranks.get(role, []) else
+        f"local_size={local!r} for {h['num_workers']} workers" if type(local) is not int or local < 1
+        or h["num_workers"] % local else "")
+    if problem:
+        raise JobError(f"{role}: the scheduler's address book is wrong: {problem}")
+    return AddressBook(h["rank"], nodes, h["num_workers"], h["num_servers"], local)
+
+
 def _unlaunched_hint(settings: Settings) -> str:
     """What to do, where nothing says where the job's scheduler is (no DMLC_PS_ROOT_URI, no
     DMLC_ROLE, no job file): the process was most likely started without a launcher."""
@@ -134,10 +165,7 @@ class SchedulerLink:
         if op == Op.HEARTBEAT:
             return None
         if op == Op.ADDRESS_BOOK:
-            nodes = tuple(NodeInfo(n["role"], n["rank"], n["host"], n["port"], n.get("machine", ""),
-                                   tuple(n.get("ports", ()))) for n in header["nodes"])
-            self.book = AddressBook(header["rank"], nodes, header["num_workers"], header["num_servers"],
-                                    header.get("local_size", 1))
+            self.book = address_book(header, self.role)
             self.name = transport.node_name(self.role, header["rank"])
             return None
         if op == Op.NODE_LOST:

@@ -40,6 +40,7 @@ class Declarations:
         self.placement = placement
         self.timeout_s = timeout_s
         self.tensors: dict[str, Declaration] = {}
+        self.left: dict[int, str] = {}  # a worker that finished while others went on -> why
 
     def declare(self, identity: bytes, rank: int, name: str, count: int, dtype: str,
                 parts: list, now: float, compression_params: dict | None = None) -> list[tuple[list[bytes], Op, dict]]:
@@ -74,6 +75,10 @@ class Declarations:
             d.failed = (f"tensor {name!r}: workers disagree: worker {d.first_rank} declared "
                         f"{_describe(d.spec)}, worker {rank} declared {_describe(spec)}")
             return [(list(d.ranks.values()) + [identity], Op.ERROR, {"name": name, "message": d.failed})]
+        gone = next((why for left, why in self.left.items() if left not in d.ranks and left != rank), "")
+        if gone:
+            d.failed = f"tensor {name!r}: {gone}"
+            return [(list(d.ranks.values()) + [identity], Op.ERROR, {"name": name, "message": d.failed})]
         d.ranks[rank] = identity
         if len(d.ranks) == self.num_workers:
             return [(list(d.ranks.values()), Op.DECLARED, self._answer(d))]
@@ -89,6 +94,17 @@ class Declarations:
                             f"worker(s) {missing} within GRADPRESS_OP_TIMEOUT_S={self.timeout_s:g} s "
                             f"(do all workers push_pull the same tensors?)")
                 out.append((list(d.ranks.values()), {"name": d.name, "message": d.failed}))
+        return out
+
+    def leave(self, rank: int, why: str) -> list[tuple[list[bytes], Op, dict]]:
+        """Worker ``rank`` finished while others go on: a declaration it has not made never
+        completes. Those waiting on one hear why now, and so does every later one."""
+        self.left.setdefault(rank, why)
+        out = []
+        for d in self.tensors.values():
+            if not d.failed and len(d.ranks) < self.num_workers and rank not in d.ranks:
+                d.failed = f"tensor {d.name!r}: {why}"
+                out.append((list(d.ranks.values()), Op.ERROR, {"name": d.name, "message": d.failed}))
         return out
 
     @staticmethod

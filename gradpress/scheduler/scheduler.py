@@ -161,12 +161,12 @@ class Scheduler(Liveness):
         if all(m.finished for m in self.roster.workers()):
             self._end(0, "done")
         elif not self.s.enable_async and not busy:
-            # its rounds all completed before it finished: a round it has not pushed, or a barrier
-            # it has not reached, never will be, and those waiting for one hear why now, not at
-            # their deadline (servers and barriers fail them; reading server state goes on)
+            # its rounds all completed before it finished: a round it has not pushed, a barrier it
+            # has not reached, a tensor it has not declared never will be, and those waiting for
+            # one hear why now, not at their deadline (reading server state goes on)
             why = (f"{member.name} finished (shutdown, or its script ended) while other workers go on: the "
                    f"workers ran different numbers of steps or push_pulls, so this can never complete")
-            self._send_all(self.barriers.leave(member, why))
+            self._send_all(self.barriers.leave(member, why) + self.declarations.leave(member.rank, why))
             self._send_each([m.identity for m in self.roster.servers()], Op.LEFT, rank=member.rank, reason=why)
 
     def _name_of(self, identity: bytes) -> str:

@@ -153,8 +153,8 @@ class Engine(threading.Thread):
 
     def _handle(self, identity: bytes, header: dict, frames: list) -> list[Reply]:
         op = header["op"]
-        if op == Op.LEFT:
-            return self._worker_left(header["reason"])
+        if op == Op.LEFT:  # (async jobs: workers end when they will; pushes are applied alone)
+            return [] if self._async else self._worker_left(header["reason"])
         try:
             if op == Op.INIT_KEY:
                 return self._init_key(identity, header)

@@ -70,7 +70,8 @@ def leave_at_exit(shutdown: Callable[[], None], current_client: Callable[[], obj
     ended by an error its script never met) the process exits 1. Python ignores what an exit
     handler raises and exits 0, so a failed job's worker (a pod, one worker per launcher)
     reported success. Its own deadline waiting for slower workers is a warning: their work
-    may be legitimately longer (an evaluation on rank 0), and this worker's is done."""
+    may be legitimately longer (an evaluation on rank 0), and this worker's is done. (An
+    explicit ``sys.exit(n)`` then exits 1, not n.)"""
     def leave() -> None:
         client = current_client()
         try:
@@ -85,8 +86,22 @@ def leave_at_exit(shutdown: Callable[[], None], current_client: Callable[[], obj
             return
         log.error("the job failed: %s", failed)
         if not _uncaught:  # (an uncaught exception already makes the status 1)
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            logging.shutdown()
-            os._exit(1)  # the only way to set the status from an exit handler (later handlers do not run)
+            _exit_now(1)
     return leave
+
+
+def _exit_now(status: int) -> None:
+    """``os._exit``: the only way to set the status from an exit handler. The handlers
+    registered before gradpress's would not run, so the standard library's that matter run
+    first: multiprocessing's (its children terminated or joined), ``weakref.finalize``'s
+    (temporary directories removed), logging's and the standard streams' flushes."""
+    import weakref
+    cleanups = [getattr(sys.modules.get("multiprocessing.util"), "_exit_function", None),
+                getattr(weakref.finalize, "_exitfunc", None), logging.shutdown, sys.stdout.flush, sys.stderr.flush]
+    for cleanup in cleanups:
+        try:
+            if cleanup is not None:
+                cleanup()
+        except Exception:  # noqa: BLE001 - a broken pipe, say: the status matters more
+            pass
+    os._exit(status)

@@ -283,7 +283,7 @@ class WorkerClient:
             self.comm.join(timeout=DRAIN_S + 3)
             return
         fut = Future("shutdown (waiting for every worker to finish)")
-        self.comm.submit(cmd.Finish(fut))
+        self.comm.submit(cmd.Finish(fut, self.row_finder.busy()))
         try:
             fut.result(self.s.op_timeout_s)
         finally:

@@ -202,9 +202,10 @@ class CommunicationThread(threading.Thread):
 
     def _finish_job(self, c: cmd.Finish) -> None:
         self._finish = c.future
-        # busy: push_pulls of its own still under way, whose pushes may reach a server after the
-        # scheduler's word that this worker left (Op.LEFT): the scheduler then sends none
-        busy = self.flight.busy(list(self.table.tensors))
+        # busy: push_pulls of its own still under way (sent, queued, waiting for a declaration or
+        # for their rows), whose pushes may reach a server after the scheduler's word that this
+        # worker left (Op.LEFT): the scheduler then sends none
+        busy = c.busy or self.flight.busy(list(self.table.tensors)) or self.declarations.futures()
         self.link.send(Op.FINISH, **({"busy": True} if busy else {}))
 
     def _abort_job(self, c: cmd.Abort) -> None:

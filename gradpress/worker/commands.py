@@ -74,6 +74,7 @@ class Release:
 @dataclass(frozen=True)
 class Finish:
     future: Future
+    busy: bool = False  # row-sparse push_pulls of this worker still on the row finder's thread
 
 
 @dataclass(frozen=True)

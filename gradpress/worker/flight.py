@@ -11,7 +11,6 @@ import logging
 import time
 from typing import Callable
 
-import numpy as np
 import zmq
 
 from .. import logs
@@ -105,10 +104,8 @@ class PartitionFlight:
         self.stages.send(op, self._payload(op))
 
     def _refuse_unread(self, op: PartitionOp) -> None:
-        """A partition of a push_pull that failed before it went (another partition's round
-        refused, a landing failed): its round goes out refused, its source never read again.
-        The caller has been told, and may have freed or rewritten the tensor (a CUDA one's
-        consumer waited only for what gradpress had queued by then)."""
+        """A partition of a push_pull that failed before it went: its round goes out refused,
+        its source never read again (the caller, told, may have freed or rewritten it)."""
         wk = op.wkey
         wk.next_round += 1
         wk.in_flight = op
@@ -123,10 +120,9 @@ class PartitionFlight:
 
     def _encode(self, op: PartitionOp, rounds: list[int] | None) -> Payload | ValueError | None:
         """On the host-copies thread: ``op``'s payload (with its tensor's other partitions'
-        where ``rounds``), or the ValueError of a refused round. An encoder that fails on the
-        GPU (out of memory, a CUDA error) refuses the round too: the job fails naming the
-        tensor, and the key's round still reaches the server. A job failed since it was queued
-        is refused unread: its caller may be rewriting the tensor."""
+        where ``rounds``), or the ValueError refusing its round: an encoder failed on the GPU
+        (out of memory, CUDA), or the job failed since it was queued (unread: its caller may
+        be rewriting the tensor)."""
         if op.job.future.done():
             return ValueError(f"its push_pull of tensor {op.job.tensor.name!r} failed before this partition went")
         try:
@@ -148,9 +144,8 @@ class PartitionFlight:
         self.stages.send(op, self._refused(op, made) if isinstance(made, ValueError) else made)
 
     def _filled(self, op: PartitionOp) -> None:
-        """``op``'s source has been copied into: compress and push it, unless its round
-        failed meanwhile. (A staged source is host memory: its partitions are never
-        compressed together, ``_together``.)"""
+        """``op``'s source has been copied into: compress and push it, unless its round failed
+        meanwhile. (A staged source's partitions are never compressed together.)"""
         if op.wkey.in_flight is not op:
             return  # failed meanwhile (its deadline passed): the round never goes out
         self.stages.await_source(op.job)  # (done: no wait)
@@ -180,10 +175,9 @@ class PartitionFlight:
         return PartitionStages.refusal(str(error))
 
     def fail_local(self, op: PartitionOp, message: str) -> None:
-        """An owned key's round failed before it reached the server: its job and the peers waiting
-        fail, and the server's round ends refused for every machine, as a worker's refusal ends it.
-        It stays in flight until the server's answer: the key's next round must not reach the
-        server before this one ended there."""
+        """An owned key's round failed before it reached the server: its job and the waiting peers
+        fail, and the server's round ends refused for every machine. It stays in flight until the
+        server's answer, so the key's next round cannot reach the server before this one ended."""
         self.relay.fail(op.wkey.key, op.round, message)
         self.stages.send(op, PartitionStages.refusal(message))
         self._fail_job(op, JobError(message))
@@ -196,7 +190,8 @@ class PartitionFlight:
             self.stages.land(op, h, frames)
         except Exception as e:  # a bad reply, or the device's error (out of memory, CUDA): this job fails
             what = "bad pull reply" if isinstance(e, (ValueError, OSError, TypeError, KeyError)) else "landing failed"
-            self._fail_job(op, JobError(f"push_pull of tensor {job.tensor.name!r}: {what} for key {op.wkey.key}: {e}"))
+            self._fail_job(op, JobError(f"push_pull of tensor {job.tensor.name!r}: {what} for key {op.wkey.key} "
+                                        f"(from {self.describe(self.stages.endpoint(op.wkey))}): {e}"))
             return
         job.remaining -= 1
         if job.remaining == 0:
@@ -250,7 +245,7 @@ class PartitionFlight:
 
     def from_server(self, rank: int, sock: zmq.Socket) -> None:
         _, h, frames = transport.recv(sock, routed=False)
-        if h is None:
+        if h is None or self._stray(rank, h):
             return
         op = self._in_flight(h)
         if h["op"] == Op.PUSH_ACK:
@@ -268,21 +263,22 @@ class PartitionFlight:
             finally:
                 self._leave_flight(op)
         elif h["op"] == Op.STATE:
-            self._state_arrived(h, frames)
+            wk = self.table.get(h["key"])
+            if wk is None or not wk.take_state(frames, h.get("lr"), self.describe(wk.server)):
+                log.warning("dropped a server state for key %d that nothing asked for", h["key"])
         elif h["op"] == Op.ERROR:
             self._server_error(rank, h, op)
         else:
             log.warning("dropped unexpected %s from server %d", h["op"].name, rank)
 
-    def _state_arrived(self, h: dict, frames: list) -> None:
-        wk = self.table.get(h["key"])
-        request = wk.state_request if wk is not None else None
-        if request is None:
-            log.warning("dropped a server state for key %d that nothing asked for", h["key"])
-            return
-        wk.state_request = None
-        residual = np.frombuffer(frames[0].buffer, np.float32).copy() if frames else None
-        request.answer(wk.index, residual, h.get("lr"))
+    def _stray(self, rank: int, h: dict) -> bool:
+        """A reply for a key another peer answers (a buggy peer's would land as its sum): dropped."""
+        wk = self.table.get(h.get("key"))
+        if wk is None or rank in wk.answered_by(h["op"]):
+            return False
+        log.warning("dropped %s for key %d from %s: %s answers it", h["op"].name, wk.key, self.describe(rank),
+                    self.describe(wk.answered_by(h["op"])[0]))
+        return True
 
     def _server_error(self, rank: int, h: dict, op: PartitionOp | None) -> None:
         who = self.describe(rank)

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from ..compressors.spec import CodecSpec
-from ..errors import TensorMismatchError
-from ..placement import make_key
+from ..errors import JobError, TensorMismatchError
+from ..net.protocol import Op
+from ..placement import PARTITION_BITS, make_key
 from ..row_placement import RowLayout
 from .future import Future
 
@@ -92,6 +93,24 @@ class WorkerKey:
     def describe(self) -> str:
         return f"tensor {self.tensor.name!r}: partition {self.index} (key {self.key})"
 
+    def take_state(self, frames: list, lr: float | None, who: str) -> bool:
+        """A STATE reply from ``who``: it answers this key's state request (False: none asked)."""
+        request, self.state_request = self.state_request, None
+        if request is None:
+            return False
+        if frames and [f.buffer.nbytes for f in frames] != [4 * self.count]:  # the key's float32 values, one frame
+            request.future.fail(JobError(f"{who}: the server state of {self.describe()} is frames of "
+                                         f"{[f.buffer.nbytes for f in frames]} bytes, not one of {4 * self.count}"))
+        else:
+            request.answer(self.index, np.frombuffer(frames[0].buffer, np.float32).copy() if frames else None, lr)
+        return True
+
+    def answered_by(self, op: Op) -> tuple[int, ...]:
+        """The endpoints whose ``op`` this key takes: its pushes' (its server, or its local
+        owner's: ``stages.endpoint``); for STATE its server; for ERROR either."""
+        pushes = self.server if self.via is None else self.via
+        return (self.server,) if op == Op.STATE else (pushes, self.server) if op == Op.ERROR else (pushes,)
+
 
 def by_partition(state: Any, index_of: dict[int, int]) -> Any:
     """A compressor's state_dict with every per-key map re-keyed by partition index."""
@@ -161,7 +180,13 @@ class KeyTable:
         return self._keys.values()
 
     def add(self, t: "Tensor", num_servers: int) -> None:
-        """Make ``t``'s keys and install its pending states. Raises ValueError for a bad placement."""
+        """Make ``t``'s keys and install its pending states. Raises ValueError for a bad placement
+        (a scheduler's bug: another tensor's id would land one's sums as the other's)."""
+        if type(t.tensor_id) is not int or not 0 <= t.tensor_id < 1 << (63 - PARTITION_BITS) or \
+                any(make_key(t.tensor_id, i) in self._keys for i in range(len(t.parts))):
+            raise ValueError(f"the scheduler gave it id {t.tensor_id!r}, which is out of range or another tensor's")
+        if len(t.servers) != len(t.parts) or any(type(server) is not int for server in t.servers):
+            raise ValueError(f"the scheduler placed its {len(t.parts)} partition(s) on servers {t.servers!r}")
         for i, (server, count, offset) in enumerate(zip(t.servers, t.parts, t.offsets)):
             if not 0 <= server < num_servers:
                 raise ValueError(f"the scheduler placed partition {i} on server {server}, which does not exist")

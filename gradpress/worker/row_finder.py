@@ -24,6 +24,7 @@ class RowFinder:
         self._queued: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._unfinished = 0  # submitted, not done yet
 
     def submit(self, find_then_start: Callable[[], None]) -> None:
         """Run ``find_then_start`` on the finder's thread, after those submitted before. It
@@ -33,7 +34,12 @@ class RowFinder:
             if self._thread is None:  # a worker without GPU row-sparse tensors never starts it
                 self._thread = threading.Thread(target=self._run, name="gp-row-finder", daemon=True)
                 self._thread.start()
+            self._unfinished += 1
         self._queued.put(find_then_start)
+
+    def busy(self) -> bool:
+        """Whether push_pulls submitted here have not all started yet."""
+        return self._unfinished > 0
 
     def _run(self) -> None:
         while (work := self._queued.get()) is not None:
@@ -41,6 +47,8 @@ class RowFinder:
                 work()
             except Exception:  # noqa: BLE001 - logged; the push_pulls after it still start
                 log.exception("gradpress: a row-sparse push_pull could not start")
+            with self._lock:
+                self._unfinished -= 1
 
     def close(self) -> None:
         """Let the thread end once the work submitted so far is done."""

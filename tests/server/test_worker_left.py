@@ -63,3 +63,21 @@ def test_a_barrier_the_finished_worker_never_reaches_fails_for_those_waiting_and
     assert barriers.arrive(members[1], "worker", 2, members) == [([b"w1"], Op.ERROR,
                                                                   {"message": WHY, "group": "worker", "seq": 2})]
     assert barriers.arrive(members[3], "server", 2, members)[0][1] == Op.BARRIER_DONE, "servers' barriers go on"
+
+
+def test_a_declaration_the_finished_worker_never_made_fails_now_and_later_and_async_servers_ignore_it():
+    from gradpress.placement import KeyPlacement
+    from gradpress.scheduler.declarations import Declarations
+    d = Declarations(3, KeyPlacement(1), timeout_s=300)
+    for w in (0, 1, 2):  # every worker declared it: it stays answered
+        done = d.declare(b"w%d" % w, w, "all", 4, "float32", [4], now=0)
+    assert done[0][1] == Op.DECLARED
+    assert d.declare(b"w0", 0, "new", 4, "float32", [4], now=0) == []
+    assert d.leave(2, WHY) == [([b"w0"], Op.ERROR, {"name": "new", "message": f"tensor 'new': {WHY}"})]
+    [(to, op, fields)] = d.declare(b"w1", 1, "later", 4, "float32", [4], now=1)
+    assert (to, op, fields["message"]) == ([b"w1"], Op.ERROR, f"tensor 'later': {WHY}")
+    assert d.declare(b"w1", 1, "all", 4, "float32", [4], now=1)[0][1] == Op.DECLARED, "a re-declaration"
+
+    engine = Engine(0, None, "inproc://unused", "inproc://unused", "server 0", num_workers=2, async_mode=True,
+                    tracer=Tracer(""))
+    assert engine._handle(b"", _header(Op.LEFT, rank=1, reason=WHY), []) == [] and not engine.left

@@ -250,8 +250,9 @@ def test_nodes_that_register_early_are_not_lost_while_the_rest_arrive(cluster):
 UNEVEN_STEPS = """
 import torch, gradpress.torch as bps
 bps.init()
-x = torch.ones(1000)
+x, big = torch.ones(1000), torch.ones(100_000)  # big: summed on a server's engine thread, not its I/O thread
 for step in range(3 if bps.rank() == 0 else 2):  # worker 1 runs one step fewer, then its script ends
+    bps.push_pull_inplace(big, average=True, name="big")
     bps.push_pull_inplace(x, average=True, name="w")
 print("all steps done", flush=True)
 """
@@ -260,11 +261,12 @@ print("all steps done", flush=True)
 def test_a_worker_that_runs_fewer_steps_stops_the_others_at_once_naming_it_and_every_process_fails(cluster):
     # before: worker 0 waited out the op deadline, then the job named worker 0 as the failed one,
     # and worker 1, whose exit handler's error Python ignores, exited 0
-    c = cluster(workers=2, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "60"})
+    c = cluster(workers=2, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "60", "BYTEPS_SERVER_ENGINE_THREAD": "1"})
     started = time.monotonic()
     codes = c.start(UNEVEN_STEPS).wait(55)
     assert all(code != 0 for code in codes.values()), f"exit codes {codes}\n{c.logs()}"
     assert "worker 1 finished" in c.log("worker 0") and "all steps done" not in c.log("worker 0"), c.logs()
+    assert "tensor 'big'" in c.log("worker 0"), c.log("worker 0")  # the engine thread's key failed
     assert "worker 1 finished" in c.log("worker 1"), c.log("worker 1")  # the reason reaches it too
     assert time.monotonic() - started < 40, f"the job took {time.monotonic() - started:.0f} s\n{c.logs()}"
 

@@ -1,6 +1,8 @@
 """A worker that leaves its job at exit (its script never called ``shutdown()``) exits 1
 where the job failed: Python ignores an exit handler's exception and exits 0, so a failed
-job's worker pod reported success. Its deadline waiting for slower workers stays a warning."""
+job's worker pod reported success. Its deadline waiting for slower workers stays a warning,
+and the standard library's clean-up registered before it still runs."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -9,7 +11,9 @@ import pytest
 
 pytestmark = pytest.mark.integ  # (each case is a process of its own: its exit status is the point)
 SCRIPT = """
-import atexit, types
+import atexit, tempfile, types
+kept = tempfile.TemporaryDirectory()  # its removal is an exit handler registered before gradpress's
+print(kept.name, flush=True)
 from gradpress.errors import NodeLostError, OpTimeoutError
 from gradpress.torch import failures
 client = types.SimpleNamespace(aborted=False, fatal={fatal})
@@ -32,3 +36,4 @@ def test_the_exit_status_says_whether_the_job_failed(fatal, shutdown, code, said
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == code, run
     assert "script done" in run.stdout and said in run.stderr, run
+    assert not os.path.exists(run.stdout.split()[0]), "a handler registered before gradpress's did not run"

@@ -299,6 +299,20 @@ def test_finish_waits_for_the_scheduler_to_end_the_job(peers, calls):
         client.push_pull_async("g", np.ones(1, np.float32), np.ones(1, np.float32), 1, 0)
 
 
+def test_finish_says_busy_while_a_push_pull_of_its_own_waits_for_its_declaration(peers, calls):
+    # the scheduler then sends the servers no word that it left: that push may still go out
+    client = peers.start_client()
+    x = np.ones(4, np.float32)
+    client.push_pull_async("g", x, x, 1, 0)
+    _, h, _ = peers.from_worker()
+    assert h["op"] == Op.DECLARE
+    fut = calls.submit(client.finish)
+    _, h, _ = peers.from_worker()
+    assert h["op"] == Op.FINISH and h.get("busy") is True, h
+    peers.to_worker(Op.SHUTDOWN, reason="done")
+    fut.result(10)
+
+
 def test_a_barrier_the_scheduler_refuses_fails_at_once(peers, calls):
     client = peers.start_client()
     fut = calls.submit(client.barrier, "everyone")

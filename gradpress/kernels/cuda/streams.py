@@ -134,6 +134,7 @@ def on_device(index: int):
     if _owned():
         if getattr(_local, "device", None) is not None:  # select_device pushes a context: pop this
             _pop_context()  # thread's last, or a model over two GPUs grows the stack at every switch
+            _local.device = None  # (until the next one is in: a failed select leaves none claimed)
         cuda.select_device(index)
         _local.device = index
         return contextlib.nullcontext()
