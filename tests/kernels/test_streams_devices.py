@@ -40,24 +40,34 @@ def _on(index: int):
     return types.SimpleNamespace(device=types.SimpleNamespace(type="cuda", index=index))
 
 
-def test_a_block_on_another_gpu_nested_in_an_owning_thread_gives_the_outer_gpu_back(monkeypatch):
-    state, seen, errors = _fakes(monkeypatch), [], []
+def _on_owning_thread(work) -> None:
+    """Run ``work`` on a thread that owns the worker's GPU work (as the communication thread
+    does); its exception is raised here."""
+    errors = []
 
-    def owner():
+    def run():
         try:
-            with streams.working_on(_on(0)):
-                outer = (state.numba_device, state.torch_stream.device, streams.stream())
-                with streams.working_on(_on(1), landing=True):
-                    seen.append((state.numba_device, state.torch_stream.device, streams.stream()))
-                seen.append((state.numba_device, state.torch_stream.device, streams.stream()))
-            seen.insert(0, outer)
+            work()
         except Exception as e:  # noqa: BLE001 - reported on the test's thread
             errors.append(e)
-    thread = threading.Thread(target=owner)
+    thread = threading.Thread(target=run)
     thread.owns_gpu_work = True
     thread.start()
     thread.join(10)
     assert not errors, errors
+
+
+def test_a_block_on_another_gpu_nested_in_an_owning_thread_gives_the_outer_gpu_back(monkeypatch):
+    state, seen = _fakes(monkeypatch), []
+
+    def owner():
+        with streams.working_on(_on(0)):
+            outer = (state.numba_device, state.torch_stream.device, streams.stream())
+            with streams.working_on(_on(1), landing=True):
+                seen.append((state.numba_device, state.torch_stream.device, streams.stream()))
+            seen.append((state.numba_device, state.torch_stream.device, streams.stream()))
+        seen.insert(0, outer)
+    _on_owning_thread(owner)
     (d0, t0, s0), (d1, t1, s1), (back, t_back, s_back) = seen
     assert (d0, t0, d1, t1) == (0, 0, 1, 1) and s0 != s1
     assert (back, t_back, s_back) == (0, 0, s0), "the outer block went on with the inner GPU's device or stream"
@@ -311,20 +321,13 @@ def test_an_owning_thread_switching_gpus_keeps_its_context_stack_bounded(monkeyp
     monkeypatch.setattr(streams, "_pop_context", lambda: rt.stack.pop())
     monkeypatch.setattr(streams, "_pairs", {})
     monkeypatch.setattr(streams, "_local", threading.local())
-    depths, errors = [], []
+    depths = []
 
     def owner():
-        try:
-            for step in range(50):
-                for index in (0, 1, 1, 0):
-                    with streams.working_on(_on(index), landing=step % 2 == 1):
-                        assert rt.stack[-1] == index and rt.current[index] is streams._pairs[index, step % 2][1]
-                        depths.append(len(rt.stack))
-        except Exception as e:  # noqa: BLE001 - reported on the test's thread
-            errors.append(e)
-    thread = threading.Thread(target=owner)
-    thread.owns_gpu_work = True
-    thread.start()
-    thread.join(10)
-    assert not errors, errors
+        for step in range(50):
+            for index in (0, 1, 1, 0):
+                with streams.working_on(_on(index), landing=step % 2 == 1):
+                    assert rt.stack[-1] == index and rt.current[index] is streams._pairs[index, step % 2][1]
+                    depths.append(len(rt.stack))
+    _on_owning_thread(owner)
     assert len(depths) == 200 and max(depths) == 1, f"the context stack grew to {max(depths)}"

@@ -6,30 +6,14 @@ pull, land) or one of its rules (rounds, credit, deadlines, errors) message by m
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from fake_peers import FakePeers
 from gradpress.compressors.spec import CodecSpec
 from gradpress.errors import JobError, OpTimeoutError, TensorMismatchError
 from gradpress.net.protocol import Op
 from gradpress.placement import make_key
-
-
-@pytest.fixture
-def peers():
-    p = FakePeers(servers=2)
-    yield p
-    p.close()
-
-
-@pytest.fixture
-def calls():
-    """Run blocking client calls off the test thread (the test plays the peers meanwhile)."""
-    with ThreadPoolExecutor(4) as pool:
-        yield pool
 
 
 def test_declare_asks_the_scheduler_and_keeps_its_placement(peers, calls):

@@ -6,29 +6,14 @@ tensor as its sum."""
 from __future__ import annotations
 
 import copy
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from fake_peers import FakePeers
 from gradpress.compressors.spec import CodecSpec
 from gradpress.errors import JobError
 from gradpress.net.node import address_book
 from gradpress.net.protocol import Op
-
-
-@pytest.fixture
-def peers():
-    p = FakePeers(servers=2)
-    yield p
-    p.close()
-
-
-@pytest.fixture
-def calls():
-    with ThreadPoolExecutor(4) as pool:
-        yield pool
 
 
 def _reply(peers, server, identity, push, value):
