@@ -15,7 +15,7 @@ from typing import Callable
 from .. import logs
 from ..config import Settings
 from ..net import transport
-from ..net.protocol import Op
+from ..net.protocol import MAX_REASON_CHARS, Op
 from .roster import Member, Roster
 
 # The scheduler's logger, as before this part moved here: log readers and filters match on its name.
@@ -86,7 +86,7 @@ class Liveness:
             (failed, rank), role = self.roster.failed_worker(sender, h), "worker"
         name = transport.node_name(role, rank) if rank >= 0 else f"worker (pid {h.get('pid', '?')})"
         reason = f"failed: {h['reason']}"
-        log.error("%s failed: %s", name, logs.peer(h["reason"]))
+        log.error("%s failed: %s", name, logs.peer(h["reason"], MAX_REASON_CHARS))  # (the cause, whole)
         self._failure = f"the job failed: {name} {reason}"
         others = [m.identity for m in self.roster.members.values() if m is not failed and m.identity != identity]
         self._send_each(others, Op.NODE_LOST, role=role, rank=rank, reason=reason)

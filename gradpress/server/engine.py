@@ -1,12 +1,11 @@
 """Engine threads: each owns a set of keys and does their numeric work.
 
-A key is pinned to one engine for its lifetime, so its state needs no lock. The
-I/O thread hands work over a queue; an engine sends its replies back over its own
-inproc socket (one socket per thread), and the I/O thread forwards them. An engine
-that fails says so in an ERROR on a second inproc socket, the I/O thread's report
-channel, so that the server stops with that error instead of leaving workers waiting.
-The engine owns the shared-memory result slots it creates for co-located workers (in
-chunks of its own) and its mappings of their push areas.
+A key is pinned to one engine for its lifetime, so its state needs no lock. The I/O thread
+hands work over a queue; an engine sends its replies back over its own inproc socket (one
+socket per thread), and the I/O thread forwards them. A failed engine says so in an ERROR
+on a second inproc socket, the I/O thread's report channel, so that the server stops with
+that error instead of leaving workers waiting. An engine owns the shared-memory result
+slots it makes for co-located workers, and its mappings of their push areas.
 
 One more Engine is never started: the I/O thread calls :meth:`Engine.serve` itself for
 the keys of at most INLINE_MAX_BYTES, and for every key where there are no engine threads
@@ -20,9 +19,8 @@ import logging
 import queue
 import threading
 
-import zmq
-
 import numpy as np
+import zmq
 
 from .. import host, logs
 from ..errors import JobError
@@ -211,11 +209,13 @@ class Engine(threading.Thread):
         self.left = self.left or why
         replies = []
         for key, state in self.keys.items():
-            current = getattr(state, "round", None)
-            waiting = [(to, current) for to in [*getattr(state, "pushed", ()), *getattr(state, "waiting", ())]]
-            waiting += [(to, current + 1) for to in getattr(state, "early", ())]
+            r = getattr(state, "round", None)
+            waiting = {(to, r) for to in [*getattr(state, "pushed", ()), *getattr(state, "waiting", ())]}
+            waiting |= {(to, r + 1) for to in getattr(state, "early", ())}
             replies += [Reply(to, Op.ERROR, {"message": f"{state.describe()}, round {rnd}: {self.left}", "key": key,
-                                             "round": rnd}, []) for to, rnd in sorted(set(waiting))]
+                                             "round": rnd}, []) for to, rnd in sorted(waiting)]
+        if replies:
+            log.warning("%s: %d round(s) failed: %s", self._sender_name, len(replies), self.left)
         return replies
 
     def _break_key(self, identity: bytes, header: dict, error: Exception) -> list[Reply]:

@@ -135,7 +135,7 @@ class Server:
                     if message is not None and message["op"] == Op.DECLARED:
                         self.budget.declared(message, self.link.book.rank)
                     if message is not None and message["op"] == Op.LEFT:
-                        log.warning("%s: %s", self.link.name, message["reason"])
+                        log.info("%s: %s", self.link.name, message["reason"])  # (every healthy job's too)
                         for engine in [self.io_engine, *self.engines]:
                             self._hand(engine, b"", message, [])
             # every pass, whatever the inflow: each drain above takes at most MAX_BATCH messages

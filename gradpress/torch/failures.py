@@ -67,7 +67,8 @@ def report_init_failure(settings: Settings, error: BaseException, registered: bo
 def leave_at_exit(shutdown: Callable[[], None], current_client: Callable[[], object | None]) -> Callable[[], None]:
     """The exit handler of a worker that did not call ``shutdown()``: it leaves the job, and
     where the job failed (a lost node, the scheduler's word, this worker's communication
-    ended by an error its script never met) the process exits 1. Python ignores what an exit
+    ended by an error, a push_pull that raised one, caught or not: in another thread, say)
+    the process exits 1. Python ignores what an exit
     handler raises and exits 0, so a failed job's worker (a pod, one worker per launcher)
     reported success. Its own deadline waiting for slower workers is a warning: their work
     may be legitimately longer (an evaluation on rank 0), and this worker's is done. (An
@@ -76,7 +77,7 @@ def leave_at_exit(shutdown: Callable[[], None], current_client: Callable[[], obj
         client = current_client()
         try:
             shutdown()
-            failed = None if client is None or client.aborted else client.fatal
+            failed = None if client is None or client.aborted else client.fatal or client.raised
         except OpTimeoutError as e:
             log.warning("leaving the job at exit: %s", e)
             return

@@ -48,6 +48,7 @@ class WorkerClient:
         self.tracer = Tracer(settings.trace)
         self.comm = CommunicationThread(settings, transport.own_context(settings), self.tracer)
         self.aborted = False  # abort() was called: finish() must not wait for the others
+        self.raised: JobError | None = None  # the first a push_pull raised to the program (its exit status)
         self.row_finder = RowFinder()  # finds GPU gradients' rows (push_pull_sparse_later)
 
     @property

@@ -18,7 +18,7 @@ from ..compressors.arrays import is_device_array
 from ..config import Settings
 from ..errors import JobError, NonFiniteInput, OpTimeoutError
 from ..net import transport
-from ..net.protocol import Op
+from ..net.protocol import MAX_REASON_CHARS, Op
 from .deadlines import Deadlines
 from . import grouped, nonfinite
 from .future import Future
@@ -282,7 +282,7 @@ class PartitionFlight:
 
     def _server_error(self, rank: int, h: dict, op: PartitionOp | None) -> None:
         who = self.describe(rank)
-        log.error("%s: %s", who, logs.peer(h["message"]))
+        log.error("%s: %s", who, logs.peer(h["message"], MAX_REASON_CHARS))
         wk = self.table.get(h.get("key"))
         if wk is not None and wk.state_request is not None and "round" not in h:
             wk.state_request.future.fail(JobError(f"{who}: {h['message']}"))
