@@ -68,11 +68,10 @@ def leave_at_exit(shutdown: Callable[[], None], current_client: Callable[[], obj
     """The exit handler of a worker that did not call ``shutdown()``: it leaves the job, and
     where the job failed (a lost node, the scheduler's word, this worker's communication
     ended by an error, a push_pull that raised one, caught or not: in another thread, say)
-    the process exits 1. Python ignores what an exit
-    handler raises and exits 0, so a failed job's worker (a pod, one worker per launcher)
-    reported success. Its own deadline waiting for slower workers is a warning: their work
-    may be legitimately longer (an evaluation on rank 0), and this worker's is done. (An
-    explicit ``sys.exit(n)`` then exits 1, not n.)"""
+    the process exits 1. Python ignores what an exit handler raises and exits 0, so a failed
+    job's worker (a pod, one worker per launcher) reported success. Its own deadline waiting
+    for slower workers is a warning: their work may be legitimately longer (an evaluation on
+    rank 0), and this worker's is done. (An explicit ``sys.exit(n)`` then exits 1, not n.)"""
     def leave() -> None:
         client = current_client()
         try:
