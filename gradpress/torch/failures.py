@@ -20,6 +20,7 @@ from typing import Callable
 from ..config import Settings
 from ..errors import JobError, OpTimeoutError
 from ..worker.abort import first_error_line, report_failure
+from . import handles
 
 log = logging.getLogger(__name__)
 _installed = False
@@ -34,6 +35,7 @@ def install(current_client: Callable[[], object | None]) -> None:
         current_client: returns this process's ``WorkerClient`` (None once shut down).
     """
     global _installed
+    note_raised_on(current_client)
     with _lock:
         if _installed:
             return
@@ -52,6 +54,16 @@ def install(current_client: Callable[[], object | None]) -> None:
         previous(exc_type, exc, tb)
 
     sys.excepthook = report_then_print
+
+
+def note_raised_on(current_client: Callable[[], object | None]) -> None:
+    """The job's failure raised to the program by a push_pull's wait is kept on the client:
+    the worker exits 1 even where the program went on and returned (``leave_at_exit``)."""
+    def note(error: BaseException) -> None:
+        client = current_client()
+        if isinstance(error, JobError) and client is not None and client.raised is None:
+            client.raised = error
+    handles.on_raised = note
 
 
 def report_init_failure(settings: Settings, error: BaseException, registered: bool = True) -> None:

@@ -9,7 +9,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..errors import JobError
 from ..worker.future import Future
 
 _handles: dict[int, "Pending"] = {}
@@ -20,6 +19,11 @@ _MOST_FAILED = 64  # (an error holds its traceback's frames)
 # push_pulls whose wait ran out while they went on: undone (``abandon``) once they are over,
 # so that a staging buffer they hold is not kept busy for good
 _orphans: list["Pending"] = []
+
+
+def on_raised(error: BaseException) -> None:
+    """Told of every error a wait raised to the program (replaced by failures.note_raised_on:
+    the exit status)."""
 
 
 @dataclass
@@ -62,15 +66,6 @@ def lookup(handle: int) -> Pending:
         raise ValueError(f"unknown push_pull handle {handle} (already synchronized?)") from None
 
 
-def _note_raised(error: BaseException) -> None:
-    """The job's failure reached the program: the worker exits 1 even if the program goes on
-    and returns (``failures.leave_at_exit``)."""
-    from . import ops
-    client = ops._client
-    if isinstance(error, JobError) and client is not None and client.raised is None:
-        client.raised = error
-
-
 def wait(handle: int, timeout_s: float) -> torch.Tensor | None:
     """Wait up to ``timeout_s`` for the push_pull behind ``handle``; its output tensor. A
     handle waited for already gives None, as BytePS's ``synchronize`` does, unless that
@@ -86,7 +81,7 @@ def wait(handle: int, timeout_s: float) -> torch.Tensor | None:
             pending.future.result(timeout_s)
         except BaseException as e:
             _failed[handle] = e
-            _note_raised(e)
+            on_raised(e)
             if len(_failed) > _MOST_FAILED:
                 del _failed[next(iter(_failed))]
             # failed: the program may go on (an elastic restart) and free the tensors. Not

@@ -45,10 +45,11 @@ def test_a_push_pull_that_raises_the_jobs_failure_is_noted_on_the_client(monkeyp
     # the exit status reads it: a training thread that died of it left the main thread's exit clean
     import types
     from gradpress.errors import JobError
-    from gradpress.torch import handles, ops
+    from gradpress.torch import failures, handles
     from gradpress.worker.future import Future
     client = types.SimpleNamespace(raised=None)
-    monkeypatch.setattr(ops, "_client", client)
+    monkeypatch.setattr(handles, "on_raised", handles.on_raised)  # (put back after the test)
+    failures.note_raised_on(lambda: client)
     future = Future("push_pull of tensor 'w'")
     future.fail(JobError("push_pull of tensor 'w': server 0: worker 1 finished"))
     handle = handles.register(handles.Pending(future, None, None, None))
