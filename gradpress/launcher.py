@@ -85,7 +85,7 @@ def serve(settings: Settings) -> int:
         return node.run()  # (a server tells the scheduler it was stopped, as any failure of its)
     except Terminated as e:
         print(f"gradpress-launch: {settings.role}: {e}", file=sys.stderr)
-        return 128 + e.signum
+        return e.status
     finally:
         transport.deliver_queued(node.ctx)
 
@@ -108,14 +108,10 @@ def run_local(command: list[str], workers: int, servers: int) -> int:
     with tempfile.TemporaryDirectory(prefix="gradpress-") as tmp:
         try:
             job.start(command, os.path.join(tmp, "port"))
-        except (RuntimeError, OSError) as e:
+        except (RuntimeError, OSError, Terminated) as e:  # (Terminated: while it started)
             print(f"gradpress-launch: {e}", file=sys.stderr)
             job.group.stop()
-            return 1
-        except Terminated as e:  # while it started
-            print(f"gradpress-launch: {e}", file=sys.stderr)
-            job.group.stop()
-            return 128 + e.signum
+            return getattr(e, "status", 1)
         return job.group.wait(essential=[n for n in job.group.names if n.startswith("worker")])
 
 

@@ -24,6 +24,7 @@ class Terminated(JobError):
     def __init__(self, signum: int):
         super().__init__(f"stopped by {signal.Signals(signum).name}")
         self.signum = signum
+        self.status = 128 + signum  # the exit status, as shells give one killed by the signal
 
 
 def raise_on_termination() -> None:
@@ -109,7 +110,7 @@ class ProcessGroup:
         except Terminated as e:
             self._say(f"{e}; stopping the job")
             self.stop()
-            return 128 + e.signum
+            return e.status
         finally:
             for t in self.readers:
                 t.join(timeout=2)

@@ -8,6 +8,7 @@ each side notices the other's death within the heartbeat timeout.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -21,7 +22,7 @@ from .. import host
 from ..config import Settings
 from ..errors import JobError, NodeLostError, OpTimeoutError, RegistrationRefused
 from ..health import HealthFile
-from .protocol import Op
+from .protocol import MAX_REASON_CHARS, Op
 
 log = logging.getLogger(__name__)
 
@@ -74,22 +75,22 @@ def address_book(h: dict, role: str) -> AddressBook:
                                tuple(n.get("ports", ()))) for n in h["nodes"])
     except (KeyError, TypeError, AttributeError) as e:
         raise JobError(f"{role}: the scheduler's address book has a malformed node (missing or wrong: {e})") from None
-    ranks = {r: sorted(n.rank for n in nodes if n.role == r) for r in ("worker", "server")}
-    local = h.get("local_size", 1)
+    def wrong(problem: str) -> JobError:
+        return JobError(f"{role}: the scheduler's address book is wrong: {problem}")
+
     ports = [p for n in nodes for p in (n.port, *n.ports)]
-    problem = (
-        "a node's role, rank, host or port is of the wrong type or out of range" if any(
-            not isinstance(n.role, str) or type(n.rank) is not int or not isinstance(n.host, str) for n in nodes)
-        or any(type(p) is not int or not 0 <= p <= 65535 for p in ports) else
-        f"worker ranks {ranks['worker']} for num_workers={h['num_workers']}"
-        if ranks["worker"] != list(range(max(h["num_workers"], 1))) else
-        f"server ranks {ranks['server']} for num_servers={h['num_servers']}"
-        if ranks["server"] != list(range(max(h["num_servers"], 1))) else
-        f"this {role}'s rank {h['rank']} is not among them" if h["rank"] not in ranks.get(role, []) else
-        f"local_size={local!r} for {h['num_workers']} workers" if type(local) is not int or local < 1
-        or h["num_workers"] % local else "")
-    if problem:
-        raise JobError(f"{role}: the scheduler's address book is wrong: {problem}")
+    if any(not isinstance(n.role, str) or type(n.rank) is not int or not isinstance(n.host, str) for n in nodes) \
+            or any(type(p) is not int or not 0 <= p <= 65535 for p in ports):
+        raise wrong("a node's role, rank, host or port is of the wrong type or out of range")
+    ranks = {r: sorted(n.rank for n in nodes if n.role == r) for r in ("worker", "server")}
+    for r, count in (("worker", h["num_workers"]), ("server", h["num_servers"])):
+        if ranks[r] != list(range(max(count, 1))):
+            raise wrong(f"{r} ranks {ranks[r]} for num_{r}s={count}")
+    if h["rank"] not in ranks.get(role, []):
+        raise wrong(f"this {role}'s rank {h['rank']} is not among them")
+    local = h.get("local_size", 1)
+    if type(local) is not int or local < 1 or h["num_workers"] % local:
+        raise wrong(f"local_size={local!r} for {h['num_workers']} workers")
     return AddressBook(h["rank"], nodes, h["num_workers"], h["num_servers"], local)
 
 
@@ -201,6 +202,12 @@ class SchedulerLink:
 
     def send(self, op: Op, buffers=(), **fields) -> None:
         self._send(op, buffers, **fields)
+
+    def abort(self, reason: str) -> None:
+        """Tell the scheduler this node failed and why (it tells every other node now); a
+        scheduler already gone is no error (delivered within the socket's linger)."""
+        with contextlib.suppress(zmq.ZMQError):
+            self._send(Op.ABORT, reason=reason[:MAX_REASON_CHARS])
 
     def _send(self, op: Op, buffers=(), **fields) -> None:
         self._last_sent = time.monotonic()

@@ -66,6 +66,12 @@ def engine_count(setting: int, cores: float, sharing: int) -> int:
     return DEFAULT_ENGINE_THREADS if cores / max(sharing, 1) >= 2 else 0
 
 
+def _in_round(state: KeyState | sparse.SparseKeyState) -> list[tuple[bytes, int]]:
+    """Each worker in a key's rounds in flight, with its round: those that pushed the round
+    being summed or wait to pull it, then those that pushed the next one early."""
+    return [(to, state.round) for to in [*state.pushed, *state.waiting]] + [(to, state.round + 1) for to in state.early]
+
+
 def local_engine_count(setting: int, book: AddressBook) -> int:
     """:func:`engine_count` for a server on this process's machine: its cores, and who shares
     them by the address book's machine ids (the server itself, and the planner on rank 0)."""
@@ -209,11 +215,8 @@ class Engine(threading.Thread):
         self.left = self.left or why
         replies = []
         for key, state in self.keys.items():
-            r = getattr(state, "round", None)
-            waiting = {(to, r) for to in [*getattr(state, "pushed", ()), *getattr(state, "waiting", ())]}
-            waiting |= {(to, r + 1) for to in getattr(state, "early", ())}
             replies += [Reply(to, Op.ERROR, {"message": f"{state.describe()}, round {rnd}: {self.left}", "key": key,
-                                             "round": rnd}, []) for to, rnd in sorted(waiting)]
+                                             "round": rnd}, []) for to, rnd in sorted(set(_in_round(state)))]
         if replies:
             log.warning("%s: %d round(s) failed: %s", self._sender_name, len(replies), self.left)
         return replies
@@ -232,11 +235,8 @@ class Engine(threading.Thread):
         rounds = {identity: header.get("round")}  # each worker's round in flight on this key
         if state is not None:
             state.broken = message
-            current = getattr(state, "round", None)
-            for to in [*getattr(state, "pushed", ()), *getattr(state, "waiting", ())]:
-                rounds.setdefault(to, current)
-            for to in getattr(state, "early", ()):
-                rounds.setdefault(to, None if current is None else current + 1)
+            for to, rnd in _in_round(state):
+                rounds.setdefault(to, rnd)
         return [Reply(to, Op.ERROR, {"message": message, "key": key, **({} if rnd is None else {"round": rnd})}, [])
                 for to, rnd in sorted(rounds.items())]
 

@@ -12,7 +12,6 @@ server with no engine threads (``engine.engine_count``: set so, or too few cores
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 
@@ -29,7 +28,7 @@ from ..errors import JobError, NodeLostError
 from ..compressors.warmup import warm_up
 from ..net.node import SchedulerLink
 from ..trace import Tracer
-from ..net.protocol import MAX_REASON_CHARS, Op
+from ..net.protocol import Op
 from ..processes import Terminated
 from .budget import KeyBudget
 from .engine import INLINE_MAX_BYTES, STOP, Engine, local_engine_count
@@ -87,8 +86,7 @@ class Server:
         except JobError as e:
             log.error("%s", e)
             if self._own_failure(e):  # the scheduler tells every worker why, now
-                with contextlib.suppress(zmq.ZMQError):
-                    self.link.send(Op.ABORT, reason=str(e)[:MAX_REASON_CHARS])
+                self.link.abort(str(e))
             return 1
         finally:
             if self.io_engine is not None:

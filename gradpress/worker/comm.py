@@ -8,7 +8,6 @@ recorded on the future concerned; a fatal one fails every future that waits.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -24,7 +23,7 @@ from ..net.node import AddressBook, SchedulerLink
 from ..net.protocol import Op
 from ..trace import Tracer
 from . import commands as cmd
-from .abort import MAX_REASON_CHARS, exit_later
+from .abort import exit_later
 from .deadlines import Deadlines
 from .declarations import Declarations
 from .flight import PartitionFlight
@@ -262,9 +261,8 @@ class CommunicationThread(threading.Thread):
         self.fatal = error
         self.stopped.set()
         log.error("%s", error)
-        if report and self.link is not None:  # (delivered within the link's linger after it closes)
-            with contextlib.suppress(zmq.ZMQError):
-                self.link.send(Op.ABORT, reason=str(error)[:MAX_REASON_CHARS])
+        if report and self.link is not None:
+            self.link.abort(str(error))
         for fut in self._waiting():
             fut.fail(error)
         if isinstance(error, NodeLostError) and self._finish is None:

@@ -23,7 +23,7 @@ from .deadlines import Deadlines
 from . import grouped, nonfinite
 from .future import Future
 from .jobs import PartitionOp, PushPull
-from .keys import KeyTable
+from .keys import KeyTable, WorkerKey
 from .relay import Relay
 from .scheduling import CreditQueue
 from .stages import PartitionStages, Payload
@@ -238,16 +238,21 @@ class PartitionFlight:
 
     # ---- replies ----------------------------------------------------------------
 
-    def _in_flight(self, h: dict) -> PartitionOp | None:
-        wk = self.table.get(h.get("key"))
+    @staticmethod
+    def _in_flight(wk: WorkerKey | None, h: dict) -> PartitionOp | None:
         op = wk.in_flight if wk is not None else None
         return op if op is not None and ("round" not in h or op.round == h["round"]) else None
 
     def from_server(self, rank: int, sock: zmq.Socket) -> None:
         _, h, frames = transport.recv(sock, routed=False)
-        if h is None or self._stray(rank, h):
+        if h is None:
             return
-        op = self._in_flight(h)
+        wk = self.table.get(h.get("key"))
+        if wk is not None and not wk.answers_from(h["op"], rank):  # a buggy peer's would land as its sum
+            log.warning("dropped %s for key %d from %s: %s answers it", h["op"].name, wk.key, self.describe(rank),
+                        self.describe(wk.server if h["op"] == Op.STATE else wk.endpoint))
+            return
+        op = self._in_flight(wk, h)
         if h["op"] == Op.PUSH_ACK:
             if op is not None and not op.acked:
                 op.acked = True
@@ -263,27 +268,16 @@ class PartitionFlight:
             finally:
                 self._leave_flight(op)
         elif h["op"] == Op.STATE:
-            wk = self.table.get(h["key"])
             if wk is None or not wk.take_state(frames, h.get("lr"), self.describe(wk.server)):
                 log.warning("dropped a server state for key %d that nothing asked for", h["key"])
         elif h["op"] == Op.ERROR:
-            self._server_error(rank, h, op)
+            self._server_error(rank, h, wk, op)
         else:
             log.warning("dropped unexpected %s from server %d", h["op"].name, rank)
 
-    def _stray(self, rank: int, h: dict) -> bool:
-        """A reply for a key another peer answers (a buggy peer's would land as its sum): dropped."""
-        wk = self.table.get(h.get("key"))
-        if wk is None or rank in wk.answered_by(h["op"]):
-            return False
-        log.warning("dropped %s for key %d from %s: %s answers it", h["op"].name, wk.key, self.describe(rank),
-                    self.describe(wk.answered_by(h["op"])[0]))
-        return True
-
-    def _server_error(self, rank: int, h: dict, op: PartitionOp | None) -> None:
+    def _server_error(self, rank: int, h: dict, wk: WorkerKey | None, op: PartitionOp | None) -> None:
         who = self.describe(rank)
         log.error("%s: %s", who, logs.peer(h["message"], MAX_REASON_CHARS))
-        wk = self.table.get(h.get("key"))
         if wk is not None and wk.state_request is not None and "round" not in h:
             wk.state_request.future.fail(JobError(f"{who}: {h['message']}"))
             wk.state_request = None

@@ -105,11 +105,17 @@ class WorkerKey:
             request.answer(self.index, np.frombuffer(frames[0].buffer, np.float32).copy() if frames else None, lr)
         return True
 
-    def answered_by(self, op: Op) -> tuple[int, ...]:
-        """The endpoints whose ``op`` this key takes: its pushes' (its server, or its local
-        owner's: ``stages.endpoint``); for STATE its server; for ERROR either."""
-        pushes = self.server if self.via is None else self.via
-        return (self.server,) if op == Op.STATE else (pushes, self.server) if op == Op.ERROR else (pushes,)
+    @property
+    def endpoint(self) -> int:
+        """The socket of this key's pushes and pulls: its server, or its owner among the local
+        workers (``local.py``), which takes raw values and answers as the server would."""
+        return self.server if self.via is None else self.via
+
+    def answers_from(self, op: Op, rank: int) -> bool:
+        """Whether endpoint ``rank`` answers this key's ``op``: its pushes' endpoint does; for
+        STATE its server; for ERROR either."""
+        return rank == self.server if op == Op.STATE else rank == self.endpoint or (
+            op == Op.ERROR and rank == self.server)
 
 
 def by_partition(state: Any, index_of: dict[int, int]) -> Any:

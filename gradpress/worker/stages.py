@@ -50,9 +50,8 @@ class PartitionStages:
 
     @staticmethod
     def endpoint(wk: WorkerKey) -> int:
-        """The socket of ``wk``'s pushes and pulls: its server, or its owner among the local
-        workers (``local.py``), which takes raw values and answers as the server would."""
-        return wk.server if wk.via is None else wk.via
+        """The socket of ``wk``'s pushes and pulls (``WorkerKey.endpoint``)."""
+        return wk.endpoint
 
     def _shared(self, wk: WorkerKey) -> bool:
         # compressed payloads are small; sparse ones change size every round; a local owner

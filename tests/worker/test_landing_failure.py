@@ -17,7 +17,7 @@ from gradpress.worker.scheduling import CreditQueue
 def test_a_landing_that_raises_the_devices_error_fails_its_job(monkeypatch):
     future = Future("push_pull of tensor 'g'")
     job = SimpleNamespace(future=future, remaining=1, out=None, tensor=SimpleNamespace(name="g"))
-    wkey = SimpleNamespace(key=7, in_flight=None, held=deque(), pushers=0, answered_by=lambda op: (0,))
+    wkey = SimpleNamespace(key=7, in_flight=None, held=deque(), pushers=0, answers_from=lambda op, rank: rank == 0)
     op = SimpleNamespace(job=job, wkey=wkey, round=0, acked=True, deadline=None)
     wkey.in_flight = op
 
