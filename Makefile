@@ -54,9 +54,10 @@ bench: setup
 # Where torch sees no GPU, both say so and measure nothing.
 # Each part has a deadline of its own (that machine's image may lack pytest-timeout, so the
 # tests' own marks do nothing there), and the benchmark runs even where a test failed: the
-# machine is lent for minutes. The exit status is the tests', else the benchmark's.
+# machine is lent for minutes. The exit status is the tests', else the benchmark's. The tests print
+# each verdict as it comes (-v): cut at their deadline, they still say which passed.
 gpu-check:
-	timeout -k 10 270 $(PY) -m pytest -q -p no:cacheprovider -m gpu tests/gpu; tests=$$?; \
+	timeout -k 10 270 $(PY) -m pytest -v -p no:cacheprovider -m gpu tests/gpu; tests=$$?; \
 	timeout -k 10 300 $(PY) benchmarks/gpu.py --quick && exit $$tests
 
 # The CPU image (deploy/docker/Dockerfile.cpu) with podman or buildah; BASE=IMAGE picks the

@@ -1,5 +1,6 @@
 """Logging set-up shared by every role, and how a value a peer sent is quoted in a log line."""
 import logging
+import os
 import sys
 
 # A log line quotes at most this many characters of anything a peer sent (identities,
@@ -10,9 +11,20 @@ PEER_TEXT_CHARS = 64
 REASON_CHARS = 240
 
 
+# numba's CUDA driver logs every failed driver call at ERROR before raising it, an event
+# query's "not ready" included (numba catches that one and answers False). It keeps its
+# logger at CRITICAL unless NUMBA_CUDA_LOG_LEVEL says otherwise, but only where logging has
+# no handler when the driver starts: after configure(), every poll of a copy still running
+# (kernels/cuda/uploads.py, worker/host_copies.py) would print an ERROR line. numba's default
+# is restored here; NUMBA_CUDA_LOG_LEVEL still chooses.
+NUMBA_DRIVER_LOGGER = "numba.cuda.cudadrv.driver"
+
+
 def configure(level: str) -> None:
     logging.basicConfig(stream=sys.stderr, level=level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not os.environ.get("NUMBA_CUDA_LOG_LEVEL"):
+        logging.getLogger(NUMBA_DRIVER_LOGGER).setLevel(logging.CRITICAL)
 
 
 def peer(value: object, limit: int = PEER_TEXT_CHARS) -> str:
