@@ -51,6 +51,7 @@ class Op(IntEnum):
     SHUTDOWN_ACK = 20  # node -> scheduler: SHUTDOWN received; the scheduler exits once every member sent it
     RELEASE = 21       # worker -> server: forget a key (every worker has left its tensor: an old plan's group)
     LEFT = 22          # scheduler -> servers: a worker finished while others go on; no later round can complete
+    STALLED = 23       # server -> worker: the round it waits in has waited long for the push of the workers named
 
 
 # Schema: op -> (required fields, optional fields), each field name -> accepted types.
@@ -113,6 +114,7 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     Op.SHUTDOWN_ACK: ({}, {}),
     Op.RELEASE: ({"key": _INT}, {}),
     Op.LEFT: ({"rank": _INT, "reason": _STR}, {}),
+    Op.STALLED: ({"key": _INT, "round": _INT, "message": _STR}, {}),
 }
 
 # Common fields every header carries.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 import numpy as np
 import zmq
@@ -33,9 +34,11 @@ from ..trace import Tracer
 from . import sparse
 from .sink import Reply, SharedSlots
 from .store import KeyState, PushError, Refused
+from .waits import RoundWaits, in_round
 
 log = logging.getLogger(__name__)
 STOP = object()
+CHECK_WAITS = object()  # an engine thread's turn to look for rounds held up by a worker (waits.py)
 # engine threads where the setting leaves it to the host (BYTEPS_SERVER_ENGINE_THREAD=-1)
 DEFAULT_ENGINE_THREADS = 2
 # keys this small are summed on the I/O thread even beside engine threads: their work, a few
@@ -66,12 +69,6 @@ def engine_count(setting: int, cores: float, sharing: int) -> int:
     return DEFAULT_ENGINE_THREADS if cores / max(sharing, 1) >= 2 else 0
 
 
-def _in_round(state: KeyState | sparse.SparseKeyState) -> list[tuple[bytes, int]]:
-    """Each worker in a key's rounds in flight, with its round: those that pushed the round
-    being summed or wait to pull it, then those that pushed the next one early."""
-    return [(to, state.round) for to in [*state.pushed, *state.waiting]] + [(to, state.round + 1) for to in state.early]
-
-
 def local_engine_count(setting: int, book: AddressBook) -> int:
     """:func:`engine_count` for a server on this process's machine: its cores, and who shares
     them by the address book's machine ids (the server itself, and the planner on rank 0)."""
@@ -80,7 +77,7 @@ def local_engine_count(setting: int, book: AddressBook) -> int:
 
 class Engine(threading.Thread):
     def __init__(self, index: int, ctx: zmq.Context, reply_addr: str, report_addr: str, sender_name: str,
-                 num_workers: int, async_mode: bool, tracer: Tracer):
+                 num_workers: int, async_mode: bool, tracer: Tracer, stalled_after_s: float = float("inf")):
         super().__init__(name=f"gp-engine-{index}", daemon=True)
         self.index = index
         # refusals are logged once per sender and counted after (its budget is never used here)
@@ -97,6 +94,7 @@ class Engine(threading.Thread):
         self._tracer = tracer
         self.failure: BaseException | None = None
         self.left = ""  # why no round can complete any more (a worker finished early: Op.LEFT)
+        self.waits = RoundWaits(sender_name, num_workers, stalled_after_s)
         self.push_views: dict[tuple[bytes, int], np.ndarray] = {}  # co-located workers' pushes
         self.peer_chunks = PeerChunks()    # co-located workers' push areas, mapped
         self.results = Arena("s")           # result slots of keys with co-located workers
@@ -113,7 +111,7 @@ class Engine(threading.Thread):
                 item = self.inbox.get()
                 if item is STOP:
                     return
-                for reply in self._handle(*item):
+                for reply in self.check_waits() if item is CHECK_WAITS else self._handle(*item):
                     transport.send(out, reply.op, self._sender_name, reply.buffers, identity=reply.to,
                                    **reply.fields)
                 self.drops.report()
@@ -138,6 +136,10 @@ class Engine(threading.Thread):
         self.drops.report()
         return replies
 
+    def check_waits(self) -> list[Reply]:
+        """STALLED for the rounds a worker holds up (none in async jobs, or once a worker left)."""
+        return [] if self._async or self.left else self.waits.check(self.keys, time.monotonic())
+
     def close(self) -> None:
         """Give back the shared-memory result slots (the engine serves no more)."""
         self.results.close()
@@ -158,7 +160,10 @@ class Engine(threading.Thread):
     def _handle(self, identity: bytes, header: dict, frames: list) -> list[Reply]:
         op = header["op"]
         if op == Op.LEFT:  # (async jobs: workers end when they will; pushes are applied alone)
-            return [] if self._async else self._worker_left(header["reason"])
+            if self._async:
+                return []
+            self.left = self.left or header["reason"]
+            return self.waits.left(self.keys, self.left)
         try:
             if op == Op.INIT_KEY:
                 return self._init_key(identity, header)
@@ -209,18 +214,6 @@ class Engine(threading.Thread):
         except Exception as e:  # a bug in this key's work: its round fails, the server serves on
             return self._break_key(identity, header, e)
 
-    def _worker_left(self, why: str) -> list[Reply]:
-        """A worker finished while others go on (synchronous jobs): the rounds still open never
-        complete. Those in them hear why now; so does every later push or pull of one."""
-        self.left = self.left or why
-        replies = []
-        for key, state in self.keys.items():
-            replies += [Reply(to, Op.ERROR, {"message": f"{state.describe()}, round {rnd}: {self.left}", "key": key,
-                                             "round": rnd}, []) for to, rnd in sorted(set(_in_round(state)))]
-        if replies:
-            log.warning("%s: %d round(s) failed: %s", self._sender_name, len(replies), self.left)
-        return replies
-
     def _break_key(self, identity: bytes, header: dict, error: Exception) -> list[Reply]:
         """An unexpected exception in ``header``'s work: the key's sums can no longer be
         trusted, so every worker in its round (the sender, those that pushed or wait to pull)
@@ -235,12 +228,13 @@ class Engine(threading.Thread):
         rounds = {identity: header.get("round")}  # each worker's round in flight on this key
         if state is not None:
             state.broken = message
-            for to, rnd in _in_round(state):
+            for to, rnd in in_round(state):
                 rounds.setdefault(to, rnd)
         return [Reply(to, Op.ERROR, {"message": message, "key": key, **({} if rnd is None else {"round": rnd})}, [])
                 for to, rnd in sorted(rounds.items())]
 
     def _init_key(self, identity: bytes, h: dict) -> list[Reply]:
+        self.waits.met(identity, h["from"])
         state = self.keys.get(h["key"])
         if "sparse" in h or isinstance(state, sparse.SparseKeyState):  # a row-sparse tensor's share
             return sparse.init_key(self.keys, h, self._num_workers, self._async, self._tracer)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import numpy as np
 import zmq
@@ -31,11 +32,13 @@ from ..trace import Tracer
 from ..net.protocol import Op
 from ..processes import Terminated
 from .budget import KeyBudget
-from .engine import INLINE_MAX_BYTES, STOP, Engine, local_engine_count
+from .engine import CHECK_WAITS, INLINE_MAX_BYTES, STOP, Engine, local_engine_count
 
 log = logging.getLogger(__name__)
 # Messages taken from one socket per pass of the loop: heartbeats are due whatever the inflow.
 MAX_BATCH = 256
+# a round open this share of GRADPRESS_OP_TIMEOUT_S: its workers hear whose push it waits for (waits.py)
+STALLED_AFTER = 0.5
 
 
 class Server:
@@ -74,7 +77,8 @@ class Server:
             name = self.link.name
             threads = local_engine_count(self.s.server_engine_threads, book)
             self.engines = [Engine(i, self.ctx, self._reply_addr, self._report_addr, name, book.num_workers,
-                                   self.s.enable_async, self.tracer) for i in range(threads + 1)]
+                                   self.s.enable_async, self.tracer, self.s.op_timeout_s * STALLED_AFTER)
+                            for i in range(threads + 1)]
             self.io_engine = self.engines.pop()
             for e in self.engines:
                 e.start()
@@ -114,7 +118,9 @@ class Server:
         poller = zmq.Poller()
         for sock in (self.sock, self.link.sock, self.replies, self.reports):
             poller.register(sock, zmq.POLLIN)
-        timeout_ms = self.s.heartbeat_interval_s * 1000 / 2
+        check_s = min(1.0, self.s.op_timeout_s / 20)  # (a round's wait is found this late at most)
+        timeout_ms = min(self.s.heartbeat_interval_s / 2, check_s) * 1000
+        next_check = time.monotonic() + check_s
         while True:
             ready = dict(poller.poll(RETRY_INTERVAL_S * 1000 if self.outbox.pending else timeout_ms))
             if self.reports in ready:
@@ -137,6 +143,9 @@ class Server:
                         for engine in [self.io_engine, *self.engines]:
                             self._hand(engine, b"", message, [])
             # every pass, whatever the inflow: each drain above takes at most MAX_BATCH messages
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + check_s
+                self._check_waits()
             self.outbox.flush()
             self.guard.report()
             self.link.tick()
@@ -185,6 +194,13 @@ class Server:
             engine.inbox.put((identity, header, frames))
             return
         for reply in engine.serve(identity, header, frames):
+            self.outbox.send(reply.to, reply.op, self.link.name, reply.buffers, **reply.fields)
+
+    def _check_waits(self) -> None:
+        """Each engine's look for rounds a worker holds up: queued for its thread, or made here."""
+        for engine in self.engines:
+            engine.inbox.put(CHECK_WAITS)
+        for reply in self.io_engine.check_waits():
             self.outbox.send(reply.to, reply.op, self.link.name, reply.buffers, **reply.fields)
 
     def _release(self, identity: bytes, header: dict) -> None:

@@ -41,6 +41,7 @@ class PartitionFlight:
         self._queue = CreditQueue(settings.scheduling_credit)
         self.relay: Relay | None = None   # set where this worker owns keys of a local group
         self.describe: Callable[[int], str] = lambda endpoint: f"server {endpoint}"
+        self._quiet_until = 0.0  # no STALLED logged before then
 
     def start(self, job: PushPull, priority: int) -> None:
         for wk in job.tensor.keys:
@@ -225,8 +226,8 @@ class PartitionFlight:
             where = f"waiting for the local push of worker(s) {missing}"
         elif not op.sent_us:  # with the host-copies thread: a GPU copy or encoder hangs (an owner's too)
             where = "never sent: its copy off the GPU, or its encoder there, did not finish"
-        else:
-            where = f"on {self.describe(self.stages.endpoint(op.wkey))}"
+        else:  # (a server's STALLED said whose push its round waits for)
+            where = f"on {op.stalled or self.describe(self.stages.endpoint(op.wkey))}"
         message = (f"push_pull of {op.wkey.describe()}, round {op.round}, {where}: "
                    f"no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s")
         if op.wkey.pushers and self.relay is not None:
@@ -272,6 +273,12 @@ class PartitionFlight:
                 log.warning("dropped a server state for key %d that nothing asked for", h["key"])
         elif h["op"] == Op.ERROR:
             self._server_error(rank, h, wk, op)
+        elif h["op"] == Op.STALLED:
+            if op is not None and not op.stalled:
+                op.stalled = f"{self.describe(rank)}, which {logs.peer(h['message'], MAX_REASON_CHARS)}"
+                if time.monotonic() >= self._quiet_until:  # (one line for all the keys it holds up)
+                    self._quiet_until = time.monotonic() + self.s.op_timeout_s / 2
+                    log.warning("push_pull of %s, round %d, waits on %s", op.wkey.describe(), op.round, op.stalled)
         else:
             log.warning("dropped unexpected %s from server %d", h["op"].name, rank)
 

@@ -63,6 +63,7 @@ class PartitionOp:
     acked: bool = False   # the server took the push: its credit is free again
     deadline: Any = None  # its entry in the deadline table, cancelled when it leaves flight
     summed: Any = None    # the machine's sum, pushed instead of our own partition (worker/relay.py)
+    stalled: str = ""     # who its server says the round waits for (Op.STALLED), for its deadline's error
 
     @property
     def chunk(self) -> Any:

@@ -29,6 +29,7 @@ VALID = {
     Op.SHUTDOWN_ACK: {},
     Op.RELEASE: dict(key=7),
     Op.LEFT: dict(rank=1, reason="worker 1 finished while other workers go on"),
+    Op.STALLED: dict(key=7, round=2, message="has waited 150 s for the push of worker 1 (it has worker 0's)"),
 }
 
 

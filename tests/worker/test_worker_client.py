@@ -167,6 +167,24 @@ def test_no_reply_fails_with_a_timeout_naming_the_partition(peers, calls):
         fut.result(10).result(10)
 
 
+def test_a_timeout_names_the_worker_its_server_said_the_round_waits_for(peers, calls):
+    # servers/waits.py's STALLED: before, only the server was named, and the job blamed this worker
+    client = peers.start_client(op_timeout_s=1.5)
+    x, out = np.ones(4, np.float32), np.zeros(4, np.float32)
+    fut = calls.submit(lambda: client.push_pull_async("g", x, out, 1, 0))
+    peers.declare("g", tensor_id=1, servers=[0])
+    identity, _, _ = peers.from_worker_at(0)  # INIT_KEY
+    _, push, _ = peers.from_worker_at(0)
+    peers.reply_from(0, identity, Op.PUSH_ACK, key=push["key"], round=0)
+    peers.reply_from(1, identity, Op.STALLED, key=push["key"], round=0, message="has waited 1 s for the push of "
+                     "worker 7 (it has worker 0's)")  # not the key's server: dropped
+    peers.reply_from(0, identity, Op.STALLED, key=push["key"], round=0, message="has waited 1 s for the push of "
+                     "worker 1 (it has worker 0's)")
+    with pytest.raises(OpTimeoutError, match=r"tensor 'g': partition 0 .* round 0, on server 0, which has waited "
+                                             r"1 s for the push of worker 1 \(it has worker 0's\): no reply within"):
+        fut.result(10).result(10)
+
+
 def test_a_compressed_push_carries_its_codec_and_a_nan_round_goes_out_nonfinite(peers, calls):
     client = peers.start_client()
     params = {"compressor": "onebit", "ef": "vanilla", "scaling": True}
