@@ -1,6 +1,7 @@
 """Dead peers, garbage on the wire, disagreeing workers: clear errors, no hangs, sums stay right."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -270,6 +271,27 @@ def test_a_worker_that_runs_fewer_steps_stops_the_others_at_once_naming_it_and_e
     assert "worker 1 finished" in c.log("worker 1"), c.log("worker 1")  # the reason reaches it too
     assert time.monotonic() - started < 40, f"the job took {time.monotonic() - started:.0f} s\n{c.logs()}"
 
+
+HUNG_WORKER = """
+import time, torch, gradpress.torch as bps
+bps.init()
+x, big = torch.ones(1000), torch.ones(100_000)  # big: summed on a server's engine thread, x on its I/O thread
+for step in range(2):
+    if bps.rank() == 1 and step == 1:
+        time.sleep(7)  # its training loop stalls, its heartbeats go on; then it finds the job ended
+    bps.push_pull_inplace(big, average=True, name="big")
+    bps.push_pull_inplace(x, average=True, name="w")
+"""
+
+
+def test_a_worker_whose_loop_hangs_is_named_in_the_deadline_error_of_the_worker_that_waited(cluster):
+    # before: worker 0's error named only server 0, and the job said "worker 0 failed"
+    c = cluster(workers=2, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "4", "BYTEPS_SERVER_ENGINE_THREAD": "1"})
+    codes = c.start(HUNG_WORKER).wait(45)
+    assert all(code != 0 for code in codes.values()), f"exit codes {codes}\n{c.logs()}"
+    said = r"which has waited \d s for the push of worker 1 \(it has worker 0's\): no reply within"  # at 2 s
+    assert re.search(said, c.log("worker 0")) and re.search(said, c.log("scheduler")), c.logs()
+    assert "tensor 'big'" in c.log("server 0") and "for the push of worker 1" in c.log("server 0"), c.log("server 0")
 
 def test_a_worker_that_finishes_early_waits_for_the_others_without_losing_the_scheduler(cluster):
     c = cluster(workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S)})
