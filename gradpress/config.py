@@ -34,6 +34,7 @@ class Settings:
     root_uri: str = _setting("127.0.0.1", "DMLC_PS_ROOT_URI", "address (IP or DNS name) of the scheduler")
     root_port: int = _setting(9000, "DMLC_PS_ROOT_PORT", "port the scheduler listens on")
     worker_id: int = _setting(-1, "DMLC_WORKER_ID", "this worker machine's index; -1: assigned in order of registration")
+    server_id: int = _setting(-1, "GRADPRESS_SERVER_ID", "this server's rank; -1: assigned in order of registration (gradpress-launch --local numbers its servers)")
     node_host: str = _setting("", "DMLC_NODE_HOST", "address other nodes reach this node at; empty: the local address that routes to the scheduler")
     server_port: int = _setting(0, "GRADPRESS_SERVER_PORT", "port a server binds; 0: any free port, announced through the scheduler")
     local_rank: int = _setting(0, "BYTEPS_LOCAL_RANK", "index of this worker process on its machine")
@@ -92,6 +93,9 @@ class Settings:
             raise ValueError(f"BYTEPS_LOCAL_RANK={self.local_rank}: must be in [0, BYTEPS_LOCAL_SIZE={self.local_size})")
         if not (self.worker_id == -1 or 0 <= self.worker_id < self.num_worker):
             raise ValueError(f"DMLC_WORKER_ID={self.worker_id}: must be in [0, DMLC_NUM_WORKER={self.num_worker}) or unset")
+        if not (self.server_id == -1 or 0 <= self.server_id < self.num_server):
+            raise ValueError(f"GRADPRESS_SERVER_ID={self.server_id}: must be in [0, DMLC_NUM_SERVER={self.num_server}) "
+                             f"or unset")
         for name in ("root_port", "server_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ValueError(f"{_env(name)}={getattr(self, name)}: not a port number")

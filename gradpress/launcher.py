@@ -158,7 +158,9 @@ class LocalJob:
         return self.port
 
     def start_server(self, index: int, **env: str) -> None:
-        self.group.start(f"server {index}", ROLE_COMMAND, {**self.env, "DMLC_ROLE": "server", **env})
+        # its rank is ``index`` too: the label on its lines and its name in every log agree
+        self.group.start(f"server {index}", ROLE_COMMAND, {**self.env, "DMLC_ROLE": "server",
+                                                           "GRADPRESS_SERVER_ID": str(index), **env})
 
     def start_worker(self, index: int, command: list[str], **env: str) -> None:
         self.group.start(f"worker {index}", command, {**self.env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(index),

@@ -86,6 +86,7 @@ def test_wrong_type_is_named(tmp_path, line, expected):
     ("role = 'boss'", "DMLC_ROLE='boss'"),
     ("heartbeat_timeout_s = 0.5", "PS_HEARTBEAT_TIMEOUT=0.5 must exceed"),
     ("root_port = 70000", "DMLC_PS_ROOT_PORT=70000: not a port number"),
+    ("server_id = 1", r"GRADPRESS_SERVER_ID=1: must be in \[0, DMLC_NUM_SERVER=1\) or unset"),
     # nan passes every range check by failing its comparison; inf is a deadline never met
     ("op_timeout_s = nan", "GRADPRESS_OP_TIMEOUT_S=nan: must be a finite number"),
     ("heartbeat_timeout_s = inf", "PS_HEARTBEAT_TIMEOUT=inf: must be a finite number"),

@@ -62,10 +62,10 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     # machine: which nodes share CPUs (host.machine_id); the address book repeats it per node
     # ports: a server's lanes, each tied to one of its I/O threads (net/transport.lanes_router), port first
     # local_reduce: the worker's GRADPRESS_LOCAL_REDUCE (the job must agree); a worker's port is
-    # where its local peers reach it (worker/local.py)
+    # where its local peers reach it (worker/local.py); server_id: the rank a server asks for
     Op.REGISTER: ({"role": _STR, "host": _STR, "port": _INT, "worker_id": _INT,
                    "local_rank": _INT, "local_size": _INT, "pid": _INT}, {"machine": _STR, "local_reduce": (bool,),
-                                                           "ports": (list,)}),
+                                                           "ports": (list,), "server_id": _INT}),
     # local_size: the workers of a machine reduce locally in groups of this many (absent: each pushes its own)
     Op.ADDRESS_BOOK: ({"rank": _INT, "nodes": (list,), "num_workers": _INT, "num_servers": _INT},
                       {"local_size": _INT}),

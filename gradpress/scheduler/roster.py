@@ -34,6 +34,7 @@ class Member:
     machine: str = ""
     local_reduce: bool = False
     ports: tuple[int, ...] = ()   # a server's lanes (the first is ``port``)
+    server_id: int = -1           # the rank a server asked for (GRADPRESS_SERVER_ID); -1: any
     rank: int = -1
     last_seen: float = field(default_factory=time.monotonic)
     finished: bool = False
@@ -68,7 +69,7 @@ class Roster:
         wrong = registration_problem(h)
         if wrong:
             return wrong
-        return self._worker_clash(h) if role == "worker" else ""
+        return self._worker_clash(h) if role == "worker" else self._server_clash(h)
 
     def _worker_clash(self, h: dict) -> str:
         """What a worker's REGISTER contradicts among the workers already kept ('' if nothing)."""
@@ -86,11 +87,20 @@ class Roster:
             return f"DMLC_WORKER_ID={slot[0]} BYTEPS_LOCAL_RANK={slot[1]} is already taken"
         return ""
 
+    def _server_clash(self, h: dict) -> str:
+        """Why a server's asked-for rank cannot be had ('' if it can, or it asked for none)."""
+        asked = h.get("server_id", -1)
+        if asked >= self.num_server:
+            return f"GRADPRESS_SERVER_ID={asked} >= DMLC_NUM_SERVER={self.num_server}"
+        if asked >= 0 and any(m.server_id == asked for m in self.servers()):
+            return f"GRADPRESS_SERVER_ID={asked} is already taken"
+        return ""
+
     def add(self, identity: bytes, h: dict) -> Member:
         """Keep a REGISTER that refusal() let through."""
         member = Member(identity, h["role"], h["host"], h["port"], h["worker_id"],
                         h["local_rank"], h["local_size"], h["pid"], h.get("machine", ""),
-                        h.get("local_reduce", False), tuple(h.get("ports", ())))
+                        h.get("local_reduce", False), tuple(h.get("ports", ())), h.get("server_id", -1))
         self.members[identity] = member
         return member
 
@@ -101,15 +111,12 @@ class Roster:
         return len(workers) == self.num_worker * workers[0].local_size and len(self.servers()) == self.num_server
 
     def assign_ranks(self) -> None:
-        """Workers take DMLC_WORKER_ID * BYTEPS_LOCAL_SIZE + local rank; those without an id, the ranks left."""
+        """Workers take DMLC_WORKER_ID * BYTEPS_LOCAL_SIZE + local rank, servers GRADPRESS_SERVER_ID;
+        those without one, the ranks left in registration order."""
         workers = self.workers()
         local_size = workers[0].local_size
-        taken = {m.worker_id * local_size + m.local_rank for m in workers if m.worker_id >= 0}
-        free = iter(r for r in range(len(workers)) if r not in taken)
-        for m in workers:  # dict order is registration order
-            m.rank = m.worker_id * local_size + m.local_rank if m.worker_id >= 0 else next(free)
-        for rank, m in enumerate(self.servers()):
-            m.rank = rank
+        _rank(workers, lambda m: m.worker_id * local_size + m.local_rank if m.worker_id >= 0 else -1)
+        _rank(self.servers(), lambda m: m.server_id)
         self.registered = True
 
     def local_group_size(self, async_mode: bool) -> int:
@@ -177,3 +184,12 @@ def registration_problem(h: dict) -> str:
         return (f"machine id of {len(h['machine'])} characters (at most {MAX_MACHINE_ID}): the address book "
                 f"repeats every node's to every node")
     return ""
+
+
+def _rank(members: list[Member], asked) -> None:
+    """Each member the rank ``asked(member)`` names (registration checked they differ); those
+    that ask for none (-1) the ranks left, in ``members``' order (registration order)."""
+    taken = {asked(m) for m in members} - {-1}
+    free = iter(r for r in range(len(members)) if r not in taken)
+    for m in members:
+        m.rank = asked(m) if asked(m) >= 0 else next(free)

@@ -26,6 +26,7 @@ OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomiz
 # Schemas kubernetes-validate ships offline; 1.32 matches the kubectl used here.
 SCHEMA_VERSION = "1.32.0"
 COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+POD_INDEX_FIELD = "metadata.labels['apps.kubernetes.io/pod-index']"  # a StatefulSet pod's ordinal
 JOB_SETTINGS = ("DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
 
 
@@ -75,11 +76,13 @@ def config_map(docs: list[dict], name: str) -> dict[str, str]:
 
 @dataclass
 class Pod:
-    """One pod a controller would create: its name, role label, spec and completion index."""
+    """One pod a controller would create: its name, role label, spec and completion index
+    (an Indexed Job's) or ordinal (a StatefulSet's)."""
     name: str
     role: str
     spec: dict
     index: int | None = None
+    ordinal: int | None = None
 
     @property
     def container(self) -> dict:
@@ -99,6 +102,8 @@ def pods(docs: list[dict]) -> list[Pod]:
         if kind == "Job":
             assert spec.get("completionMode") == "Indexed", f"Job {name}: must be an Indexed Job"
             out += [Pod(f"{name}-{i}", role, template["spec"], i) for i in range(spec["completions"])]
+        elif kind == "StatefulSet":
+            out += [Pod(f"{name}-{i}", role, template["spec"], ordinal=i) for i in range(spec.get("replicas", 1))]
         else:
             out += [Pod(f"{name}-{i}", role, template["spec"]) for i in range(spec.get("replicas", 1))]
     return out
@@ -169,6 +174,8 @@ def pod_fields(pod: Pod, ip: str) -> dict[str, str]:
     fields = {"status.podIP": ip, "metadata.name": pod.name}
     if pod.index is not None:
         fields[COMPLETION_INDEX_FIELD] = str(pod.index)
+    if pod.ordinal is not None:
+        fields[POD_INDEX_FIELD] = str(pod.ordinal)
     return fields
 
 
@@ -274,6 +281,9 @@ def test_every_role_gets_the_dmlc_environment(overlay):
         if pod.role == "worker":
             assert env.get("DMLC_WORKER_ID") == str(pod.index), \
                 f"{name}/{pod.name}: DMLC_WORKER_ID must be the completion index"
+        if pod.role == "server":  # server N in the logs is the pod named -N
+            assert env.get("GRADPRESS_SERVER_ID") == str(pod.ordinal), \
+                f"{name}/{pod.name}: GRADPRESS_SERVER_ID must be the pod's index"
         assert pod.spec.get("enableServiceLinks") is False, \
             f"{name}/{pod.name}: service links would inject *_PORT variables that clash with settings"
 
