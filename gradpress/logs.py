@@ -2,6 +2,7 @@
 import logging
 import os
 import sys
+import time
 
 # A log line quotes at most this many characters of anything a peer sent (identities,
 # operation names, error texts): a peer cannot fill the log with one long name.
@@ -41,3 +42,23 @@ def peer(value: object, limit: int = PEER_TEXT_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}...({size} {unit})"
+
+
+class Throttled:
+    """A log line that comes once a key (a server's error for each of a job's keys, say),
+    written at most once every ``every_s`` seconds: the lines between are counted, and the
+    next one written says how many there were."""
+
+    def __init__(self, logger: logging.Logger, level: int, every_s: float, clock=time.monotonic):
+        self.logger, self.level, self.every_s, self.clock = logger, level, every_s, clock
+        self._next = float("-inf")
+        self._held = 0
+
+    def __call__(self, fmt: str, *args) -> None:
+        now = self.clock()
+        if now < self._next:
+            self._held += 1
+            return
+        held, self._held, self._next = self._held, 0, now + self.every_s
+        self.logger.log(self.level, fmt + ("" if not held else f" (and {held} more like it before)"), *args)
+

@@ -1,4 +1,5 @@
-"""logs.configure: numba's CUDA driver keeps its quiet default once gradpress configures logging."""
+"""logs.configure: numba's CUDA driver keeps its quiet default once gradpress configures logging;
+logs.Throttled: a line that comes once a key, written once a while with a count of the rest."""
 import logging
 
 import pytest
@@ -31,3 +32,15 @@ def test_a_not_ready_event_query_logs_nothing_unless_numba_is_asked_to(driver_lo
         logging.getLogger("gradpress.test").info("gradpress's own line")
     assert "gradpress's own line" in caplog.text
     assert ("CUDA_ERROR_NOT_READY" in caplog.text) == shown, caplog.text
+
+
+def test_a_throttled_line_is_written_once_a_while_and_counts_those_held_back(caplog):
+    now = [0.0]
+    line = logs.Throttled(logging.getLogger("gradpress.test"), logging.ERROR, 10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.ERROR):
+        for key in range(5):  # one a key, all at once
+            line("server 0: key %d failed", key)
+        now[0] = 10.0
+        line("server 0: key %d failed", 5)
+    assert [r.getMessage() for r in caplog.records] == [
+        "server 0: key 0 failed", "server 0: key 5 failed (and 4 more like it before)"]

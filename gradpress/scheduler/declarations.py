@@ -8,15 +8,16 @@ No sockets here: the scheduler sends what these methods return.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import json
+import logging
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..placement import MAX_PARTITIONS, KeyPlacement
 from ..net.protocol import Op
 
+log = logging.getLogger(__name__)
 # Tensors a job may declare (a model has thousands; every name the scheduler keeps for good):
 # past it a peer gone wrong would grow the scheduler's memory without end.
 MAX_TENSORS = 1 << 20
@@ -32,6 +33,7 @@ class Declaration:
     deadline: float
     ranks: dict[int, bytes] = field(default_factory=dict)  # worker rank -> identity
     failed: str | None = None
+    warned: bool = False  # the log said, at half the deadline, whose declaration it waits for
 
 
 class Declarations:
@@ -85,15 +87,25 @@ class Declarations:
         return []
 
     def expire(self, now: float) -> list[tuple[list[bytes], dict]]:
-        """ERROR messages for declarations that some worker never made in time."""
-        out = []
+        """ERROR messages for declarations that some worker never made in time; at half the
+        deadline, a line in the log naming whose declarations are awaited (one for them all)."""
+        out, late = [], []
         for d in self.tensors.values():
-            if not d.failed and len(d.ranks) < self.num_workers and now > d.deadline:
-                missing = sorted(set(range(self.num_workers)) - set(d.ranks))
+            if d.failed or len(d.ranks) == self.num_workers:
+                continue
+            missing = sorted(set(range(self.num_workers)) - set(d.ranks))
+            if not d.warned and now > d.deadline - self.timeout_s / 2:
+                d.warned = True
+                late.append(f"tensor {d.name!r} by worker(s) {missing}")
+            if now > d.deadline:
                 d.failed = (f"tensor {d.name!r} was declared by worker(s) {sorted(d.ranks)} but not by "
                             f"worker(s) {missing} within GRADPRESS_OP_TIMEOUT_S={self.timeout_s:g} s "
-                            f"(do all workers push_pull the same tensors?)")
+                            f"(do all workers push_pull the same tensors, and did none hang or stall before "
+                            f"this one?)")
                 out.append((list(d.ranks.values()), {"name": d.name, "message": d.failed}))
+        if late:
+            log.warning("declarations not yet made, at half of GRADPRESS_OP_TIMEOUT_S=%g s: %s%s", self.timeout_s,
+                        late[0], f", and {len(late) - 1} more" if len(late) > 1 else "")
         return out
 
     def leave(self, rank: int, why: str) -> list[tuple[list[bytes], Op, dict]]:

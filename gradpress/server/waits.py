@@ -37,11 +37,14 @@ class RoundWaits:
         self.sender_name = sender_name
         self.num_workers = num_workers
         self.after_s = after_s
-        self.names: dict[bytes, str] = {}  # each worker's identity, as its INIT_KEY named it
+        self.ranks: dict[bytes, int] = {}  # each worker's identity, by the rank its INIT_KEY named
         self._open: dict[int, tuple[int, float, bool]] = {}  # key -> (round, first seen open, STALLED sent)
 
     def met(self, identity: bytes, name: str) -> None:
-        self.names[identity] = name
+        """A worker's INIT_KEY, sent as ``name`` ("worker 3")."""
+        role, _, rank = name.partition(" ")
+        if role == "worker" and rank.isdigit():
+            self.ranks[identity] = int(rank)
 
     def left(self, keys: dict, why: str) -> list[Reply]:
         """A worker finished while others go on (synchronous jobs): the rounds still open
@@ -76,18 +79,18 @@ class RoundWaits:
             still_open[key] = (state.round, since, said)
         self._open = still_open
         for message, states in logged.items():
-            more = f" (and {len(states) - 1} more key(s))" if len(states) > 1 else ""
-            log.warning("%s: %s, round %d%s %s", self.sender_name, states[0].describe(), states[0].round, more,
-                        message)
+            more = f", and {len(states) - 1} more key(s)" if len(states) > 1 else ""
+            log.warning("%s, round %d%s: %s", states[0].describe(), states[0].round, more, message)
         return replies
 
     def waiting_for(self, state, age_s: float) -> str:
-        """``"has waited 8 s for the push of worker 1 (it has worker 0's)"``."""
-        have = sorted(self.names.get(i, "a worker") for i in state.pushed)
-        if state.num_workers == self.num_workers:  # every worker pushes for itself: name those missing
-            pushed = set(have)
-            missing = _listed([n for n in (f"worker {r}" for r in range(self.num_workers)) if n not in pushed])
-        else:  # one push a machine (GRADPRESS_LOCAL_REDUCE): the machines that did not are unnamed
-            missing = f"{state.num_workers - len(have)} of {state.num_workers} machines"
-        return (f"has waited {age_s:.0f} s for the push of {missing}"
-                + (f" (it has {_listed(have)}'s)" if have else " (it has no push yet)"))
+        """``"server 0 waits for the push of worker 1 (at 8 s it had worker 0's)"``; where one
+        worker pushes a machine's sum (GRADPRESS_LOCAL_REDUCE), the machines missing are named
+        with their workers' ranks (DMLC_WORKER_ID x BYTEPS_LOCAL_SIZE + local rank)."""
+        ranks = sorted(self.ranks[i] for i in state.pushed if i in self.ranks)
+        group = max(self.num_workers // state.num_workers, 1)  # workers one push stands for
+        pushed = {r // group for r in ranks}
+        missing = [f"worker {m}" if group == 1 else f"machine {m} (workers {m * group}-{m * group + group - 1})"
+                   for m in range(state.num_workers) if m not in pushed]
+        had = f"{_listed([f'worker {r}' for r in ranks])}'s" if ranks else "no push yet"
+        return f"{self.sender_name} waits for the push of {_listed(missing)} (at {age_s:.0f} s it had {had})"

@@ -41,7 +41,8 @@ class PartitionFlight:
         self._queue = CreditQueue(settings.scheduling_credit)
         self.relay: Relay | None = None   # set where this worker owns keys of a local group
         self.describe: Callable[[int], str] = lambda endpoint: f"server {endpoint}"
-        self._quiet_until = 0.0  # no STALLED logged before then
+        self._log_error = logs.Throttled(log, logging.ERROR, 10.0)  # (a line each key's would flood the log)
+        self._log_stalled = logs.Throttled(log, logging.WARNING, settings.op_timeout_s / 2)
 
     def start(self, job: PushPull, priority: int) -> None:
         for wk in job.tensor.keys:
@@ -226,10 +227,11 @@ class PartitionFlight:
             where = f"waiting for the local push of worker(s) {missing}"
         elif not op.sent_us:  # with the host-copies thread: a GPU copy or encoder hangs (an owner's too)
             where = "never sent: its copy off the GPU, or its encoder there, did not finish"
-        else:  # (a server's STALLED said whose push its round waits for)
-            where = f"on {op.stalled or self.describe(self.stages.endpoint(op.wkey))}"
+        else:
+            where = f"on {self.describe(self.stages.endpoint(op.wkey))}"
         message = (f"push_pull of {op.wkey.describe()}, round {op.round}, {where}: "
-                   f"no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s")
+                   f"no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s"
+                   + (f"; {op.stalled}" if op.stalled else ""))  # a server's STALLED: whose push it waits for
         if op.wkey.pushers and self.relay is not None:
             self.relay.fail(op.wkey.key, op.round, message)
         if not op.sent_us and op.wkey.via is None:  # the server's round still ends, for every worker (every
@@ -275,16 +277,17 @@ class PartitionFlight:
             self._server_error(rank, h, wk, op)
         elif h["op"] == Op.STALLED:
             if op is not None and not op.stalled:
-                op.stalled = f"{self.describe(rank)}, which {logs.peer(h['message'], MAX_REASON_CHARS)}"
-                if time.monotonic() >= self._quiet_until:  # (one line for all the keys it holds up)
-                    self._quiet_until = time.monotonic() + self.s.op_timeout_s / 2
-                    log.warning("push_pull of %s, round %d, waits on %s", op.wkey.describe(), op.round, op.stalled)
+                op.stalled = logs.peer(h["message"], MAX_REASON_CHARS)
+                if op.wkey.pushers and self.relay is not None:  # the machine's workers waiting hear it too
+                    self.relay.tell(op.wkey.key, op.round, Op.STALLED, h)
+                self._log_stalled("push_pull of %s, round %d: %s; it fails at GRADPRESS_OP_TIMEOUT_S=%g s unless that "
+                                  "push comes", op.wkey.describe(), op.round, op.stalled, self.s.op_timeout_s)
         else:
             log.warning("dropped unexpected %s from server %d", h["op"].name, rank)
 
     def _server_error(self, rank: int, h: dict, wk: WorkerKey | None, op: PartitionOp | None) -> None:
         who = self.describe(rank)
-        log.error("%s: %s", who, logs.peer(h["message"], MAX_REASON_CHARS))
+        self._log_error("%s: %s", who, logs.peer(h["message"], MAX_REASON_CHARS))
         if wk is not None and wk.state_request is not None and "round" not in h:
             wk.state_request.future.fail(JobError(f"{who}: {h['message']}"))
             wk.state_request = None

@@ -119,6 +119,14 @@ class Relay:
         for identity in owned.pulls.pop(rnd, []):
             self._answer(identity, owned.reply)
 
+    def tell(self, key: int, rnd: int, op: Op, h: dict) -> None:
+        """Pass a server's word on our round ``rnd`` of ``key`` (STALLED) to the peers waiting
+        for it; unlike a reply, nothing is kept for a pull still on its way."""
+        owned = self.keys.get(key)
+        fields = {k: v for k, v in h.items() if k not in _FORWARDED}
+        for identity in owned.pulls.get(rnd, []) if owned is not None else []:
+            self._send(identity, op, **fields)
+
     def fail(self, key: int, rnd: int, message: str) -> None:
         """Our round ``rnd`` of ``key`` failed here: the peers waiting for it hear why, and a
         peer's push coming after it sums nothing (our op, its source, are the caller's again)."""

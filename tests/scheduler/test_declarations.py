@@ -48,6 +48,18 @@ def test_a_worker_that_never_declares_is_named_at_the_deadline():
     assert d.expire(now=20) == []  # reported once
 
 
+def test_the_log_names_whose_declarations_are_awaited_at_half_the_deadline_once(caplog):
+    d = decls(workers=3)
+    for name in ("a", "b"):
+        d.declare(b"w0", 0, name, 1, "float32", [1], now=0)
+    d.expire(now=4)
+    assert caplog.text == ""
+    d.expire(now=6)
+    d.expire(now=7)
+    assert caplog.text.count("declarations not yet made") == 1, caplog.text
+    assert "tensor 'a' by worker(s) [1, 2], and 1 more" in caplog.text
+
+
 def test_partitions_that_do_not_add_up_are_refused():
     [(_, op, fields)] = decls().declare(b"w0", 0, "t", 10, "float32", [3, 3], now=0)
     assert op == Op.ERROR and "do not add up" in fields["message"]

@@ -51,27 +51,29 @@ def test_a_round_waiting_on_a_worker_names_it_once_to_everyone_in_the_round():
     assert engine.waits.check(engine.keys, 100.0 + AFTER_S - 0.5) == []
     said = _stalled(engine.waits.check(engine.keys, 100.0 + AFTER_S))
     assert set(said) == {(b"w0", 3, 0), (b"w2", 3, 0), (b"w2", 3, 1)}, said
-    assert said[(b"w0", 3, 0)] == "has waited 5 s for the push of worker 1 (it has worker 0, worker 2's)"
+    assert said[(b"w0", 3, 0)] == "server 0 waits for the push of worker 1 (at 5 s it had worker 0, worker 2's)"
     assert engine.waits.check(engine.keys, 100.0 + 3 * AFTER_S) == []  # once a round
     _push(engine, b"w1", 3, 0)  # round 0 completes; round 1 (worker 2's early push) is open now
     assert engine.waits.check(engine.keys, 200.0) == []
     said = _stalled(engine.waits.check(engine.keys, 200.0 + AFTER_S))
-    assert set(said) == {(b"w2", 3, 1)} and "push of worker 0, worker 1 (it has worker 2's)" in said[(b"w2", 3, 1)]
+    assert set(said) == {(b"w2", 3, 1)}
+    assert "push of worker 0, worker 1 (at 5 s it had worker 2's)" in said[(b"w2", 3, 1)]
 
 
 def test_a_pull_waiting_for_a_round_nobody_pushed_and_a_push_per_machine():
-    engine = _engine(num_workers=4)
-    _init(engine, 5, {0: b"w0"}, pushers=2)  # one push a machine: workers 0 and 2 push for theirs
-    _push(engine, b"w0", 5, 0, pull=True)
+    engine = _engine(num_workers=6)
+    _init(engine, 5, {2: b"w2"}, pushers=3)  # one push a machine (GRADPRESS_LOCAL_REDUCE): 3 machines of 2
+    _push(engine, b"w2", 5, 0, pull=True)  # worker 2 pushes machine 1's sum
     engine.waits.check(engine.keys, 0.0)
     (said,) = _stalled(engine.waits.check(engine.keys, AFTER_S)).values()
-    assert said == "has waited 5 s for the push of 1 of 2 machines (it has worker 0's)"
+    assert said == "server 0 waits for the push of machine 0 (workers 0-1), machine 2 (workers 4-5) (at 5 s it " \
+                   "had worker 2's)"
     engine = _engine(num_workers=2)
     _init(engine, 6, {0: b"w0", 1: b"w1"})
     assert engine._handle(b"w0", _header(Op.PULL, key=6, round=0), []) == []  # waits for round 0
     engine.waits.check(engine.keys, 0.0)
     (said,) = _stalled(engine.waits.check(engine.keys, AFTER_S)).values()
-    assert said == "has waited 5 s for the push of worker 0, worker 1 (it has no push yet)"
+    assert said == "server 0 waits for the push of worker 0, worker 1 (at 5 s it had no push yet)"
 
 
 @pytest.mark.parametrize("async_mode", [False, True])

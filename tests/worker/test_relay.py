@@ -75,6 +75,21 @@ def test_an_owner_whose_push_pull_failed_while_the_pushes_came_in_does_not_read_
     assert flight.summed == [] and len(flight.failed) == 1 and "failed before the machine's sum" in flight.failed[0]
 
 
+
+def test_a_servers_word_on_a_round_held_up_reaches_the_peers_waiting_and_is_not_kept_as_its_reply():
+    # servers/waits.py's STALLED: before, only the owner heard it, and its peers' deadline
+    # errors named only the owner
+    relay, flight, sent, wk, op = _relay()
+    relay.contribute(op)
+    _push(relay, wk, 1)
+    word = {"op": Op.STALLED, "from": "server 0", "v": 1, "key": wk.key, "round": 0,
+            "message": "server 0 waits for the push of machine 0 (workers 0-2) (at 5 s it had worker 2's)"}
+    relay.tell(wk.key, 0, Op.STALLED, word)
+    told = [(who, f) for who, o, f in sent if o == Op.STALLED]
+    assert told == [(b"local 3", {"key": wk.key, "round": 0, "message": word["message"]})], sent
+    _push(relay, wk, 2)  # the last peer's pull comes after: it is not told, and the round's reply is still to come
+    assert [o for _, o, _ in sent].count(Op.STALLED) == 1 and len(flight.summed) == 1
+
 def test_an_owner_never_blocks_on_a_peer_that_reads_nothing():
     """A stopped peer (SIGSTOP) whose queue is full: the owner's sends to it are dropped, not
     waited on, so its thread (heartbeats, every other key) goes on."""
