@@ -17,15 +17,16 @@ REASON_CHARS = 240
 # logger at CRITICAL unless NUMBA_CUDA_LOG_LEVEL says otherwise, but only where logging has
 # no handler when the driver starts: after configure(), every poll of a copy still running
 # (kernels/cuda/uploads.py, worker/host_copies.py) would print an ERROR line. numba's default
-# is restored here; NUMBA_CUDA_LOG_LEVEL still chooses.
+# is restored here, and NUMBA_CUDA_LOG_LEVEL's level set where given (numba sets none then).
 NUMBA_DRIVER_LOGGER = "numba.cuda.cudadrv.driver"
 
 
 def configure(level: str) -> None:
     logging.basicConfig(stream=sys.stderr, level=level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not os.environ.get("NUMBA_CUDA_LOG_LEVEL"):
-        logging.getLogger(NUMBA_DRIVER_LOGGER).setLevel(logging.CRITICAL)
+    asked = os.environ.get("NUMBA_CUDA_LOG_LEVEL", "").upper()
+    level = getattr(logging, asked, None) if asked else None  # (numba's: a name it does not know is CRITICAL)
+    logging.getLogger(NUMBA_DRIVER_LOGGER).setLevel(level if isinstance(level, int) else logging.CRITICAL)
 
 
 def peer(value: object, limit: int = PEER_TEXT_CHARS) -> str:
@@ -46,19 +47,19 @@ def peer(value: object, limit: int = PEER_TEXT_CHARS) -> str:
 
 class Throttled:
     """A log line that comes once a key (a server's error for each of a job's keys, say),
-    written at most once every ``every_s`` seconds: the lines between are counted, and the
-    next one written says how many there were."""
+    written at most once every ``every_s`` seconds for each ``kind`` (its source, say): the
+    lines between are counted, and the next one written says how many were not."""
 
     def __init__(self, logger: logging.Logger, level: int, every_s: float, clock=time.monotonic):
         self.logger, self.level, self.every_s, self.clock = logger, level, every_s, clock
-        self._next = float("-inf")
-        self._held = 0
+        self._kinds: dict[str, tuple[float, int]] = {}  # kind -> (next line written at, lines held back)
 
-    def __call__(self, fmt: str, *args) -> None:
+    def __call__(self, kind: str, fmt: str, *args) -> None:
         now = self.clock()
-        if now < self._next:
-            self._held += 1
+        after, held = self._kinds.get(kind, (float("-inf"), 0))
+        if now < after:
+            self._kinds[kind] = (after, held + 1)
             return
-        held, self._held, self._next = self._held, 0, now + self.every_s
-        self.logger.log(self.level, fmt + ("" if not held else f" (and {held} more like it before)"), *args)
+        self._kinds[kind] = (now + self.every_s, 0)
+        self.logger.log(self.level, fmt + (f" (and {held} more not shown before it)" if held else ""), *args)
 

@@ -16,7 +16,7 @@ def driver_logger():
     logger.setLevel(level)
 
 
-@pytest.mark.parametrize("numba_level, shown", [(None, False), ("ERROR", True)])
+@pytest.mark.parametrize("numba_level, shown", [(None, False), ("ERROR", True), ("debug", True), ("LOUD", False)])
 def test_a_not_ready_event_query_logs_nothing_unless_numba_is_asked_to(driver_logger, monkeypatch, caplog,
                                                                        numba_level, shown):
     # numba's driver logs each failed call (an event query's "not ready" too) at ERROR, and
@@ -32,6 +32,8 @@ def test_a_not_ready_event_query_logs_nothing_unless_numba_is_asked_to(driver_lo
         logging.getLogger("gradpress.test").info("gradpress's own line")
     assert "gradpress's own line" in caplog.text
     assert ("CUDA_ERROR_NOT_READY" in caplog.text) == shown, caplog.text
+    if numba_level == "debug":  # its level, not the root's (numba sets none where logging has a handler)
+        assert driver_logger.isEnabledFor(logging.DEBUG)
 
 
 def test_a_throttled_line_is_written_once_a_while_and_counts_those_held_back(caplog):
@@ -39,8 +41,9 @@ def test_a_throttled_line_is_written_once_a_while_and_counts_those_held_back(cap
     line = logs.Throttled(logging.getLogger("gradpress.test"), logging.ERROR, 10.0, clock=lambda: now[0])
     with caplog.at_level(logging.ERROR):
         for key in range(5):  # one a key, all at once
-            line("server 0: key %d failed", key)
+            line("server 0", "server 0: key %d failed", key)
+        line("server 1", "server 1: key %d failed", 9)  # another kind: not held back by the first
         now[0] = 10.0
-        line("server 0: key %d failed", 5)
+        line("server 0", "server 0: key %d failed", 5)
     assert [r.getMessage() for r in caplog.records] == [
-        "server 0: key 0 failed", "server 0: key 5 failed (and 4 more like it before)"]
+        "server 0: key 0 failed", "server 1: key 9 failed", "server 0: key 5 failed (and 4 more not shown before it)"]

@@ -258,6 +258,7 @@ class Engine(threading.Thread):
         """Forget ``key``: its sums, residual, co-located workers' push views, and its shared
         result slots (every worker has pulled its last round: they go back to the arena)."""
         state = self.keys.pop(key, None)
+        self.waits.forget(key)
         if isinstance(getattr(state, "sink", None), SharedSlots):
             (self.dma_results if state.sink.dma else self.results).free(state.sink.region)
         for view in [v for v in self.push_views if v[1] == key]:

@@ -43,8 +43,12 @@ class RoundWaits:
     def met(self, identity: bytes, name: str) -> None:
         """A worker's INIT_KEY, sent as ``name`` ("worker 3")."""
         role, _, rank = name.partition(" ")
-        if role == "worker" and rank.isdigit():
+        if role == "worker" and rank.isascii() and rank.isdigit() and len(rank) < 10:  # (a peer sent it)
             self.ranks[identity] = int(rank)
+
+    def forget(self, key: int) -> None:
+        """``key`` was released: a key of that number made later starts its own wait."""
+        self._open.pop(key, None)
 
     def left(self, keys: dict, why: str) -> list[Reply]:
         """A worker finished while others go on (synchronous jobs): the rounds still open

@@ -276,18 +276,18 @@ class PartitionFlight:
         elif h["op"] == Op.ERROR:
             self._server_error(rank, h, wk, op)
         elif h["op"] == Op.STALLED:
-            if op is not None and not op.stalled:
+            if op is not None:  # (the latest: one that pushed the next round early hears of this one's too)
                 op.stalled = logs.peer(h["message"], MAX_REASON_CHARS)
                 if op.wkey.pushers and self.relay is not None:  # the machine's workers waiting hear it too
                     self.relay.tell(op.wkey.key, op.round, Op.STALLED, h)
-                self._log_stalled("push_pull of %s, round %d: %s; it fails at GRADPRESS_OP_TIMEOUT_S=%g s unless that "
-                                  "push comes", op.wkey.describe(), op.round, op.stalled, self.s.op_timeout_s)
+                self._log_stalled("", "push_pull of %s, round %d: %s; it fails at GRADPRESS_OP_TIMEOUT_S=%g s unless "
+                                  "that push comes", op.wkey.describe(), op.round, op.stalled, self.s.op_timeout_s)
         else:
             log.warning("dropped unexpected %s from server %d", h["op"].name, rank)
 
     def _server_error(self, rank: int, h: dict, wk: WorkerKey | None, op: PartitionOp | None) -> None:
         who = self.describe(rank)
-        self._log_error("%s: %s", who, logs.peer(h["message"], MAX_REASON_CHARS))
+        self._log_error(who, "%s: %s", who, logs.peer(h["message"], MAX_REASON_CHARS))
         if wk is not None and wk.state_request is not None and "round" not in h:
             wk.state_request.future.fail(JobError(f"{who}: {h['message']}"))
             wk.state_request = None

@@ -76,6 +76,28 @@ def test_a_pull_waiting_for_a_round_nobody_pushed_and_a_push_per_machine():
     assert said == "server 0 waits for the push of worker 0, worker 1 (at 5 s it had no push yet)"
 
 
+def test_a_name_no_rank_can_be_read_from_leaves_the_key_working_and_unnamed():
+    # a peer's INIT_KEY named "worker ²" (str.isdigit, but not int's) broke the key for everyone
+    engine = _engine(num_workers=2)
+    _init(engine, 3, {0: b"w0", 1: b"w1"})
+    for odd in ("worker \u00b2", "worker " + "9" * 5000, "server 0"):
+        assert engine._handle(b"w9", _header(Op.INIT_KEY, odd, key=3, name="t3", count=2, dtype="float32"), []) == []
+    _push(engine, b"w0", 3, 0)
+    assert [r.op for r in _push(engine, b"w1", 3, 0)] == [Op.PUSH_ACK]
+
+
+def test_a_key_released_and_made_again_starts_its_own_wait():
+    engine = _engine(num_workers=2)
+    _init(engine, 3, {0: b"w0", 1: b"w1"})
+    _push(engine, b"w0", 3, 0)
+    engine.waits.check(engine.keys, 0.0)
+    engine._handle(b"w0", _header(Op.RELEASE, key=3), [])
+    _init(engine, 3, {0: b"w0", 1: b"w1"})
+    _push(engine, b"w0", 3, 0)
+    assert engine.waits.check(engine.keys, AFTER_S) == []  # first seen open now, not at 0
+    assert _stalled(engine.waits.check(engine.keys, 2 * AFTER_S))
+
+
 @pytest.mark.parametrize("async_mode", [False, True])
 def test_nothing_is_said_in_async_jobs_or_once_a_worker_left(async_mode):
     engine = _engine(num_workers=2, async_mode=async_mode)
