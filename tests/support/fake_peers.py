@@ -90,6 +90,16 @@ class FakePeers:
         self.to_worker(Op.DECLARED, name=name, tensor_id=tensor_id, servers=servers)
         return h
 
+    def first_push(self, calls, src: np.ndarray, out: np.ndarray, name: str = "g") -> tuple:
+        """Start a push_pull of ``src`` into ``out`` on ``calls``' pool, declare it (id 1, on
+        server 0) and take its INIT_KEY and PUSH there: (its future, the worker's identity
+        at server 0, the PUSH header)."""
+        fut = calls.submit(lambda: self.client.push_pull_async(name, src, out, 1, 0))
+        self.declare(name, tensor_id=1, servers=[0])
+        identity, _, _ = self.from_worker_at(0)  # INIT_KEY
+        _, push, _ = self.from_worker_at(0)
+        return fut, identity, push
+
     def serve_round(self, server: int, result: np.ndarray, ack: bool = True) -> dict:
         """Take one PUSH, which carries its PULL (``pull``), at ``server`` (INIT_KEY/STATE
         before it are skipped and recorded in ``self.seen``) and answer with ``result``;

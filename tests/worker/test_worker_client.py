@@ -96,10 +96,8 @@ def test_push_pull_inits_each_key_once_and_lands_the_average(peers, calls):
 def test_a_key_keeps_one_round_in_flight(peers, calls):
     client = peers.start_client()
     a, b = np.ones(4, np.float32), np.ones(4, np.float32)
-    first = calls.submit(lambda: client.push_pull_async("g", a, a, 1, 0)).result
-    peers.declare("g", tensor_id=1, servers=[0])
-    identity, _, _ = peers.from_worker_at(0)  # INIT_KEY
-    _, push0, _ = peers.from_worker_at(0)
+    first, identity, push0 = peers.first_push(calls, a, a)
+    first = first.result
     assert push0["pull"] is True  # its pull with it
     second = client.push_pull_async("g", b, b, 1, 0)
     assert peers.nothing_at(0), "round 1 went out while round 0 was in flight"
@@ -169,12 +167,8 @@ def test_no_reply_fails_with_a_timeout_naming_the_partition(peers, calls):
 
 def test_a_timeout_names_the_worker_its_server_said_the_round_waits_for(peers, calls):
     # servers/waits.py's STALLED: before, only the server was named, and the job blamed this worker
-    client = peers.start_client(op_timeout_s=1.5)
-    x, out = np.ones(4, np.float32), np.zeros(4, np.float32)
-    fut = calls.submit(lambda: client.push_pull_async("g", x, out, 1, 0))
-    peers.declare("g", tensor_id=1, servers=[0])
-    identity, _, _ = peers.from_worker_at(0)  # INIT_KEY
-    _, push, _ = peers.from_worker_at(0)
+    peers.start_client(op_timeout_s=1.5)
+    fut, identity, push = peers.first_push(calls, np.ones(4, np.float32), np.zeros(4, np.float32))
     peers.reply_from(0, identity, Op.PUSH_ACK, key=push["key"], round=0)
     peers.reply_from(1, identity, Op.STALLED, key=push["key"], round=0, message="server 1 waits for the push of "
                      "worker 7 (at 1 s it had worker 0's)")  # not the key's server: dropped

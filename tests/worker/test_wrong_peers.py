@@ -23,12 +23,9 @@ def _reply(peers, server, identity, push, value):
 
 def test_a_reply_from_a_server_that_does_not_hold_the_key_is_dropped(peers, calls):
     # before: server 1's reply for server 0's key landed as the sum, and the job went on
-    client = peers.start_client()
-    x, out = np.ones(4, np.float32), np.zeros(4, np.float32)
-    fut = calls.submit(lambda: client.push_pull_async("g", x, out, 1, 0))
-    peers.declare("g", tensor_id=1, servers=[0])
-    identity, _, _ = peers.from_worker_at(0)  # INIT_KEY
-    _, push, _ = peers.from_worker_at(0)
+    peers.start_client()
+    out = np.zeros(4, np.float32)
+    fut, identity, push = peers.first_push(calls, np.ones(4, np.float32), out)
     peers.reply_from(1, identity, Op.PUSH_ACK, key=push["key"], round=0)
     peers.reply_from(1, identity, Op.ERROR, key=push["key"], message="not mine to fail")
     _reply(peers, 1, identity, push, 42.0)
