@@ -62,4 +62,3 @@ class Throttled:
             return
         self._kinds[kind] = (now + self.every_s, 0)
         self.logger.log(self.level, fmt + (f" (and {held} more not shown before it)" if held else ""), *args)
-
