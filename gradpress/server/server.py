@@ -139,7 +139,9 @@ class Server:
                     if message is not None and message["op"] == Op.DECLARED:
                         self.budget.declared(message, self.link.book.rank)
                     if message is not None and message["op"] == Op.LEFT:
-                        log.info("%s: %s", self.link.name, message["reason"])  # (every healthy job's too)
+                        # every healthy job's too (its first worker to end): the reason, which says
+                        # why a round still open fails, goes with the engines' warning where one does
+                        log.info("%s: worker %d finished while other workers go on", self.link.name, message["rank"])
                         for engine in [self.io_engine, *self.engines]:
                             self._hand(engine, b"", message, [])
             # every pass, whatever the inflow: each drain above takes at most MAX_BATCH messages
