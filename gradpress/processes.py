@@ -117,8 +117,10 @@ class ProcessGroup:
 
     def _fail(self, name: str, proc: subprocess.Popen, code: int) -> int:
         """``name`` exited with ``code``: report a worker's failure to the scheduler, give the
-        others PS_HEARTBEAT_TIMEOUT to stop by themselves (each saying why; the scheduler
-        lingers after a failure and is not waited for), then stop what is left.
+        others twice PS_HEARTBEAT_TIMEOUT to stop by themselves (each saying why; the scheduler
+        lingers after a failure and is not waited for), then stop what is left. (A dead server
+        is the scheduler's to find, at its silence: one heartbeat timeout; then each node takes
+        its own moments to say so and exit, which one timeout cut short.)
 
         Returns:
             the exit code of the first worker seen failing (of ``name`` if no worker failed),
@@ -126,7 +128,7 @@ class ProcessGroup:
         """
         first = [(name, code)]
         try:
-            grace_s = Settings.load(self.envs.get(name, os.environ)).heartbeat_timeout_s
+            grace_s = 2 * Settings.load(self.envs.get(name, os.environ)).heartbeat_timeout_s
         except ValueError:
             grace_s = STOP_GRACE_S
         if name.startswith("worker") and name in self.envs:
