@@ -91,8 +91,8 @@ class Declarations:
         deadline, a line in the log naming whose declarations are awaited (one for them all)."""
         out, late = [], []
         for d in self.tensors.values():
-            if d.failed or len(d.ranks) == self.num_workers or (d.warned and now <= d.deadline) \
-                    or now <= d.deadline - self.timeout_s / 2:  # (every pass of the scheduler's loop)
+            due = d.deadline if d.warned else d.deadline - self.timeout_s / 2  # its next: the failure, or the log line
+            if d.failed or len(d.ranks) == self.num_workers or now <= due:  # (every pass of the scheduler's loop)
                 continue
             missing = sorted(set(range(self.num_workers)) - set(d.ranks))
             if not d.warned:
