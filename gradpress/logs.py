@@ -10,6 +10,9 @@ PEER_TEXT_CHARS = 64
 # ... and of a worker's reason for refusing its push, which the server hands every worker of
 # the round: the cause of a failure elsewhere (an encoder's CUDA error, an owner's deadline)
 REASON_CHARS = 240
+# ... with its line breaks and other control characters escaped: a peer's text cannot start
+# a line of its own that reads as this node's (a forged ERROR, say)
+_ESCAPED = {c: repr(chr(c))[1:-1] for c in (*range(32), *range(127, 160), 0x2028, 0x2029)}
 
 
 # numba's CUDA driver logs every failed driver call at ERROR before raising it, an event
@@ -31,8 +34,8 @@ def configure(level: str) -> None:
 
 def peer(value: object, limit: int = PEER_TEXT_CHARS) -> str:
     """``value`` (bytes, str or anything else a peer supplied) as a log line may quote it:
-    at most ``limit`` characters (bytes as their ``repr``, escapes kept), a longer one cut,
-    with its full length said."""
+    at most ``limit`` characters (bytes as their ``repr``, control characters escaped), a
+    longer one cut, with its full length said."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         size = len(value) if not isinstance(value, memoryview) else value.nbytes
         text = repr(bytes(value[:limit]))  # never copies more than is shown
@@ -40,6 +43,8 @@ def peer(value: object, limit: int = PEER_TEXT_CHARS) -> str:
     else:
         text = str(value)
         size, unit = len(text), "chars"
+        if not text.isprintable():
+            text = text.translate(_ESCAPED)
     if len(text) <= limit:
         return text
     return f"{text[:limit]}...({size} {unit})"
@@ -52,9 +57,9 @@ class Throttled:
 
     def __init__(self, logger: logging.Logger, level: int, every_s: float, clock=time.monotonic):
         self.logger, self.level, self.every_s, self.clock = logger, level, every_s, clock
-        self._kinds: dict[str, tuple[float, int]] = {}  # kind -> (next line written at, lines held back)
+        self._kinds: dict[object, tuple[float, int]] = {}  # kind -> (next line written at, lines held back)
 
-    def __call__(self, kind: str, fmt: str, *args) -> None:
+    def __call__(self, kind: object, fmt: str, *args) -> None:
         now = self.clock()
         after, held = self._kinds.get(kind, (float("-inf"), 0))
         if now < after:

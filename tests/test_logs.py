@@ -1,5 +1,6 @@
 """logs.configure: numba's CUDA driver keeps its quiet default once gradpress configures logging;
-logs.Throttled: a line that comes once a key, written once a while with a count of the rest."""
+logs.Throttled: a line that comes once a key, written once a while with a count of the rest;
+logs.peer: a peer's text quoted on one line."""
 import logging
 
 import pytest
@@ -47,3 +48,11 @@ def test_a_throttled_line_is_written_once_a_while_and_counts_those_held_back(cap
         line("server 0", "server 0: key %d failed", 5)
     assert [r.getMessage() for r in caplog.records] == [
         "server 0: key 0 failed", "server 1: key 9 failed", "server 0: key 5 failed (and 4 more not shown before it)"]
+
+
+def test_a_peers_text_cannot_start_a_log_line_of_its_own():
+    # a server's STALLED or ERROR message carrying "\n... ERROR ..." forged a line of this node's log
+    forged = "waits\n2026-11-29 12:00:00 ERROR gradpress.worker: all fine\r\x1b[2K\u2028"
+    quoted = logs.peer(forged, 500)
+    assert quoted == "waits\\n2026-11-29 12:00:00 ERROR gradpress.worker: all fine\\r\\x1b[2K\\u2028", quoted
+    assert logs.peer("it had worker 0's, café\ttab") == "it had worker 0's, café\\ttab"

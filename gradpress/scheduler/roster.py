@@ -71,6 +71,12 @@ class Roster:
             return wrong
         return self._worker_clash(h) if role == "worker" else self._server_clash(h)
 
+    def _full(self, role: str, expected: int, variables: str) -> str:
+        """Why one more ``role`` cannot join ('' while fewer than ``expected`` are in): a node
+        over the count would never let the job complete, which waited out its connect timeout."""
+        kept = sum(m.role == role for m in self.members.values())
+        return f"{variables}: all {expected} {role} processes registered already" if kept >= expected else ""
+
     def _worker_clash(self, h: dict) -> str:
         """What a worker's REGISTER contradicts among the workers already kept ('' if nothing)."""
         workers = self.workers()
@@ -85,7 +91,8 @@ class Roster:
         slot = (h["worker_id"], h["local_rank"])
         if h["worker_id"] >= 0 and any((m.worker_id, m.local_rank) == slot for m in workers):
             return f"DMLC_WORKER_ID={slot[0]} BYTEPS_LOCAL_RANK={slot[1]} is already taken"
-        return ""
+        return self._full("worker", self.num_worker * h["local_size"],
+                          f"DMLC_NUM_WORKER={self.num_worker} x BYTEPS_LOCAL_SIZE={h['local_size']}")
 
     def _server_clash(self, h: dict) -> str:
         """Why a server's asked-for rank cannot be had ('' if it can, or it asked for none)."""
@@ -94,7 +101,7 @@ class Roster:
             return f"GRADPRESS_SERVER_ID={asked} >= DMLC_NUM_SERVER={self.num_server}"
         if asked >= 0 and any(m.server_id == asked for m in self.servers()):
             return f"GRADPRESS_SERVER_ID={asked} is already taken"
-        return ""
+        return self._full("server", self.num_server, f"DMLC_NUM_SERVER={self.num_server}")
 
     def add(self, identity: bytes, h: dict) -> Member:
         """Keep a REGISTER that refusal() let through."""
@@ -172,6 +179,8 @@ def registration_problem(h: dict) -> str:
                 not all(type(p) is int and 1 <= p <= 65535 for p in ports) or len(set(ports)) != len(ports):
             return (f"ports {ports!r}: a server's lanes are 1 to {MAX_SERVER_LANES} distinct port numbers, "
                     f"its port ({h['port']}) first")
+    if "server_id" in h and (h["role"] != "server" or h["server_id"] < -1):
+        return f"server_id {h['server_id']}: a server's GRADPRESS_SERVER_ID is a rank, or -1 for any"
     if not 1 <= h["local_size"] <= MAX_LOCAL_SIZE:
         return f"BYTEPS_LOCAL_SIZE={h['local_size']} is not in [1, {MAX_LOCAL_SIZE}]"
     if not 0 <= h["local_rank"] < h["local_size"]:

@@ -280,7 +280,7 @@ class PartitionFlight:
                 op.stalled = logs.peer(h["message"], MAX_REASON_CHARS)
                 if op.wkey.pushers and self.relay is not None:  # the machine's workers waiting hear it too
                     self.relay.tell(op.wkey.key, op.round, Op.STALLED, h)
-                self._log_stalled("", "push_pull of %s, round %d: %s; it fails at GRADPRESS_OP_TIMEOUT_S=%g s unless "
+                self._log_stalled(rank, "push_pull of %s, round %d: %s; it fails at GRADPRESS_OP_TIMEOUT_S=%g s unless "
                                   "that push comes", op.wkey.describe(), op.round, op.stalled, self.s.op_timeout_s)
         else:
             log.warning("dropped unexpected %s from server %d", h["op"].name, rank)

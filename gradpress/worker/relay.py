@@ -27,14 +27,13 @@ from .. import logs
 from ..compressors.arrays import is_device_array
 from ..kernels.cpu import server_sum
 from ..net import shm, transport
-from ..net.protocol import Op
+from ..net.protocol import Op, op_fields
 from .host_copies import HostCopies
 from .jobs import PartitionOp
 from .local import LocalGroup
 from .stages import PartitionStages
 
 log = logging.getLogger(__name__)
-_FORWARDED = ("v", "op", "from")   # header fields a forwarded reply gets afresh
 
 
 @dataclass
@@ -114,7 +113,7 @@ class Relay:
         """Forward a server's PULL_REPLY (or ERROR) of ``key``'s round ``rnd`` to every peer
         that pulled it, and keep it for a pull still on its way."""
         owned = self.keys.setdefault(key, _Owned())
-        fields = {k: v for k, v in h.items() if k not in _FORWARDED}
+        fields = op_fields(op, h)
         owned.reply = (rnd, op, fields, [f.buffer if hasattr(f, "buffer") else f for f in frames])
         for identity in owned.pulls.pop(rnd, []):
             self._answer(identity, owned.reply)
@@ -123,7 +122,7 @@ class Relay:
         """Pass a server's word on our round ``rnd`` of ``key`` (STALLED) to the peers waiting
         for it; unlike a reply, nothing is kept for a pull still on its way."""
         owned = self.keys.get(key)
-        fields = {k: v for k, v in h.items() if k not in _FORWARDED}
+        fields = op_fields(op, h)
         for identity in owned.pulls.get(rnd, []) if owned is not None else []:
             self._send(identity, op, **fields)
 

@@ -43,3 +43,23 @@ def test_a_rank_taken_or_out_of_range_is_refused_naming_it(asked, why):
     roster = Roster(num_worker=1, num_server=2)
     assert _register(roster, 0, server_id=1) == ""
     assert _register(roster, 1, server_id=asked) == why
+
+
+@pytest.mark.parametrize("role, ids, why", [
+    ("server", {"server_id": -5}, "server_id -5: a server's GRADPRESS_SERVER_ID is a rank, or -1 for any"),
+    ("worker", {"server_id": 1}, "server_id 1: a server's GRADPRESS_SERVER_ID is a rank, or -1 for any")])
+def test_a_server_id_below_minus_one_or_from_a_worker_is_refused(role, ids, why):
+    # before, -5 read as "any rank" and a worker's was kept and ignored
+    assert _register(Roster(num_worker=1, num_server=2), 0, role, **ids) == why
+
+
+def test_a_node_past_the_jobs_count_is_refused_where_it_would_never_let_the_job_start():
+    # before, a third server of two (asking for no rank, or a free one) was kept: the job could
+    # never be complete and waited out GRADPRESS_CONNECT_TIMEOUT_S ("3 of 2 server(s) registered")
+    roster = Roster(num_worker=1, num_server=2)
+    assert _register(roster, 0) == "" and _register(roster, 1, server_id=1) == ""
+    assert _register(roster, 2) == "DMLC_NUM_SERVER=2: all 2 server processes registered already"
+    assert _register(roster, 3, "worker") == ""
+    assert _register(roster, 4, "worker") == ("DMLC_NUM_WORKER=1 x BYTEPS_LOCAL_SIZE=1: all 1 worker processes "
+                                              "registered already")
+    assert roster.complete()

@@ -90,6 +90,23 @@ def test_a_servers_word_on_a_round_held_up_reaches_the_peers_waiting_and_is_not_
     _push(relay, wk, 2)  # the last peer's pull comes after: it is not told, and the round's reply is still to come
     assert [o for _, o, _ in sent].count(Op.STALLED) == 1 and len(flight.summed) == 1
 
+def test_fields_a_servers_message_adds_are_not_passed_on_as_the_send_calls_keywords():
+    # a STALLED or PULL_REPLY header with a field named as one of the send's parameters
+    # ("identity", "buffers") raised TypeError on the owner's communication thread: the worker died
+    relay, flight, sent, wk, op = _relay()
+    relay.contribute(op)
+    _push(relay, wk, 1)
+    extra = {"identity": 0, "buffers": 7, "sender": "x", "nonblocking": 1, "future": "?"}
+    word = {"op": Op.STALLED, "from": "server 0", "v": 1, "key": wk.key, "round": 0, "message": "m", **extra}
+    relay.tell(wk.key, 0, Op.STALLED, word)
+    reply = {"op": Op.PULL_REPLY, "from": "server 0", "v": 1, "key": wk.key, "round": 0, "dtype": "float32",
+             "count": 4, **extra}
+    relay.relay(wk.key, 0, Op.PULL_REPLY, reply, [np.zeros(4, np.float32)])
+    assert [(o, f) for _, o, f in sent if o != Op.PUSH_ACK] == [
+        (Op.STALLED, {"key": wk.key, "round": 0, "message": "m"}),
+        (Op.PULL_REPLY, {"key": wk.key, "round": 0, "dtype": "float32", "count": 4})], sent
+
+
 def test_an_owner_never_blocks_on_a_peer_that_reads_nothing():
     """A stopped peer (SIGSTOP) whose queue is full: the owner's sends to it are dropped, not
     waited on, so its thread (heartbeats, every other key) goes on."""

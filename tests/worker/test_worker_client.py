@@ -5,6 +5,7 @@ pull, land) or one of its rules (rounds, credit, deadlines, errors) message by m
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -179,6 +180,24 @@ def test_a_timeout_names_the_worker_its_server_said_the_round_waits_for(peers, c
                                              r"GRADPRESS_OP_TIMEOUT_S=1.5 s; server 0 waits for the push of worker 1 "
                                              r"\(at 1 s it had worker 0's\)$"):
         fut.result(10).result(10)
+
+
+def test_each_servers_word_on_a_round_held_up_is_logged(peers, calls, caplog):
+    # one kind for every server: within half a deadline, server 0's line hid server 1's
+    client = peers.start_client(partition_bytes=8, op_timeout_s=1.5)
+    fut = calls.submit(lambda: client.push_pull_async("g", np.ones(4, np.float32), np.zeros(4, np.float32), 1, 0))
+    peers.declare("g", tensor_id=1, servers=[0, 1])
+    for server in (0, 1):
+        identity, push = None, {"op": None}
+        while push["op"] != Op.PUSH:
+            identity, push, _ = peers.from_worker_at(server)
+        peers.reply_from(server, identity, Op.STALLED, key=push["key"], round=0,
+                         message=f"server {server} waits for the push of worker 1 (at 1 s it had worker 0's)")
+    with caplog.at_level(logging.WARNING, logger="gradpress.worker"), pytest.raises(OpTimeoutError):
+        fut.result(10).result(10)
+    said = [r.getMessage() for r in caplog.records if "waits for the push of worker 1" in r.getMessage()
+            and "fails at GRADPRESS_OP_TIMEOUT_S" in r.getMessage()]
+    assert sorted(m.split("round 0: ")[1][:8] for m in said) == ["server 0", "server 1"], said
 
 
 def test_a_compressed_push_carries_its_codec_and_a_nan_round_goes_out_nonfinite(peers, calls):
