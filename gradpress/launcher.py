@@ -18,7 +18,6 @@ import tempfile
 import time
 
 from . import logs
-from .compressors.policy import CompressionPolicy
 from .config import Settings
 from .net import auth
 from .processes import ProcessGroup, Terminated, raise_on_termination
@@ -40,9 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["GRADPRESS_CONFIG"] = os.path.abspath(args.config)
     try:
         settings = Settings.load()
-        # the job file's [compression] too, before any process starts (else only the workers'
-        # optimizers read it, once scheduler and servers are up)
-        CompressionPolicy.from_job_file(settings.config_file, settings.min_compress_bytes)
+        if settings.config_file:  # its [compression] too, before any process starts (else only the
+            # workers' optimizers read it, once scheduler and servers are up); imported here, for the
+            # codecs load Numba: 0.3 s of a core in each process started, a job's scheduler among them
+            from .compressors.policy import CompressionPolicy
+            CompressionPolicy.from_job_file(settings.config_file, settings.min_compress_bytes)
     except ValueError as e:
         print(f"gradpress-launch: {e}", file=sys.stderr)
         return 2

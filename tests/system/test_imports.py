@@ -8,11 +8,14 @@
 - the planner's model (``gradpress.planner``) never imports torch, and the byteps.torch API
   modules (``gradpress.torch``) reach the gradient pipeline only through its surface: no
   route, planner or codec strategy lives in or is reached into from them;
+- a job's scheduler, as the launcher starts it, loads neither Numba nor torch;
 - no module is over 300 lines.
 """
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,6 +133,16 @@ def test_the_byteps_api_reaches_the_pipeline_only_through_its_surface():
            for i in deps if (i.startswith("gradpress.pipeline") and i not in PIPELINE_SURFACE)
            or i.startswith("gradpress.planner")]
     assert not bad, ", ".join(f"{m} imports {i}" for m, i in bad)
+
+
+@pytest.mark.integ  # starts a process
+def test_the_scheduler_as_launched_loads_neither_numba_nor_torch():
+    # the launcher checked a job file's [compression] with the codecs, which load Numba: 0.3 s of
+    # a core in every scheduler process, where no job file was given
+    code = ("import sys; from gradpress import launcher, scheduler; "
+            "print(sorted(m for m in ('numba', 'torch') if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", (run.stdout, run.stderr[-2000:])
 
 
 def test_no_module_is_over_300_lines():
