@@ -20,6 +20,7 @@ from .dtypes import dtype_name
 from .objects import MAX_OBJECT_BYTES, broadcast_bytes, check_root, unpickled
 
 _EXT_TUPLE, _EXT_NDARRAY, _EXT_TENSOR = 1, 2, 3
+_layouts: dict[int, dict[str, tuple]] = {}  # job epoch -> a broadcast's key -> (shape, dtype) it carried
 
 
 def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> None:
@@ -45,7 +46,7 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
                 for name, t in wave:
                     if ops.rank() != root_rank:
                         t.zero_()
-                    started.append(ops.push_pull_async_inplace(t.data, average=False, name=prefix + name))
+                    started.append(ops.push_pull_async_inplace(t.data, average=False, name=_key(prefix + name, t)))
 
 
 def _distinct(items: list) -> list:
@@ -94,6 +95,19 @@ def _span(t: torch.Tensor) -> tuple[str, int, int] | None:
     first = t.data_ptr()
     last = first + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) * t.element_size()
     return str(t.device), first, last + t.element_size()
+
+
+def _key(name: str, t: torch.Tensor) -> str:
+    """``name``, unless a broadcast of this job sent a tensor of another shape or dtype under
+    it (a GAN's second model, whose parameter names are the first's; its optimizer's state):
+    then the name with this tensor's shape and dtype, a key of its own. The same on every
+    worker: broadcasts are collective, made in one order."""
+    layout = (tuple(t.shape), t.dtype)
+    seen = _layouts.setdefault(ops.job_epoch(), {})
+    if seen.setdefault(name, layout) != layout:
+        name = f"{name}.{'x'.join(map(str, layout[0])) or 'scalar'}.{dtype_name(t.dtype)}"
+        seen.setdefault(name, layout)
+    return name
 
 
 def _unnamed(position: int, t) -> str:
@@ -164,7 +178,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                 shape, dtype = spec
                 t = sd["state"][pid][k] if is_root else torch.zeros(shape, dtype=getattr(torch, dtype))
                 state[pid][k] = t
-                started.append(ops.push_pull_async_inplace(t, average=False, name=f"{prefix}opt.{pid}.{k}"))
+                started.append(ops.push_pull_async_inplace(t, average=False, name=_key(f"{prefix}opt.{pid}.{k}", t)))
     _check_own_state(sd, layout["own"], is_root, root_rank, prefix)
     if not is_root:
         _placed(layout["param_groups"], layout["group_devices"], optimizer)

@@ -25,5 +25,7 @@ def wire_dtype(dtype: torch.dtype) -> torch.dtype | None:
 
 
 def integral(dtype: torch.dtype) -> bool:
-    """An integer dtype: its average is the sum floor-divided, as BytePS's ``floor_divide_``."""
-    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    """An integer dtype: its average is the sum floor-divided, as BytePS's ``floor_divide_``.
+    bool counts as one (True is 1): its sum is True where any worker's is, its average where
+    every worker's is (a sum of 1 in 2 divided as a float was 0.5, True: an OR)."""
+    return not (dtype.is_floating_point or dtype.is_complex)

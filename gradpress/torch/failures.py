@@ -76,6 +76,16 @@ def report_init_failure(settings: Settings, error: BaseException, registered: bo
                    wait_s=min(2.0, settings.heartbeat_timeout_s))
 
 
+def rejoining(error: JobError, jobs_before: int) -> JobError | None:
+    """``init()``'s deadline for a scheduler, in a process that was in a job before (it left
+    it by ``shutdown()`` or ``suspend()``), said as what it is: that job ended, and this
+    call joins a new one, which nobody started. None where that is not the case."""
+    if not jobs_before or not isinstance(error, OpTimeoutError):
+        return None
+    return OpTimeoutError(f"{error}; this process left its job before (shutdown() or suspend()): init() and "
+                          f"resume() join a new job, whose scheduler and servers must be started for it")
+
+
 def leave_at_exit(shutdown: Callable[[], None], current_client: Callable[[], object | None]) -> Callable[[], None]:
     """The exit handler of a worker that did not call ``shutdown()``: it leaves the job, and
     where the job failed (a lost node, the scheduler's word, this worker's communication

@@ -65,8 +65,8 @@ def init(lazy: bool = True) -> None:
         except RegistrationRefused as e:  # the others would wait GRADPRESS_CONNECT_TIMEOUT_S for this worker
             failures.report_init_failure(settings, e, registered=False)
             raise
-        except JobError:
-            raise  # the scheduler ended the job, or cannot be reached: nothing to report to
+        except JobError as e:  # the scheduler ended the job, or cannot be reached: nothing to report to
+            raise failures.rejoining(e, _epoch) or e
         except Exception as e:
             failures.report_init_failure(settings, e)
             raise

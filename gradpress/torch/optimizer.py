@@ -29,6 +29,24 @@ from ..pipeline.planning import PlanTuning
 from . import ops
 from .compression import Compression
 
+# job epoch -> the parameter names its DistributedOptimizers took, and how many it made
+_taken: dict[int, set[str]] = {}
+_made: dict[int, int] = {}
+
+
+def _gradient_prefix(names: set[str]) -> str:
+    """``Gradient.``, BytePS's, unless an optimizer made before in this job took one of these
+    names: a GAN's two models (``nn.Sequential``s both, so ``0.weight`` in each) then keep
+    apart as ``Gradient.opt<n>.``, numbered in the order every worker builds them (decided
+    by names alone, the same on every worker; a worker joined at a resume counts as those
+    there before it do)."""
+    epoch = ops.job_epoch()
+    taken, made = _taken.setdefault(epoch, set()), _made.get(epoch, 0)
+    _made[epoch] = made + 1
+    clash = not taken.isdisjoint(names)
+    taken.update(names)
+    return f"Gradient.opt{made}." if clash else "Gradient."
+
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     """The methods ``DistributedOptimizer`` puts in front of the wrapped optimizer's class."""
@@ -57,7 +75,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         table = ParameterTable(all_params, named_parameters,
                                CompressionPolicy.for_job(settings, compression_params, compression_rules))
         self._fold_nesterov(table)
-        self._gradpress = GradientPipeline(table, "Gradient.", lr_of=lambda p: self._groups[id(p)]["lr"],
+        self._prefix = _gradient_prefix({table.names[id(p)] for p in table.trainable})
+        self._gradpress = GradientPipeline(table, self._prefix, lr_of=lambda p: self._groups[id(p)]["lr"],
                                            compression=compression, views=True,
                                            fuse_below=settings.fuse_below_bytes,
                                            fuse_compressed=settings.fuse_compressed_bytes,
@@ -70,7 +89,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._submitting = threading.Lock()  # a model over several GPUs: a hook thread per device
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in table.trainable]
         for p in table.trainable:
-            ops.declare("Gradient." + table.names[id(p)])
+            ops.declare(self._prefix + table.names[id(p)])
 
     def _fold_nesterov(self, table: ParameterTable) -> None:
         """As in BytePS: when the gradients carry Nesterov momentum (a ``momentum`` key), the
@@ -142,7 +161,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if not self._async:
                 self._passes_left[id(p)] = self.backward_passes_per_step
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient))
-                ops.declare("Gradient." + name)
+                ops.declare(self._prefix + name)
         if late:
             self._index_groups()
             warnings.warn(f"DistributedOptimizer: {', '.join(n for n, _ in late)} became trainable after the "

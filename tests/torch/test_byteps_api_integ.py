@@ -1,9 +1,10 @@
 """BytePS API behaviour that its example scripts and common training code rely on, across
-real worker processes: integer averages floor-divided, declare's 0, unnamed broadcasts of
+real worker processes: integer (and bool) averages floor-divided, declare's 0, unnamed broadcasts of
 other shapes, tied weights broadcast once, numpy scalars in an optimizer's hyper-parameters,
 frozen parameters left out of named_parameters, set_backward_passes_per_step, an
 optimizer's own zero_grad signature, BytePS's Compressor base class,
-and two DistributedDataParallel models whose parameter names are the same."""
+two DistributedDataParallel models whose parameter names are the same, and init() again
+once the job ended."""
 import pytest
 
 pytestmark = pytest.mark.integ
@@ -25,6 +26,11 @@ for dtype in (torch.int64, torch.int32, torch.int16):
     bps.synchronize(bps.push_pull_async_inplace(y, average=True, name=f"inplace.{dtype}"))
     assert y.tolist() == [-2, 3, -4, 2], (dtype, y)
 assert bps.declare("Gradient.anything") == 0
+# bool counts as an integer: its sum is True where any worker's is, its average where every one's is
+# (the average was the float 0.5 cast back: True, an OR)
+flags = torch.tensor([True, r == 0, False])
+assert bps.push_pull(flags, average=True, name="flags").tolist() == [True, False, False]
+assert bps.push_pull(flags, average=False, name="flags").tolist() == [True, True, False]
 
 # unnamed tensors broadcast twice, of other shapes the second time
 first = [torch.full((3,), float(r)), torch.full((2, 2), float(r))]
@@ -148,6 +154,17 @@ for net in (g_net, d_net):
     assert torch.allclose(grad, torch.full((1,), 2.0)), grad  # every worker's bias gradient is 2
 print("OK api", [float(p.sum()) for p in list(g_net.parameters()) + list(d_net.parameters())], flush=True)
 bps.shutdown()
+
+# init() once the job ended: its deadline says that this call joins a new job nobody started
+# (it said only "no address book from the scheduler")
+import os
+from gradpress.errors import JobError
+os.environ["GRADPRESS_CONNECT_TIMEOUT_S"] = "1"
+try:
+    bps.init()
+except JobError as e:
+    assert "left its job before (shutdown() or suspend())" in str(e), e
+    print("OK rejoin", flush=True)
 """
 
 
@@ -156,3 +173,4 @@ def test_byteps_api_details_across_workers(cluster):
     c.start(SCRIPT).assert_success()
     lines = [next(line for line in c.log(f"worker {i}").splitlines() if line.startswith("OK api")) for i in range(2)]
     assert lines[0] == lines[1], lines  # both DDP models start from rank 0's parameters and stay equal
+    assert all("OK rejoin" in c.log(f"worker {i}") for i in range(2)), c.log("worker 0")[-3000:]
