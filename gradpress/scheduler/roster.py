@@ -62,7 +62,8 @@ class Roster:
     def refusal(self, identity: bytes, h: dict) -> str:
         """Why this REGISTER is refused ('' if it is not)."""
         if self.registered or identity in self.members:
-            return "registration is closed (the job is already running)"
+            return (f"registration is closed: the job is already running with its DMLC_NUM_SERVER={self.num_server} "
+                    f"server(s) and DMLC_NUM_WORKER={self.num_worker} worker machine(s)")
         role = h["role"]
         if role not in ("worker", "server"):
             return f"role {logs.peer(role)} cannot register; expected worker or server"
@@ -75,7 +76,8 @@ class Roster:
         """Why one more ``role`` cannot join ('' while fewer than ``expected`` are in): a node
         over the count would never let the job complete, which waited out its connect timeout."""
         kept = sum(m.role == role for m in self.members.values())
-        return f"{variables}: all {expected} {role} processes registered already" if kept >= expected else ""
+        return (f"{variables}: all {expected} {role} processes registered already (one that registered and died "
+                f"before the job started still counts: start the job again)") if kept >= expected else ""
 
     def _worker_clash(self, h: dict) -> str:
         """What a worker's REGISTER contradicts among the workers already kept ('' if nothing)."""

@@ -79,11 +79,15 @@ def report_init_failure(settings: Settings, error: BaseException, registered: bo
 def rejoining(error: JobError, jobs_before: int) -> JobError | None:
     """``init()``'s deadline for a scheduler, in a process that was in a job before (it left
     it by ``shutdown()`` or ``suspend()``), said as what it is: that job ended, and this
-    call joins a new one, which nobody started. None where that is not the case."""
+    call joins a new one, whose processes did not all come. None where that is not the case
+    (the error to raise, caused by ``error``, as ``raise ... from error`` makes it)."""
     if not jobs_before or not isinstance(error, OpTimeoutError):
         return None
-    return OpTimeoutError(f"{error}; this process left its job before (shutdown() or suspend()): init() and "
-                          f"resume() join a new job, whose scheduler and servers must be started for it")
+    rejoined = OpTimeoutError(f"{error}; this process left its job before (shutdown() or suspend()): init() and "
+                              f"resume() join a new job, whose scheduler, servers and other workers must all be "
+                              f"started for it")
+    rejoined.__cause__ = error
+    return rejoined
 
 
 def leave_at_exit(shutdown: Callable[[], None], current_client: Callable[[], object | None]) -> Callable[[], None]:

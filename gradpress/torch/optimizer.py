@@ -29,23 +29,26 @@ from ..pipeline.planning import PlanTuning
 from . import ops
 from .compression import Compression
 
-# job epoch -> the parameter names its DistributedOptimizers took, and how many it made
-_taken: dict[int, set[str]] = {}
-_made: dict[int, int] = {}
+# job epoch -> each parameter name its DistributedOptimizers gave a key: (elements, dtype)
+_taken: dict[int, dict[str, tuple]] = {}
 
 
-def _gradient_prefix(names: set[str]) -> str:
-    """``Gradient.``, BytePS's, unless an optimizer made before in this job took one of these
-    names: a GAN's two models (``nn.Sequential``s both, so ``0.weight`` in each) then keep
-    apart as ``Gradient.opt<n>.``, numbered in the order every worker builds them (decided
-    by names alone, the same on every worker; a worker joined at a resume counts as those
-    there before it do)."""
-    epoch = ops.job_epoch()
-    taken, made = _taken.setdefault(epoch, set()), _made.get(epoch, 0)
-    _made[epoch] = made + 1
-    clash = not taken.isdisjoint(names)
-    taken.update(names)
-    return f"Gradient.opt{made}." if clash else "Gradient."
+def _check_names_free(table: ParameterTable) -> None:
+    """Refuse, as it is built, an optimizer whose parameter names an earlier one of this job
+    gave keys of another size or dtype (a GAN's two models, ``nn.Sequential``s both, so
+    ``0.weight`` in each): its first step stopped with a TensorMismatchError on a key the user
+    never named. Keys stay BytePS's, ``Gradient.<name>``: an optimizer built again over the same
+    names (a fresh one to load a checkpoint into) takes the same keys, as its checkpoint's
+    plan names them. Decided by names and layouts alone, the same on every worker."""
+    taken = _taken.setdefault(ops.job_epoch(), {})
+    layouts = {table.names[id(p)]: (p.numel(), p.dtype) for p in table.params  # (frozen ones unnamed never travel)
+               if p.requires_grad or id(p) in table.given}
+    clash = sorted(n for n, layout in layouts.items() if taken.setdefault(n, layout) != layout)
+    if clash:
+        raise ValueError(f"DistributedOptimizer: parameter name(s) {clash[:4]} are another DistributedOptimizer's "
+                         f"of this job, of other sizes (two models whose parameters are named alike, as a GAN's "
+                         f"two nn.Sequential): name each model's apart, e.g. "
+                         f"named_parameters=D.named_parameters(prefix='D')")
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -75,8 +78,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         table = ParameterTable(all_params, named_parameters,
                                CompressionPolicy.for_job(settings, compression_params, compression_rules))
         self._fold_nesterov(table)
-        self._prefix = _gradient_prefix({table.names[id(p)] for p in table.trainable})
-        self._gradpress = GradientPipeline(table, self._prefix, lr_of=lambda p: self._groups[id(p)]["lr"],
+        _check_names_free(table)
+        self._gradpress = GradientPipeline(table, "Gradient.", lr_of=lambda p: self._groups[id(p)]["lr"],
                                            compression=compression, views=True,
                                            fuse_below=settings.fuse_below_bytes,
                                            fuse_compressed=settings.fuse_compressed_bytes,
@@ -89,7 +92,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._submitting = threading.Lock()  # a model over several GPUs: a hook thread per device
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in table.trainable]
         for p in table.trainable:
-            ops.declare(self._prefix + table.names[id(p)])
+            ops.declare("Gradient." + table.names[id(p)])
 
     def _fold_nesterov(self, table: ParameterTable) -> None:
         """As in BytePS: when the gradients carry Nesterov momentum (a ``momentum`` key), the
@@ -161,7 +164,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if not self._async:
                 self._passes_left[id(p)] = self.backward_passes_per_step
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient))
-                ops.declare(self._prefix + name)
+                ops.declare("Gradient." + name)
         if late:
             self._index_groups()
             warnings.warn(f"DistributedOptimizer: {', '.join(n for n, _ in late)} became trainable after the "

@@ -156,9 +156,13 @@ print("OK api", [float(p.sum()) for p in list(g_net.parameters()) + list(d_net.p
 bps.shutdown()
 
 # init() once the job ended: its deadline says that this call joins a new job nobody started
-# (it said only "no address book from the scheduler")
-import os
+# (it said only "no address book from the scheduler"); at a port nobody listens on (the old
+# scheduler may still be there, waiting for the servers' last acknowledgements)
+import os, socket
 from gradpress.errors import JobError
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    os.environ["DMLC_PS_ROOT_PORT"] = str(s.getsockname()[1])
 os.environ["GRADPRESS_CONNECT_TIMEOUT_S"] = "1"
 try:
     bps.init()

@@ -4,8 +4,10 @@ discriminator, ``nn.Sequential`` both: ``0.weight`` in each) and whose shapes di
 Before, the second model's broadcast stopped with a TensorMismatchError on a key the user
 never named (``Parameter.0.bias``: declared with 8 elements, now 5), and so did its
 optimizer state's broadcast and its DistributedOptimizer's first step (``Gradient.0.weight``).
-Now each keeps apart, as two DistributedDataParallel wrappers already did, and both train
-as one process on the union of the workers' batches would."""
+Now the broadcasts keep apart by themselves; the second optimizer is refused as it is built,
+saying how to name its parameters apart (its keys are BytePS's, by name: one built again
+over the same names takes the same keys, as a checkpoint's plan names them). Named apart,
+both train as one process on the union of the workers' batches would."""
 
 import pytest
 import torch
@@ -35,7 +37,13 @@ if r == 1:  # the broadcasts must make them equal
     for p in list(G.parameters()) + list(D.parameters()):
         p.data.add_(1.0)
 oG = bps.DistributedOptimizer(torch.optim.Adam(G.parameters(), lr=0.01), named_parameters=G.named_parameters())
-oD = bps.DistributedOptimizer(torch.optim.Adam(D.parameters(), lr=0.01), named_parameters=D.named_parameters())
+try:
+    bps.DistributedOptimizer(torch.optim.Adam(D.parameters(), lr=0.01), named_parameters=D.named_parameters())
+    raise SystemExit("a second optimizer over names taken with other sizes was built")
+except ValueError as e:
+    assert "named_parameters=D.named_parameters(prefix='D')" in str(e) and "'0.bias'" in str(e), e
+oD = bps.DistributedOptimizer(torch.optim.Adam(D.parameters(), lr=0.01),
+                              named_parameters=D.named_parameters(prefix="D"))
 bps.broadcast_parameters(G.state_dict(), root_rank=0)
 bps.broadcast_parameters(D.state_dict(), root_rank=0)
 bps.broadcast_optimizer_state(oG, root_rank=0)
@@ -53,7 +61,7 @@ bps.shutdown()
 """
 
 
-def test_two_models_with_the_same_parameter_names_broadcast_and_train_apart(cluster):
+def test_two_models_with_the_same_parameter_names_broadcast_apart_and_train_named_apart(cluster):
     c = cluster(workers=2, servers=1)
     c.start(TRAIN).assert_success()
     got = [torch.load(c.tmp / f"gan{r}.pt") for r in range(2)]
