@@ -156,9 +156,9 @@ def decode(frame: bytes | memoryview) -> dict[str, Any]:
 
 
 def op_fields(op: Op, header: dict[str, Any]) -> dict[str, Any]:
-    """The fields of ``header`` that ``op`` defines, without the common ones:
-    what a node passes on. A field a newer (or hostile) sender added is left behind, for
-    passed on as keywords it could name a parameter of the sending call."""
+    """The fields of ``header`` that ``op`` defines, without the common ones: what a node
+    passes on. A field that a newer (or hostile) sender added is left behind: passed on as
+    a keyword, it could name a parameter of the sending call."""
     required, optional = _SCHEMA[op]
     return {k: v for k, v in header.items() if k in required or k in optional}
 
