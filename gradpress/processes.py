@@ -116,23 +116,23 @@ class ProcessGroup:
                 t.join(timeout=2)
 
     def _fail(self, name: str, proc: subprocess.Popen, code: int) -> int:
-        """``name`` exited with ``code``: report a worker's failure to the scheduler, give the
-        others twice PS_HEARTBEAT_TIMEOUT to stop by themselves (each saying why; the scheduler
-        lingers after a failure and is not waited for), then stop what is left. (A dead server
-        is the scheduler's to find, at its silence: one heartbeat timeout; then each node takes
-        its own moments to say so and exit, which one timeout cut short.)
+        """``name`` exited with ``code``: report a worker's or server's failure to the scheduler,
+        give the others twice PS_HEARTBEAT_TIMEOUT to stop by themselves (each saying why; the
+        scheduler lingers after a failure and is not waited for), then stop what is left. (Where
+        the scheduler cannot be told, a dead node is found at its silence, one heartbeat timeout;
+        then each node takes its own moments to say so and exit, which one timeout cut short.)
 
         Returns:
-            the exit code of the first worker seen failing (of ``name`` if no worker failed),
-            a signal as 128 + its number, as shells say.
+            128 + the signal where ``name`` was killed by one, as shells say; else the exit
+            code of the first worker seen failing (of ``name`` if no worker failed).
         """
         first = [(name, code)]
         try:
             grace_s = 2 * Settings.load(self.envs.get(name, os.environ)).heartbeat_timeout_s
         except ValueError:
             grace_s = STOP_GRACE_S
-        if name.startswith("worker") and name in self.envs:
-            _report_worker_exit(proc, self.envs[name], code)
+        if name.startswith(("worker", "server")) and name in self.envs:
+            _report_exit(proc, self.envs[name], code, name.split()[0])
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(
                 p.poll() is None for n, p in self.procs.items() if n != "scheduler"):
@@ -142,7 +142,9 @@ class ProcessGroup:
                 self._say(f"{other} exited with code {p.returncode}")
                 first.append((other, p.returncode))
         self.stop()
-        culprit = next((c for n, c in first if n.startswith("worker")), code)
+        # a process killed by a signal is the cause (nothing in the job kills another before
+        # stop()); else a worker's own code, not the 1 of the nodes stopped because of it
+        culprit = code if code < 0 else next((c for n, c in first if n.startswith("worker")), code)
         return culprit if culprit > 0 else 128 - culprit
 
     def stop(self) -> None:
@@ -171,17 +173,18 @@ class ProcessGroup:
             print(f"gradpress-launch: {text}", file=sys.stderr, flush=True)
 
 
-def _report_worker_exit(proc: subprocess.Popen, env: dict, code: int) -> None:
-    """Tell the job's scheduler that this worker process exited with ``code`` (ABORT), so
-    that every other node stops at once, naming it (a no-op if the worker said so itself)."""
+def _report_exit(proc: subprocess.Popen, env: dict, code: int, role: str) -> None:
+    """Tell the job's scheduler that this worker or server process exited with ``code``
+    (ABORT), so that every other node stops at once, naming it (a no-op if it said so
+    itself); a server killed outright was found at its silence, one heartbeat timeout later."""
     from .worker.abort import report_failure  # here: the worker package is heavy for a launcher to import
     try:
         settings = Settings.load(env)
     except ValueError:
         return
     how = f"exited with code {code}" if code > 0 else f"was killed by signal {-code}"
-    report_failure(settings, "launcher", how, pid=proc.pid, worker_id=settings.worker_id,
-                   local_rank=settings.local_rank, wait_s=min(2.0, settings.heartbeat_timeout_s))
+    report_failure(settings, "launcher", how, pid=proc.pid, worker_id=settings.worker_id if role == "worker" else -1,
+                   local_rank=settings.local_rank, wait_s=min(2.0, settings.heartbeat_timeout_s), role=role)
 
 
 def _die_with_parent() -> None:

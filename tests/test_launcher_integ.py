@@ -93,6 +93,56 @@ def test_a_terminated_launcher_stops_its_children_and_exits_143(tmp_path):
             os.kill(child, signal.SIGKILL)
 
 
+PUSHES_UNTIL_STOPPED = """
+import sys, time, torch, gradpress.torch as bps
+bps.init()
+t = torch.ones(1 << 16)
+bps.push_pull(t, name="t")
+open(sys.argv[1] + str(bps.rank()), "w").write("in")
+for _ in range(1200):  # 60 s
+    bps.push_pull(t, name="t")
+    time.sleep(0.05)
+"""
+
+
+def _child_with(parent: int, **env: str) -> int:
+    """The pid of ``parent``'s child whose environment holds ``env``."""
+    for child in open(f"/proc/{parent}/task/{parent}/children").read().split():
+        environ = dict(item.split("=", 1) for item in open(f"/proc/{child}/environ").read().split("\0") if "=" in item)
+        if all(environ.get(k) == v for k, v in env.items()):
+            return int(child)
+    raise AssertionError(f"no child of {parent} with {env}")
+
+
+def test_a_server_killed_outright_is_reported_by_its_launcher_and_the_job_stops_at_once(tmp_path):
+    """kill -9 of a --local job's server: its launcher tells the scheduler, which stops every
+    node naming it; the scheduler used to find it at its silence, PS_HEARTBEAT_TIMEOUT later
+    (30 s here), and the workers pushed on meanwhile."""
+    import signal
+    import time
+    script, ready = tmp_path / "w.py", tmp_path / "ready"
+    script.write_text(PUSHES_UNTIL_STOPPED)
+    launcher = subprocess.Popen([sys.executable, "-m", "gradpress.launcher", "--local", "--workers", "2",
+                                 "--servers", "2", "--", sys.executable, str(script), str(ready)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=dict(os.environ, PS_HEARTBEAT_TIMEOUT="30"))
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"ready{r}").exists() for r in range(2)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(_child_with(launcher.pid, DMLC_ROLE="server", GRADPRESS_SERVER_ID="1"), signal.SIGKILL)
+        killed = time.monotonic()
+        out, _ = launcher.communicate(timeout=60)
+        took = time.monotonic() - killed
+        assert launcher.returncode == 137, out
+        assert "[scheduler]" in out and "server 1 failed: was killed by signal 9" in out, out
+        assert "lost server 1: failed: was killed by signal 9" in out, out
+        assert took < 15, f"the job took {took:.1f} s to stop (PS_HEARTBEAT_TIMEOUT=30):\n{out}"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
 class _ServerJob:
     """An in-process scheduler of a job of one worker (a link, registered by ``start``) and one
     server, started by the launcher as a pod starts it (``launch_server``)."""

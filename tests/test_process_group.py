@@ -17,6 +17,7 @@ class _Exits:
         self.code, self.at = code, None if after_s is None else time.monotonic() + after_s
         self.returncode = None
         self.signals = []
+        self.pid = 0  # (its launcher's report to a scheduler: none here, none reachable)
 
     def poll(self):
         if self.returncode is None and self.at is not None and time.monotonic() >= self.at:
@@ -40,7 +41,9 @@ def test_the_others_stop_by_themselves_after_a_heartbeat_timeout_and_are_reporte
                    "worker 1": _Exits(1, 0.65)}
     group.envs = {name: dict(HEARTBEAT) for name in group.procs}
     time.sleep(0.01)
-    assert group._fail("server 0", group.procs["server 0"], -9) == 1  # the first worker's code
+    # the killed server's signal: it is the cause, the workers' 1 its consequence (it was the
+    # first worker's code, and a job whose server was killed exited 1)
+    assert group._fail("server 0", group.procs["server 0"], -9) == 137
     err = capsys.readouterr().err
     assert "worker 0 exited with code 1" in err and "worker 1 exited with code 1" in err, err
     assert not group.procs["worker 0"].signals and not group.procs["worker 1"].signals
@@ -51,5 +54,5 @@ def test_one_that_never_stops_is_stopped_after_the_grace():
     group.procs = {"server 0": _Exits(-9, 0.0), "worker 0": _Exits(1)}
     group.envs = {name: dict(HEARTBEAT) for name in group.procs}
     started = time.monotonic()
-    assert group._fail("server 0", group.procs["server 0"], -9) == 137  # no worker failed: the server's signal
+    assert group._fail("server 0", group.procs["server 0"], -9) == 137  # the server's signal
     assert 0.8 <= time.monotonic() - started < 3 and group.procs["worker 0"].signals

@@ -109,8 +109,8 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     # the residual travels as one float32 frame; none when the key has no residual yet
     Op.STATE: ({"key": _INT}, {"lr": _NUM}),
     # pid/worker_id/local_rank name the failed worker when the sender is not it (its launcher),
-    # or when it failed before registering
-    Op.ABORT: ({"reason": _STR}, {"pid": _INT, "worker_id": _INT, "local_rank": _INT}),
+    # or when it failed before registering; role "server": the pid is a server's (its launcher)
+    Op.ABORT: ({"reason": _STR}, {"pid": _INT, "worker_id": _INT, "local_rank": _INT, "role": _STR}),
     Op.SHUTDOWN_ACK: ({}, {}),
     Op.RELEASE: ({"key": _INT}, {}),
     Op.LEFT: ({"rank": _INT, "reason": _STR}, {}),

@@ -82,9 +82,12 @@ class Liveness:
         the job with an error."""
         if sender is not None and sender.role == "server":  # the workers hear why now, not at its silence
             failed, rank, role = sender, sender.rank, "server"
+        elif h.get("role") == "server":  # its launcher saw it exit (killed, say): not at its silence either
+            failed = next((m for m in self.roster.servers() if m.pid == h.get("pid")), None)
+            rank, role = failed.rank if failed is not None else -1, "server"
         else:
             (failed, rank), role = self.roster.failed_worker(sender, h), "worker"
-        name = transport.node_name(role, rank) if rank >= 0 else f"worker (pid {h.get('pid', '?')})"
+        name = transport.node_name(role, rank) if rank >= 0 else f"{role} (pid {h.get('pid', '?')})"
         reason = f"failed: {h['reason']}"
         log.error("%s failed: %s", name, logs.peer(h["reason"], MAX_REASON_CHARS))  # (the cause, whole)
         self._failure = f"the job failed: {name} {reason}"
