@@ -76,8 +76,8 @@ class Roster:
         """Why one more ``role`` cannot join ('' while fewer than ``expected`` are in): a node
         over the count would never let the job complete, which waited out its connect timeout."""
         kept = sum(m.role == role for m in self.members.values())
-        return (f"{variables}: all {expected} {role} processes registered already (one that registered and died "
-                f"before the job started still counts: start the job again)") if kept >= expected else ""
+        return (f"{variables}: all {expected} {role} processes registered already (and none went silent for "
+                f"PS_HEARTBEAT_TIMEOUT, which gives its place up)") if kept >= expected else ""
 
     def _worker_clash(self, h: dict) -> str:
         """What a worker's REGISTER contradicts among the workers already kept ('' if nothing)."""
@@ -104,6 +104,20 @@ class Roster:
         if asked >= 0 and any(m.server_id == asked for m in self.servers()):
             return f"GRADPRESS_SERVER_ID={asked} is already taken"
         return self._full("server", self.num_server, f"DMLC_NUM_SERVER={self.num_server}")
+
+    def silent_holder(self, h: dict, heard_before: float) -> Member | None:
+        """Before the job starts, the member whose place a REGISTER refused for it (its slot,
+        or the last of the count) would take, where that member has not been heard from
+        since ``heard_before``: a node waiting for the job to start heartbeats, so it died (a
+        pod that restarts registers again, and its first self held the place for good)."""
+        if self.registered:
+            return None
+        silent = [m for m in self.members.values() if m.role == h["role"] and m.last_seen < heard_before]
+        if h["role"] == "server" and h.get("server_id", -1) >= 0:
+            silent = [m for m in silent if m.server_id == h["server_id"]]
+        elif h["role"] == "worker" and h["worker_id"] >= 0:
+            silent = [m for m in silent if (m.worker_id, m.local_rank) == (h["worker_id"], h["local_rank"])] or silent
+        return min(silent, key=lambda m: m.last_seen, default=None)
 
     def add(self, identity: bytes, h: dict) -> Member:
         """Keep a REGISTER that refusal() let through."""

@@ -178,12 +178,34 @@ class Scheduler(Liveness):
     def _register(self, identity: bytes, h: dict) -> None:
         why = self.roster.refusal(identity, h)
         if why:
+            why = self._place_of_silent(identity, h, why)
+        if why:
             self._refuse(identity, h, why)
             return
         self.roster.add(identity, h)
         log.info("registered %s at %s:%d (pid %d)", h["role"], logs.peer(h["host"]), h["port"], h["pid"])
         if self.roster.complete():
             self._start_job()
+
+    def _place_of_silent(self, identity: bytes, h: dict, why: str) -> str:
+        """A REGISTER refused ``why``: where the place it asks for is a member's silent for a
+        heartbeat timeout before the job started (``Roster.silent_holder``: dead, its pod
+        restarted), that member gives it up and is told so; returns why it is still refused."""
+        silent = self.roster.silent_holder(h, time.monotonic() - self.s.heartbeat_timeout_s)
+        if silent is None or silent.identity == identity:
+            return why
+        before = dict(self.roster.members)  # (in registration order, which ranks follow)
+        del self.roster.members[silent.identity]
+        still = self.roster.refusal(identity, h)
+        if still:  # refused for another reason: the silent one keeps its place
+            self.roster.members = before
+            return still
+        log.warning("%s (pid %d on %s) registered, then went silent for more than PS_HEARTBEAT_TIMEOUT=%g s before the "
+                    "job started: its place goes to the %s registering now (pid %d)", silent.role, silent.pid,
+                    logs.peer(silent.host), self.s.heartbeat_timeout_s, h["role"], h["pid"])
+        self.outbox.send(silent.identity, Op.ERROR, NAME, message=f"this {silent.role}'s registration was given up: "
+                         f"silent for more than PS_HEARTBEAT_TIMEOUT before the job started")
+        return ""
 
     def _refuse(self, identity: bytes, h: dict, why: str) -> None:
         self.guard.dropped(identity, f"refused {h['op'].name}: {why}", logs.peer(h["from"]))

@@ -125,3 +125,65 @@ def test_a_message_that_fails_in_the_scheduler_is_dropped_and_the_job_goes_on(jo
     job["server"].send(Op.BARRIER, group="all", seq=1)
     done = _next(job["server"], Op.BARRIER_DONE)
     assert (done["group"], done["seq"]) == ("all", 1), done
+
+
+
+@pytest.fixture
+def waiting_scheduler():
+    """A scheduler of one worker and one server, none registered yet (PS_HEARTBEAT_TIMEOUT
+    0.5 s), and a maker of links to it."""
+    common = dict(num_worker=1, num_server=1, root_uri="127.0.0.1", node_host="127.0.0.1",
+                  heartbeat_interval_s=0.1, heartbeat_timeout_s=0.5, connect_timeout_s=30, job_secret=TEST_SECRET)
+    scheduler = Scheduler(Settings(role="scheduler", root_port=0, **common))
+    running = threading.Thread(target=scheduler.run, daemon=True)
+    running.start()
+    links = []
+
+    def link(role):
+        links.append(SchedulerLink(Settings(role=role, **dict(common, root_port=scheduler.port)), role,
+                                   transport.context()))
+        return links[-1]
+    yield link
+    scheduler.exit_code = 0
+    running.join(timeout=5)
+    for made in links:
+        made.close()
+
+
+def _register_silently(link):
+    """A REGISTER and never a heartbeat after it: a node that died once registered."""
+    import os
+    link.send(Op.REGISTER, role="server", host="127.0.0.1", port=5001, worker_id=-1, local_rank=0, local_size=1,
+              pid=os.getpid(), machine="")
+
+
+def test_a_node_silent_before_the_job_starts_gives_its_place_to_the_one_that_replaces_it(waiting_scheduler):
+    """A server pod that registered, died and restarted before the workers came: its first
+    self held the place for good, the restarted one was refused (all servers registered), and
+    the job waited out GRADPRESS_CONNECT_TIMEOUT_S. A node waiting for the start heartbeats:
+    one silent for PS_HEARTBEAT_TIMEOUT gives its place up, and is told so."""
+    dead, restarted, worker = waiting_scheduler("server"), waiting_scheduler("server"), waiting_scheduler("worker")
+    _register_silently(dead)
+    time.sleep(0.8)
+    books = []
+    joined = threading.Thread(target=lambda: books.append(restarted.register()), daemon=True)
+    joined.start()
+    time.sleep(0.3)  # (its REGISTER first: the worker's would complete the job with the dead one)
+    worker.register()
+    joined.join(timeout=10)
+    assert books and books[0] is not None, "the restarted server did not join the job"
+    told = _next(dead, Op.ERROR)
+    assert "registration was given up: silent for more than PS_HEARTBEAT_TIMEOUT" in told["message"], told
+
+
+def test_a_live_node_keeps_its_place_before_the_job_starts(waiting_scheduler):
+    from gradpress.errors import RegistrationRefused
+    alive, extra, worker = waiting_scheduler("server"), waiting_scheduler("server"), waiting_scheduler("worker")
+    waiting = threading.Thread(target=alive.register, daemon=True)  # heartbeats while it waits
+    waiting.start()
+    time.sleep(0.8)
+    with pytest.raises(RegistrationRefused, match="DMLC_NUM_SERVER=1: all 1 server processes registered already"):
+        extra.register()
+    worker.register()  # the job starts with the live one
+    waiting.join(timeout=10)
+    assert alive.book is not None
