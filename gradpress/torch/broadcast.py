@@ -17,10 +17,11 @@ import torch
 
 from . import handles, ops
 from .dtypes import dtype_name
+from .key_layouts import KeyLayouts
 from .objects import MAX_OBJECT_BYTES, broadcast_bytes, check_root, unpickled
 
 _EXT_TUPLE, _EXT_NDARRAY, _EXT_TENSOR = 1, 2, 3
-_layouts: dict[int, dict[str, tuple]] = {}  # job epoch -> a broadcast's key -> (shape, dtype) it carried
+_layouts = KeyLayouts()  # a broadcast's key -> (shape, dtype) it carried
 
 
 def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> None:
@@ -100,13 +101,11 @@ def _span(t: torch.Tensor) -> tuple[str, int, int] | None:
 def _key(name: str, t: torch.Tensor) -> str:
     """``name``, unless a broadcast of this job sent a tensor of another shape or dtype under
     it (a GAN's second model, whose parameter names are the first's; its optimizer's state):
-    then the name with this tensor's shape and dtype, a key of its own. The same on every
-    worker: broadcasts are collective, made in one order."""
+    then the name with this tensor's shape and dtype, a key of its own."""
     layout = (tuple(t.shape), t.dtype)
-    seen = _layouts.setdefault(ops.job_epoch(), {})
-    if seen.setdefault(name, layout) != layout:
+    if not _layouts.claim(name, layout):
         name = f"{name}.{'x'.join(map(str, layout[0])) or 'scalar'}.{dtype_name(t.dtype)}"
-        seen.setdefault(name, layout)
+        _layouts.claim(name, layout)
     return name
 
 

@@ -28,9 +28,9 @@ from ..pipeline.async_params import AsyncParameters
 from ..pipeline.planning import PlanTuning
 from . import ops
 from .compression import Compression
+from .key_layouts import KeyLayouts
 
-# job epoch -> each parameter name its DistributedOptimizers gave a key: (elements, dtype)
-_taken: dict[int, dict[str, tuple]] = {}
+_taken = KeyLayouts()  # each parameter name this job's DistributedOptimizers gave a key: (elements, dtype)
 
 
 def _check_names_free(table: ParameterTable) -> None:
@@ -39,11 +39,10 @@ def _check_names_free(table: ParameterTable) -> None:
     ``0.weight`` in each): its first step stopped with a TensorMismatchError on a key the user
     never named. Keys stay BytePS's, ``Gradient.<name>``: an optimizer built again over the same
     names (a fresh one to load a checkpoint into) takes the same keys, as its checkpoint's
-    plan names them. Decided by names and layouts alone, the same on every worker."""
-    taken = _taken.setdefault(ops.job_epoch(), {})
+    plan names them."""
     layouts = {table.names[id(p)]: (p.numel(), p.dtype) for p in table.params  # (frozen ones unnamed never travel)
                if p.requires_grad or id(p) in table.given}
-    clash = sorted(n for n, layout in layouts.items() if taken.setdefault(n, layout) != layout)
+    clash = sorted(n for n, layout in layouts.items() if not _taken.claim(n, layout))
     if clash:
         raise ValueError(f"DistributedOptimizer: parameter name(s) {clash[:4]} are another DistributedOptimizer's "
                          f"of this job, of other sizes (two models whose parameters are named alike, as a GAN's "
