@@ -82,10 +82,15 @@ def warm_up_cuda(configs: list[dict] | None = None) -> float:
     from numba import cuda
 
     from . import build_compressor
+    from ..kernels.cuda.streams import stream
 
     start = time.perf_counter()
-    x = cuda.to_device(np.linspace(-1.0, 1.0, 2 * 300 + 57, dtype=np.float32))  # three partitions of 300
-    out = cuda.device_array(300, np.float32)
+    # on the stream the encoders launch on (gradpress's, which does not wait for the legacy
+    # default stream's copies), and waited for there alone, not on the whole device: the
+    # caller may be the backward pass's thread, with its own kernels queued
+    lane = stream()
+    x = cuda.to_device(np.linspace(-1.0, 1.0, 2 * 300 + 57, dtype=np.float32), stream=lane)  # 3 partitions of 300
+    out = cuda.device_array(300, np.float32, stream=lane)
     for params in _CONFIGS if configs is None else configs:
         c = build_compressor(params, "worker")
         together = getattr(c, "compress_partitions", None)
@@ -97,7 +102,7 @@ def warm_up_cuda(configs: list[dict] | None = None) -> float:
         if params.get("compressor") == "randomk":  # its indices drawn past one block: two kernels more
             from ..kernels.cuda import randomk_draws
             randomk_draws.warm_up()
-    cuda.synchronize()
+    lane.synchronize()
     seconds = time.perf_counter() - start
     log.info("CUDA kernels of %s ready in %.2f s", "every codec" if configs is None else
              ", ".join(str(p.get("compressor")) for p in configs), seconds)

@@ -1,9 +1,10 @@
 """The CUDA path on a real GPU (``make gpu-check``; skipped where torch sees no GPU): every
 codec's CUDA encoder byte-identical to the CPU kernels at sizes past a partition; a
-gradient produced on a side stream pushed as produced, not as stale memory; float16 and
-bfloat16 CUDA gradients through every codec; a worker on a device other than 0; a short
-CUDA training job whose workers end identical; and OneBitAdam and ZeroOneAdam on CUDA
-parameters, their multi-tensor arithmetic against one tensor at a time."""
+gradient produced on a side stream pushed as produced, not as stale memory, alone or fused
+with gradients of another stream; float16 and bfloat16 CUDA gradients through every codec;
+a worker on a device other than 0; a short CUDA training job whose workers end identical;
+and OneBitAdam and ZeroOneAdam on CUDA parameters, their multi-tensor arithmetic against one
+tensor at a time."""
 import json
 
 import numpy as np
@@ -121,6 +122,38 @@ bps.shutdown()
 """
 
 
+FUSED_ON_TWO_STREAMS = """
+import torch, gradpress.torch as bps
+bps.init()
+a, b = torch.nn.Linear(64, 64).cuda(), torch.nn.Linear(64, 64).cuda()
+named = list(a.named_parameters(prefix="a")) + list(b.named_parameters(prefix="b"))
+opt = bps.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.0), named_parameters=named)
+s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+x = torch.ones(8, 64, device="cuda")
+torch.cuda.synchronize()
+for busy in (s1, s2):  # each branch's gradients made late in turn: one of them is not the last hook's stream
+    with torch.cuda.stream(busy):
+        w = torch.randn(4096, 4096, device="cuda")
+        for _ in range(20):
+            w = torch.tanh(w @ w)
+    with torch.cuda.stream(s1):
+        ya = a(x + (w.sum() * 0 if busy is s1 else 0))
+    with torch.cuda.stream(s2):
+        yb = b(x + (w.sum() * 0 if busy is s2 else 0))
+    # (the loss reads ya and yb unordered, on purpose: its value is not used, and a wait for
+    # the branches here would hold the backward pass until both had run)
+    ((ya.sum() + yb.sum()) * (bps.rank() + 1)).backward()  # each bias's gradient: 8 (rank + 1)
+    opt.synchronize()
+    torch.cuda.synchronize()
+    for p in (a.bias, b.bias):  # the two biases travel fused (small 1-D gradients), made on two streams
+        assert bool((p.grad == 12.0).all()), (busy is s1, p.grad[:4].tolist())
+    with opt.skip_synchronize():
+        opt.step()
+    opt.zero_grad()
+bps.shutdown()
+"""
+
+
 def _job(tmp_path, script: str) -> None:
     """``script`` on 2 workers and 1 server, every process ending well."""
     c = LocalCluster(tmp_path, workers=2, servers=1)
@@ -133,6 +166,11 @@ def _job(tmp_path, script: str) -> None:
 @pytest.mark.integ
 def test_a_gradient_made_on_a_side_stream_is_pushed_as_made(tmp_path):
     _job(tmp_path, SIDE_STREAM)
+
+
+@pytest.mark.integ
+def test_gradients_fused_from_two_streams_are_pushed_as_made(tmp_path):
+    _job(tmp_path, FUSED_ON_TWO_STREAMS)
 
 
 @pytest.mark.integ

@@ -434,3 +434,29 @@ def test_compression_fp16_keeps_bfloat16_which_float16_would_overflow():
     assert sent is big and Compression.fp16.decompress(sent, ctx) is big
     sent, ctx = Compression.fp16.compress(torch.tensor([1.5], dtype=torch.float32))
     assert sent.dtype == torch.float16 and Compression.fp16.decompress(sent, ctx).dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtypes,spec", [((torch.bfloat16, torch.bfloat16), ONEBIT),
+                                         ((torch.float16, torch.float16), ONEBIT),
+                                         ((torch.float32, torch.bfloat16), None)])
+def test_compression_fp16_never_narrows_a_bucket_widened_for_its_half_members(dtypes, spec):
+    """A bucket's float32 buffer that widened half members (for a codec, or beside float32
+    ones) travels as it is under Compression.fp16, as the direct route sends such a tensor:
+    cast to float16 it lost the codec, and bfloat16 members past 65504 came back inf."""
+    comm = FakeComm()
+    members = [torch.nn.Parameter(torch.zeros(4, dtype=d)) for d in dtypes]
+    codec = CodecSpec.from_params(spec) if spec else None
+    bucket = Bucket("g", members, codec, 0, comm, lr_of=lambda p: 0.1, views=True, compression=Compression.fp16)
+    big = 1e5 if torch.bfloat16 in dtypes else 6e4
+    grads = [torch.full((4,), big, dtype=dtypes[0]), torch.tensor([3.0, -2.0, 0.5, 1.0], dtype=dtypes[1])]
+    wide = torch.cat([g.float() for g in grads]).numpy().copy()
+    for p, g in zip(members, grads):
+        bucket.submit(p, g)
+    sent = comm.sent[0]
+    assert sent.tensor.dtype == torch.float32 and sent.spec == codec
+    assert np.array_equal(sent.tensor.numpy(), wide)
+    out = bucket.finish()
+    want = torch.from_numpy(replay(comm, "g", wide))
+    for p, g, part in zip(members, grads, bucket.split(want)):
+        assert out[id(p)].dtype == p.dtype and torch.isfinite(out[id(p)].float()).all()
+        assert torch.equal(out[id(p)], part.to(p.dtype)), "not the float32 average, rounded once"

@@ -30,6 +30,9 @@ from ..comm import Comm
 from . import Route, drain
 
 
+_NOT_COMPRESSED = object()  # a bucket's compression ctx where the tensor-level compression was not applied
+
+
 class Bucket(Route):
     """Members' tensors fused into one push_pull named ``name``.
 
@@ -52,6 +55,7 @@ class Bucket(Route):
         self._given: dict[int, torch.Tensor] = {}
         self._handle: tuple[int, object] | None = None   # (push_pull handle, compression ctx)
         self._in_place = False   # this step's tensor travels in its own memory (a bucket of one)
+        self._made_on: dict[int, torch.cuda.Stream] = {}   # by member id: the stream current at its hand-over
 
     @property
     def fused(self) -> bool:
@@ -63,6 +67,8 @@ class Bucket(Route):
 
     def submit(self, p: torch.Tensor, tensor: torch.Tensor) -> None:
         self._given[id(p)] = tensor
+        if tensor.is_cuda:  # the stream that made it (autograd runs a hook on its node's stream)
+            self._made_on[id(p)] = torch.cuda.current_stream(tensor.device)
         if len(self._given) == len(self.members):
             self._start()
 
@@ -75,6 +81,8 @@ class Bucket(Route):
         if missing:
             raise RuntimeError(f"bucket {self.name!r}: {len(missing)} member(s) have no tensor this step")
         tensors = [self._given[id(p)] for p in self.members]
+        made_on, self._made_on = self._made_on, {}
+        _after_producers(made_on.values())
         with torch.no_grad():
             for p, t in zip(self.members, tensors):
                 extra = self.carry.pop(id(p), None)
@@ -83,6 +91,12 @@ class Bucket(Route):
             self._in_place = not self.fused and tensors[0].dtype == self._buffer_dtype(tensors)
             flat = tensors[0] if self._in_place else self._fill(tensors)
         sent, ctx = self.compression.compress(flat)
+        if sent is not flat and sent.dtype in HALVES and any(t.dtype != flat.dtype for t in tensors) \
+                and (self.spec is not None or any(t.dtype == torch.bfloat16 for t in tensors)):
+            # the buffer widened half members (for the codec, or beside float32 ones): narrowed
+            # to float16 it would lose the codec that the direct route keeps for a half tensor,
+            # and overflow bfloat16 members past 65504, which Compression.fp16 leaves as they are
+            sent, ctx = flat, _NOT_COMPRESSED
         spec = self.spec if self.spec is not None and self.spec.accepts(dtype_name(sent.dtype)) else None
         lr = self.lr_of(self.members[0]) if spec is not None and self.lr_of is not None else None
         self._handle = (self.comm.start(sent, self.name, priority=self.priority, spec=spec, lr=lr), ctx)
@@ -120,7 +134,9 @@ class Bucket(Route):
         given, self._given = self._given, {}
         result = self.comm.wait(handle)
         into = getattr(self.compression, "decompress_into", None)  # (Compression.fp16's: the cast back)
-        if ctx is not None and into is not None and self.buffer is not None and not self._in_place:
+        if ctx is _NOT_COMPRESSED:
+            out = result
+        elif ctx is not None and into is not None and self.buffer is not None and not self._in_place:
             out = into(result, ctx, self.buffer)
         else:
             out = self.compression.decompress(result, ctx)
@@ -150,7 +166,7 @@ class Bucket(Route):
         return parts
 
     def clear(self) -> None:
-        started, self._given, self._handle = self._handle, {}, None
+        started, self._given, self._handle, self._made_on = self._handle, {}, None, {}
         drain([started[0]] if started is not None else [], self.comm)
 
     def _in_views(self, tensors: list[torch.Tensor]) -> bool:
@@ -161,6 +177,16 @@ class Bucket(Route):
                 return False
             offset += t.numel()
         return True
+
+
+def _after_producers(streams) -> None:
+    """The bucket's copies, and the producer event of its push, come on the stream current at
+    its last member's hand-over: where other members were made on other streams (a model's
+    branches under ``torch.cuda.stream``), that stream first waits for theirs, on the device."""
+    for made in set(streams):
+        current = torch.cuda.current_stream(made.device)
+        if made != current:
+            current.wait_stream(made)
 
 
 def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
