@@ -40,10 +40,12 @@ def check(local_rank: int = 0) -> None:
         from numba import cuda
 
         from ..compressors.registry import build_compressor
-        from ..kernels.cuda.streams import on_device
+        from ..kernels.cuda.streams import on_device, stream
         codec = build_compressor({"compressor": "onebit", "scaling": True}, "worker")
         with on_device(device_for_check(local_rank)):
-            codec.compress(cuda.to_device(np.linspace(-1.0, 1.0, 64, dtype=np.float32)), key=0, round=0)
+            # copied on the stream the encoder runs on: gradpress's does not wait for the legacy default stream's
+            x = cuda.to_device(np.linspace(-1.0, 1.0, 64, dtype=np.float32), stream=stream())
+            codec.compress(x, key=0, round=0)
     except Exception as e:  # whatever numba raises: the message must name it
         raise CudaPathBroken(describe(e)) from e
 
