@@ -15,7 +15,8 @@ kind of every step):
   worker's update since the last sync, ``(p - anchor) * denom`` (momentum units, as in
   DeepSpeed), travels compressed (its own tensor, so its residuals start at zero as
   DeepSpeed's are reset at the freeze); every worker sets ``p = anchor + avg / denom`` and
-  ``m = -avg / (sum of the lrs since the last sync)``.
+  ``m = -avg / (sum of the lrs since the last sync)``, times ``1 - b1^t`` with
+  ``bias_correction`` (so that the corrected ``m_hat`` is that average rate).
 
 The update of every step is ``p -= lr * (m_hat / denom + weight_decay * p)`` with
 ``denom = max(sqrt(v_hat), variance_floor * mean(sqrt(v_hat))) + eps``: the variance floor

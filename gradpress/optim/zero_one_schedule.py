@@ -12,9 +12,10 @@ Steps are counted from 1. Up to ``var_freeze_step`` (the variance phase):
 After it (the local phase), ``sync`` when the step is a multiple of the local-step
 interval, else ``local`` (no communication). The interval starts at 1 and doubles, up to
 ``local_step_clipper`` (H in the paper), after every ``local_step_scaler`` steps of the
-phase. These are DeepSpeed's parameters with DeepSpeed's meanings; the one difference of
-schedule is that DeepSpeed spends its first ``step()`` call on setting up buffers, without
-an update: here step 1 is a variance step.
+phase. These are DeepSpeed's parameters with DeepSpeed's meanings, and its sequence counted
+in ``step()`` calls; the one difference is that DeepSpeed spends its first call on setting
+up buffers, without an update (so its updates are that sequence less step 1): here step 1
+is a variance step.
 """
 from __future__ import annotations
 

@@ -17,17 +17,17 @@ import inspect
 import threading
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
 from ..compressors.policy import CompressionPolicy
-from ..compressors.spec import CodecSpec
 from ..pipeline import GradientPipeline, ParameterTable, frozen, gradient_or_zeros
 from ..pipeline.async_params import AsyncParameters
 from ..pipeline.planning import PlanTuning
 from . import ops
 from .compression import Compression
+from .folded_momentum import FoldedMomentum
 from .key_layouts import KeyLayouts
 
 _taken = KeyLayouts()  # each parameter name this job's DistributedOptimizers gave a key: (elements, dtype)
@@ -62,6 +62,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.state.update(optimizer.state)  # a checkpoint loaded before wrapping stays loaded
         self.backward_passes_per_step = backward_passes_per_step
         self._index_groups()
+        self._folded: FoldedMomentum | None = None
         settings = ops.settings()
         all_params = [p for group in self.param_groups for p in group["params"]]
         if settings.enable_async:
@@ -76,7 +77,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         table = ParameterTable(all_params, named_parameters,
                                CompressionPolicy.for_job(settings, compression_params, compression_rules))
-        self._fold_nesterov(table)
+        self._folded = FoldedMomentum.fold(table, self.param_groups, compression)
         _check_names_free(table)
         self._gradpress = GradientPipeline(table, "Gradient.", lr_of=lambda p: self._groups[id(p)]["lr"],
                                            compression=compression, views=True,
@@ -92,17 +93,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in table.trainable]
         for p in table.trainable:
             ops.declare("Gradient." + table.names[id(p)])
-
-    def _fold_nesterov(self, table: ParameterTable) -> None:
-        """As in BytePS: when the gradients carry Nesterov momentum (a ``momentum`` key), the
-        wrapped optimizer's own momentum is turned off (it would be applied twice) and its
-        coefficient is the codec's."""
-        for p in table.trainable:
-            spec, group = table.spec[id(p)], self._groups[id(p)]
-            params = spec.compression_params if spec else {}
-            if params.get("momentum") and group.get("momentum"):
-                table.spec[id(p)] = CodecSpec.from_params(dict(params, mu=params.get("mu", group["momentum"])))
-                group["momentum"] = 0
 
     @property
     def _async(self) -> bool:
@@ -191,17 +181,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if state["lowrank"] is not None:
                 sd["gradpress_lowrank"] = state["lowrank"]
             sd["gradpress_compression"] = {k: v for k, v in state.items() if k != "lowrank"}
+        if getattr(self, "_folded", None) is not None:
+            sd["gradpress_folded_momentum"] = self._folded.state_dict()
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
         state_dict = dict(state_dict)
         extra = state_dict.pop("gradpress_lowrank", None)
         codecs = state_dict.pop("gradpress_compression", None)  # (absent from checkpoints of before)
+        folded = state_dict.pop("gradpress_folded_momentum", None)
+        if folded and self._folded is None:
+            raise ValueError("this state_dict holds the momentum of uncompressed gradients in groups whose momentum "
+                             "the codecs took (momentum: nesterov), but this optimizer folds none: restore under the "
+                             "same settings, or drop 'gradpress_folded_momentum' from the state")
         super().load_state_dict(state_dict)
         self._index_groups()  # torch made new group dicts: hyper-parameters live in those now
         if extra is not None and (self._async or self._gradpress.lowrank is None):
             raise ValueError("this state_dict holds powersgd / acpsgd state, but this optimizer has no "
                              "low-rank compression")
+        if self._folded is not None:
+            self._folded.load_state_dict(folded or {}, self._gradpress.table.trainable)
         if (extra is not None or codecs is not None) and not self._async:
             self._gradpress.load_state_dict({"lowrank": extra, **(codecs or {})})
 
@@ -232,7 +231,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
         self._synchronized = False
         start = time.perf_counter()
-        loss = super().step(closure)
+        with self._folded.applied(self._gradpress.table.trainable) if self._folded else nullcontext():
+            loss = super().step(closure)
         self._gradpress.after_step(time.perf_counter() - start)
         return loss
 
