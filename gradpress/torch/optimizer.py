@@ -17,7 +17,7 @@ import inspect
 import threading
 import time
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 
@@ -77,7 +77,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         table = ParameterTable(all_params, named_parameters,
                                CompressionPolicy.for_job(settings, compression_params, compression_rules))
-        self._folded = FoldedMomentum.fold(table, self.param_groups, compression)
+        self._folded = FoldedMomentum(table, compression, route_of=lambda q: self._gradpress.route_of(q))
+        self._folded.fold(self.param_groups, table.trainable)
         _check_names_free(table)
         self._gradpress = GradientPipeline(table, "Gradient.", lr_of=lambda p: self._groups[id(p)]["lr"],
                                            compression=compression, views=True,
@@ -156,6 +157,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 ops.declare("Gradient." + name)
         if late:
             self._index_groups()
+            if self._folded is not None:
+                self._folded.fold(self.param_groups, [p for _, p in late])
             warnings.warn(f"DistributedOptimizer: {', '.join(n for n, _ in late)} became trainable after the "
                           f"optimizer was built; averaged from this step on (uncompressed where a low-rank or "
                           f"'auto' rule names them)", stacklevel=4)
@@ -182,25 +185,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 sd["gradpress_lowrank"] = state["lowrank"]
             sd["gradpress_compression"] = {k: v for k, v in state.items() if k != "lowrank"}
         if getattr(self, "_folded", None) is not None:
-            sd["gradpress_folded_momentum"] = self._folded.state_dict()
+            self._folded.save(sd)
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
         state_dict = dict(state_dict)
         extra = state_dict.pop("gradpress_lowrank", None)
         codecs = state_dict.pop("gradpress_compression", None)  # (absent from checkpoints of before)
-        folded = state_dict.pop("gradpress_folded_momentum", None)
-        if folded and self._folded is None:
-            raise ValueError("this state_dict holds the momentum of uncompressed gradients in groups whose momentum "
-                             "the codecs took (momentum: nesterov), but this optimizer folds none: restore under the "
-                             "same settings, or drop 'gradpress_folded_momentum' from the state")
+        folded = state_dict.pop("gradpress_folded_momentum", None) or {}  # (async: unused, as the codecs')
+        if self._folded is not None:
+            self._folded.check_loadable(folded)  # before anything is loaded
         super().load_state_dict(state_dict)
         self._index_groups()  # torch made new group dicts: hyper-parameters live in those now
         if extra is not None and (self._async or self._gradpress.lowrank is None):
             raise ValueError("this state_dict holds powersgd / acpsgd state, but this optimizer has no "
                              "low-rank compression")
         if self._folded is not None:
-            self._folded.load_state_dict(folded or {}, self._gradpress.table.trainable)
+            self._folded.load_state_dict(folded, self.param_groups)
         if (extra is not None or codecs is not None) and not self._async:
             self._gradpress.load_state_dict({"lowrank": extra, **(codecs or {})})
 
@@ -231,7 +232,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
         self._synchronized = False
         start = time.perf_counter()
-        with self._folded.applied(self._gradpress.table.trainable) if self._folded else nullcontext():
+        self._folded.keep_folded(self.param_groups)
+        with self._folded.applied(self):
             loss = super().step(closure)
         self._gradpress.after_step(time.perf_counter() - start)
         return loss
