@@ -1,8 +1,21 @@
 """Exceptions a user of gradpress can catch."""
+import signal
 
 
 class JobError(RuntimeError):
     """The job cannot go on: a node was lost, the scheduler said so, a deadline passed."""
+
+
+class Terminated(JobError):
+    """SIGTERM or SIGHUP reached gradpress-launch (a pod deleted, a scheduler's preemption):
+    what it runs stops as for Ctrl-C, its children sent SIGTERM, then SIGKILL. Raised by
+    the signal's handler wherever the main thread is: a handler of ``Exception`` on its way
+    (a malformed message's, a key's failed work) lets it through, or the stop is lost."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.status = 128 + signum  # the exit status, as shells give one killed by the signal
 
 
 class RegistrationRefused(JobError):

@@ -12,19 +12,9 @@ import threading
 import time
 
 from .config import Settings
-from .errors import JobError
+from .errors import Terminated
 
 STOP_GRACE_S = 5.0
-
-
-class Terminated(JobError):
-    """SIGTERM or SIGHUP reached gradpress-launch (a pod deleted, a scheduler's preemption):
-    what it runs stops as for Ctrl-C, its children sent SIGTERM, then SIGKILL."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
-        self.status = 128 + signum  # the exit status, as shells give one killed by the signal
 
 
 def raise_on_termination() -> None:

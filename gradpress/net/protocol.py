@@ -13,6 +13,8 @@ from typing import Any
 
 import msgpack
 
+from ..errors import Terminated
+
 PROTOCOL_VERSION = 1
 # Largest header accepted; headers are a few hundred bytes, data travels in frames.
 MAX_HEADER_BYTES = 1 << 20
@@ -144,6 +146,8 @@ def decode(frame: bytes | memoryview) -> dict[str, Any]:
         raise ProtocolError(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
         header = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
+    except Terminated:
+        raise
     except Exception as e:  # msgpack raises several unrelated types
         raise ProtocolError(f"header is not msgpack: {type(e).__name__}: {e}") from None
     if not isinstance(header, dict):

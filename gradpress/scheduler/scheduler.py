@@ -26,6 +26,7 @@ from ..net.guard import PeerGuard
 from ..net.limits import Limits
 from ..net.outbox import RETRY_INTERVAL_S, Outbox
 from ..config import Settings
+from ..errors import Terminated
 from ..health import HealthFile
 from ..placement import KeyPlacement
 from ..net.protocol import Op
@@ -103,6 +104,8 @@ class Scheduler(Liveness):
                 self._dispatch(identity, member, header)
             except zmq.ZMQError as e:  # a peer vanished between its message and our reply
                 log.warning("could not answer %s: %s", logs.peer(header["from"]), e)
+            except Terminated:
+                raise
             except Exception:  # a message no check foresaw: the job's only scheduler must not die of it
                 log.exception("dropped a %s from %s that failed here", header["op"].name, logs.peer(header["from"]))
 

@@ -24,7 +24,7 @@ import numpy as np
 import zmq
 
 from .. import host, logs
-from ..errors import JobError
+from ..errors import JobError, Terminated
 from ..net import transport
 from ..net.guard import PeerGuard
 from ..net.node import AddressBook
@@ -129,6 +129,8 @@ class Engine(threading.Thread):
         the server, as a failed engine thread's report does."""
         try:
             replies = self._handle(identity, header, frames)
+        except Terminated:
+            raise
         except Exception as e:
             log.exception("the I/O thread's engine failed")
             self.failure = e
@@ -211,6 +213,8 @@ class Engine(threading.Thread):
             if "round" in header:
                 fields["round"] = header["round"]
             return [Reply(identity, Op.ERROR, fields, [])]
+        except Terminated:
+            raise
         except Exception as e:  # a bug in this key's work: its round fails, the server serves on
             return self._break_key(identity, header, e)
 

@@ -1,4 +1,5 @@
 """The scheduler in-process, its peers played by SchedulerLinks: barriers and their errors."""
+import signal
 import threading
 import time
 
@@ -6,6 +7,7 @@ import pytest
 
 from cluster import TEST_SECRET
 from gradpress.config import Settings
+from gradpress.errors import Terminated
 from gradpress.net import transport
 from gradpress.net.node import SchedulerLink
 from gradpress.net.protocol import Op
@@ -14,6 +16,7 @@ from gradpress.scheduler.scheduler import Scheduler
 
 class _Job(dict):
     scheduler: Scheduler
+    thread: threading.Thread
 
 
 @pytest.fixture
@@ -28,7 +31,7 @@ def job():
     at = dict(common, root_port=scheduler.port)
     links = _Job({role: SchedulerLink(Settings(role=role, **at), role, transport.context())
                   for role in ("worker", "server")})
-    links.scheduler = scheduler
+    links.scheduler, links.thread = scheduler, running
     server_registered = threading.Thread(target=links["server"].register, daemon=True)
     server_registered.start()
     links["worker"].register()
@@ -126,6 +129,17 @@ def test_a_message_that_fails_in_the_scheduler_is_dropped_and_the_job_goes_on(jo
     done = _next(job["server"], Op.BARRIER_DONE)
     assert (done["group"], done["seq"]) == ("all", 1), done
 
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_sigterm_that_lands_in_a_messages_handling_stops_the_scheduler(job, monkeypatch):
+    """Not dropped as that message's failure, the job going on: the signal's stop would be lost."""
+    def stopped(*args):
+        raise Terminated(signal.SIGTERM)
+    monkeypatch.setattr(job.scheduler.barriers, "arrive", stopped)
+    job["worker"].send(Op.BARRIER, group="all", seq=1)
+    job.thread.join(timeout=5)
+    assert not job.thread.is_alive(), "the scheduler served on"
 
 
 @pytest.fixture
