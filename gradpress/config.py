@@ -56,6 +56,7 @@ class Settings:
     heartbeat_timeout_s: float = _setting(10.0, "PS_HEARTBEAT_TIMEOUT", "a node silent this many seconds is declared lost")
     connect_timeout_s: float = _setting(120.0, "GRADPRESS_CONNECT_TIMEOUT_S", "deadline for the whole job to register with the scheduler")
     op_timeout_s: float = _setting(300.0, "GRADPRESS_OP_TIMEOUT_S", "deadline for one declare, push_pull, barrier or broadcast")
+    launch_id: str = _setting("", "GRADPRESS_LAUNCH_ID", "set by gradpress-launch on each process it starts, a random name: the process registers with it and the launcher's report of its exit names it, so that another job's launcher (a job started on this one's port by mistake) names no worker of this one; not set by hand")
     port_file: str = _setting("", "GRADPRESS_PORT_FILE", "scheduler: write the port it bound to this file (gradpress-launch --local binds port 0)")
     health_file: str = _setting("", "GRADPRESS_HEALTH_FILE", "file written once registered and touched every heartbeat (for probes); empty: none")
     plan_steps: int = _setting(10, "GRADPRESS_PLAN_STEPS", "compressor 'auto': steps profiled (gradients travel raw) before the first plan")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 from .config import Settings
 from .errors import Terminated
@@ -51,6 +52,8 @@ class ProcessGroup:
         return os.path.join(self.log_dir or "", f"{name.replace(' ', '_')}.log")
 
     def start(self, name: str, cmd: list[str], env: dict, prefix: bool = True) -> None:
+        # a name of its own, which it registers with and the report of its exit gives
+        env = dict(env, GRADPRESS_LAUNCH_ID=uuid.uuid4().hex)
         self.envs[name] = env
         if self.log_dir is not None:
             with open(self.log_path(name), "wb") as log:  # the child keeps its own descriptor
@@ -174,7 +177,8 @@ def _report_exit(proc: subprocess.Popen, env: dict, code: int, role: str) -> Non
         return
     how = f"exited with code {code}" if code > 0 else f"was killed by signal {-code}"
     report_failure(settings, "launcher", how, pid=proc.pid, worker_id=settings.worker_id if role == "worker" else -1,
-                   local_rank=settings.local_rank, wait_s=min(2.0, settings.heartbeat_timeout_s), role=role)
+                   local_rank=settings.local_rank, wait_s=min(2.0, settings.heartbeat_timeout_s), role=role,
+                   launch=settings.launch_id)
 
 
 def _die_with_parent() -> None:

@@ -132,7 +132,8 @@ class SchedulerLink:
                    local_rank=s.local_rank, local_size=s.local_size, pid=os.getpid(),
                    machine=host.machine_id(), **({"local_reduce": s.local_reduce} if self.role == "worker" else {}),
                    **({"ports": self.lanes} if self.lanes else {}),
-                   **({"server_id": s.server_id} if self.role == "server" and s.server_id >= 0 else {}))
+                   **({"server_id": s.server_id} if self.role == "server" and s.server_id >= 0 else {}),
+                   enable_async=s.enable_async, **({"launch": s.launch_id} if s.launch_id else {}))
         deadline = time.monotonic() + s.connect_timeout_s
         hint = _unlaunched_hint(s)
         if hint:  # a script run with plain `python`: say so now, not at the deadline

@@ -67,7 +67,8 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     # where its local peers reach it (worker/local.py); server_id: the rank a server asks for
     Op.REGISTER: ({"role": _STR, "host": _STR, "port": _INT, "worker_id": _INT,
                    "local_rank": _INT, "local_size": _INT, "pid": _INT}, {"machine": _STR, "local_reduce": (bool,),
-                                                           "ports": (list,), "server_id": _INT}),
+                                                           "ports": (list,), "server_id": _INT,
+                                                           "enable_async": (bool,), "launch": _STR}),
     # local_size: the workers of a machine reduce locally in groups of this many (absent: each pushes its own)
     Op.ADDRESS_BOOK: ({"rank": _INT, "nodes": (list,), "num_workers": _INT, "num_servers": _INT},
                       {"local_size": _INT}),
@@ -112,7 +113,7 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     Op.STATE: ({"key": _INT}, {"lr": _NUM}),
     # pid/worker_id/local_rank name the failed worker when the sender is not it (its launcher),
     # or when it failed before registering; role "server": the pid is a server's (its launcher)
-    Op.ABORT: ({"reason": _STR}, {"pid": _INT, "worker_id": _INT, "local_rank": _INT, "role": _STR}),
+    Op.ABORT: ({"reason": _STR}, {"pid": _INT, "worker_id": _INT, "local_rank": _INT, "role": _STR, "launch": _STR}),
     Op.SHUTDOWN_ACK: ({}, {}),
     Op.RELEASE: ({"key": _INT}, {}),
     Op.LEFT: ({"rank": _INT, "reason": _STR}, {}),

@@ -83,10 +83,19 @@ class Liveness:
         if sender is not None and sender.role == "server":  # the workers hear why now, not at its silence
             failed, rank, role = sender, sender.rank, "server"
         elif h.get("role") == "server":  # its launcher saw it exit (killed, say): not at its silence either
-            failed = next((m for m in self.roster.servers() if m.pid == h.get("pid")), None)
+            failed = next((m for m in self.roster.servers() if m.pid == h.get("pid")
+                           or h.get("launch") and m.launch == h["launch"]), None)
             rank, role = failed.rank if failed is not None else -1, "server"
         else:
             (failed, rank), role = self.roster.failed_worker(sender, h), "worker"
+        if failed is None and sender is None and self.roster.registered:
+            # a process the running job never had (refused: a second job started on this
+            # port with this secret, say) names none of its members: its failure is not the job's
+            log.warning("ignored an ABORT from %s, not in this job: %s", logs.peer(h["from"]),
+                        logs.peer(h["reason"], MAX_REASON_CHARS))
+            self._send_each([identity], Op.SHUTDOWN, reason="this job is running without that process, whose "
+                                                            "failure does not end it")
+            return
         name = transport.node_name(role, rank) if rank >= 0 else f"{role} (pid {h.get('pid', '?')})"
         reason = f"failed: {h['reason']}"
         log.error("%s failed: %s", name, logs.peer(h["reason"], MAX_REASON_CHARS))  # (the cause, whole)

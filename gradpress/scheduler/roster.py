@@ -35,6 +35,8 @@ class Member:
     local_reduce: bool = False
     ports: tuple[int, ...] = ()   # a server's lanes (the first is ``port``)
     server_id: int = -1           # the rank a server asked for (GRADPRESS_SERVER_ID); -1: any
+    enable_async: bool = False    # BYTEPS_ENABLE_ASYNC (every worker and server must agree)
+    launch: str = ""              # GRADPRESS_LAUNCH_ID: the process its launcher started, named in its reports
     rank: int = -1
     last_seen: float = field(default_factory=time.monotonic)
     finished: bool = False
@@ -67,7 +69,7 @@ class Roster:
         role = h["role"]
         if role not in ("worker", "server"):
             return f"role {logs.peer(role)} cannot register; expected worker or server"
-        wrong = registration_problem(h)
+        wrong = registration_problem(h) or self._async_clash(h)
         if wrong:
             return wrong
         return self._worker_clash(h) if role == "worker" else self._server_clash(h)
@@ -78,6 +80,17 @@ class Roster:
         kept = sum(m.role == role for m in self.members.values())
         return (f"{variables}: all {expected} {role} processes registered already (and none went silent for "
                 f"PS_HEARTBEAT_TIMEOUT, which gives its place up)") if kept >= expected else ""
+
+    def _async_clash(self, h: dict) -> str:
+        """Asynchronous training where the nodes already kept train synchronously, or the other
+        way: servers that sum the pushes where workers push deltas zeroed the model, and the
+        reverse gave each worker other parameters, without an error."""
+        first = next(iter(self.members.values()), None)
+        mine = h.get("enable_async", False)
+        if first is None or first.enable_async == mine:
+            return ""
+        return (f"BYTEPS_ENABLE_ASYNC={int(mine)} differs from {int(first.enable_async)} of the {first.role} "
+                f"registered already (pid {first.pid}): every worker and server of the job must set it alike")
 
     def _worker_clash(self, h: dict) -> str:
         """What a worker's REGISTER contradicts among the workers already kept ('' if nothing)."""
@@ -123,7 +136,8 @@ class Roster:
         """Keep a REGISTER that refusal() let through."""
         member = Member(identity, h["role"], h["host"], h["port"], h["worker_id"],
                         h["local_rank"], h["local_size"], h["pid"], h.get("machine", ""),
-                        h.get("local_reduce", False), tuple(h.get("ports", ())), h.get("server_id", -1))
+                        h.get("local_reduce", False), tuple(h.get("ports", ())), h.get("server_id", -1),
+                        h.get("enable_async", False), h.get("launch", ""))
         self.members[identity] = member
         return member
 
@@ -172,7 +186,11 @@ class Roster:
         failed = sender if sender is not None and sender.role == "worker" and "pid" not in h else None
         if failed is None and "pid" in h:
             failed = next((m for m in self.workers() if m.pid == h["pid"]), None)
-        if failed is None and h.get("worker_id", -1) >= 0:
+        if failed is None and h.get("launch"):  # (its launcher's child may be a shell that runs it)
+            failed = next((m for m in self.workers() if m.launch == h["launch"]), None)
+        # by its slot, a worker that never registered (once the job runs, a launcher whose child
+        # no member is, such as another job's, names none of its workers)
+        if failed is None and h.get("worker_id", -1) >= 0 and not (h.get("launch") and self.registered):
             slot = (h["worker_id"], h.get("local_rank", 0))
             failed = next((m for m in self.workers() if (m.worker_id, m.local_rank) == slot), None)
         if failed is not None and failed.rank >= 0:

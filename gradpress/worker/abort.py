@@ -35,10 +35,10 @@ def first_error_line(error: BaseException) -> str:
 
 
 def report_failure(settings: Settings, sender: str, reason: str, pid: int, worker_id: int, local_rank: int,
-                   wait_s: float = 2.0, role: str = "worker") -> bool:
+                   wait_s: float = 2.0, role: str = "worker", launch: str = "") -> bool:
     """Send ABORT for the worker (pid, worker_id, local_rank), or the server (``role``, pid),
     to the scheduler; ``sender`` names who reports it in the scheduler's log (``"launcher"``,
-    ``"worker (pid 12)"``).
+    ``"worker (pid 12)"``); ``launch``: the GRADPRESS_LAUNCH_ID its launcher gave it.
 
     Returns:
         True once the scheduler acknowledged it within ``wait_s``; False if it did not
@@ -51,7 +51,8 @@ def report_failure(settings: Settings, sender: str, reason: str, pid: int, worke
         return False
     try:
         transport.send(sock, Op.ABORT, sender, reason=reason[:MAX_REASON_CHARS], pid=pid, worker_id=worker_id,
-                       local_rank=local_rank, **({"role": role} if role != "worker" else {}))
+                       local_rank=local_rank, **({"role": role} if role != "worker" else {}),
+                       **({"launch": launch} if launch else {}))
         deadline = time.monotonic() + wait_s
         while (left := deadline - time.monotonic()) > 0:
             if not sock.poll(left * 1000):

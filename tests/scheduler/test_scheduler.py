@@ -7,7 +7,7 @@ import pytest
 
 from cluster import TEST_SECRET
 from gradpress.config import Settings
-from gradpress.errors import Terminated
+from gradpress.errors import RegistrationRefused, Terminated
 from gradpress.net import transport
 from gradpress.net.node import SchedulerLink
 from gradpress.net.protocol import Op
@@ -29,8 +29,8 @@ def job():
     running = threading.Thread(target=scheduler.run, daemon=True)
     running.start()
     at = dict(common, root_port=scheduler.port)
-    links = _Job({role: SchedulerLink(Settings(role=role, **at), role, transport.context())
-                  for role in ("worker", "server")})
+    links = _Job({role: SchedulerLink(Settings(role=role, launch_id=f"{role}-launched", **at), role,
+                                      transport.context()) for role in ("worker", "server")})
     links.scheduler, links.thread = scheduler, running
     server_registered = threading.Thread(target=links["server"].register, daemon=True)
     server_registered.start()
@@ -99,18 +99,60 @@ def test_a_registration_after_a_normal_end_is_refused_saying_why():
         running.join(timeout=5)
 
 
-def test_an_abort_naming_ids_out_of_range_ends_the_job_naming_an_unknown_worker(job):
-    """Ids no worker can have (a launcher's, or anyone's without CURVE): the scheduler used to
-    compute a rank past 64 bits and die encoding NODE_LOST; every member hears of an unknown
-    worker instead."""
+def test_an_abort_from_a_process_not_in_the_running_job_leaves_it_running(job):
+    """A refused process's report (a second job started on this job's port with its secret:
+    its workers refused, each reports its failure), or ids no worker can have (the scheduler
+    used to compute a rank past 64 bits and die encoding NODE_LOST): it names no member, is
+    answered, and the job goes on. (It ended the running job.)"""
     stranger = SchedulerLink(job["worker"].settings, "worker", transport.context())
     try:
-        stranger.send(Op.ABORT, reason="a test's", pid=4242, worker_id=2 ** 63, local_rank=2 ** 63)
+        for ids in ({"worker_id": -1, "local_rank": 0}, {"worker_id": 2 ** 63, "local_rank": 2 ** 63}):
+            stranger.send(Op.ABORT, reason="in init(): RegistrationRefused: a test's", pid=4242, **ids)
+            assert "running without that process" in _next(stranger, Op.SHUTDOWN)["reason"]
         for link in (job["worker"], job["server"]):
-            lost = _next(link, Op.NODE_LOST)
-            assert lost["rank"] == -1 and "a test's" in lost["reason"], lost
+            assert Op.NODE_LOST not in _ops_within(link, 0.5)
+        job["worker"].send(Op.BARRIER, group="all", seq=1)
+        job["server"].send(Op.BARRIER, group="all", seq=1)
+        assert _next(job["server"], Op.BARRIER_DONE)["seq"] == 1
     finally:
         stranger.close()
+
+
+def test_a_launchers_report_names_its_own_process_and_never_another_jobs_worker_by_its_slot(job):
+    """A launcher names the process it started by GRADPRESS_LAUNCH_ID (its child may be a shell
+    whose pid no member has): another job's launcher reporting its DMLC_WORKER_ID=0 names no
+    worker of this running job (it named this job's worker 0, and ended the job), its own does."""
+    launcher = SchedulerLink(job["worker"].settings, "worker", transport.context())
+    try:
+        launcher.send(Op.ABORT, reason="exited with code 1", pid=4242, worker_id=0, local_rank=0, launch="another")
+        assert "running without that process" in _next(launcher, Op.SHUTDOWN)["reason"]
+        assert Op.NODE_LOST not in _ops_within(job["server"], 0.5)
+        launcher.send(Op.ABORT, reason="exited with code 3", pid=4242, worker_id=0, local_rank=0,
+                      launch="worker-launched")
+        lost = _next(job["server"], Op.NODE_LOST)
+        assert (lost["role"], lost["rank"]) == ("worker", 0) and "code 3" in lost["reason"], lost
+    finally:
+        launcher.close()
+
+
+def test_nodes_that_disagree_on_asynchronous_training_are_refused(waiting_scheduler):
+    """BYTEPS_ENABLE_ASYNC set on the workers and not the servers (or the other way): servers
+    summing deltas zeroed the model, and the reverse trained each worker apart, without a word."""
+    server, worker = waiting_scheduler("server", enable_async=True), waiting_scheduler("worker")
+    _register_silently(server, enable_async=True)
+    with pytest.raises(RegistrationRefused, match=r"BYTEPS_ENABLE_ASYNC=0 differs from 1 of the server"):
+        worker.register()
+
+
+def test_an_abort_naming_ids_out_of_range_before_the_job_starts_ends_it_naming_an_unknown_worker(
+        waiting_scheduler):
+    """Before the job starts a refused process's report ends the job (the others would wait out
+    their connect timeout for it), and ids no worker can have are named an unknown worker."""
+    server, stranger = waiting_scheduler("server"), waiting_scheduler("worker")
+    _register_silently(server)  # (the job waits for its worker)
+    stranger.send(Op.ABORT, reason="a test's", pid=4242, worker_id=2 ** 63, local_rank=2 ** 63)
+    lost = _next(server, Op.NODE_LOST)
+    assert lost["rank"] == -1 and "a test's" in lost["reason"], lost
 
 
 def test_a_message_that_fails_in_the_scheduler_is_dropped_and_the_job_goes_on(job, monkeypatch):
@@ -153,8 +195,8 @@ def waiting_scheduler():
     running.start()
     links = []
 
-    def link(role):
-        links.append(SchedulerLink(Settings(role=role, **dict(common, root_port=scheduler.port)), role,
+    def link(role, **settings):
+        links.append(SchedulerLink(Settings(role=role, **dict(common, root_port=scheduler.port, **settings)), role,
                                    transport.context()))
         return links[-1]
     yield link
@@ -164,11 +206,11 @@ def waiting_scheduler():
         made.close()
 
 
-def _register_silently(link):
+def _register_silently(link, **fields):
     """A REGISTER and never a heartbeat after it: a node that died once registered."""
     import os
     link.send(Op.REGISTER, role="server", host="127.0.0.1", port=5001, worker_id=-1, local_rank=0, local_size=1,
-              pid=os.getpid(), machine="")
+              pid=os.getpid(), machine="", **fields)
 
 
 def test_a_node_silent_before_the_job_starts_gives_its_place_to_the_one_that_replaces_it(waiting_scheduler):
