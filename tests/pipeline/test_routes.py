@@ -205,6 +205,9 @@ def test_the_density_vote_and_the_rows_route():
     vote.consider(sparse, g_sparse)
     vote.consider(dense, torch.ones(10, 3))
     vote.consider(sparse, g_sparse)   # once per parameter
+    empty = torch.nn.Parameter(torch.zeros(5, 0))  # rows of no width: no vote (it was moved to rows and failed)
+    names[id(empty)] = "e"
+    vote.consider(empty, torch.zeros(5, 0))
     assert [s.name for s in comm.sent] == ["SparseDensity.s", "SparseDensity.d"]
     assert vote.settle() == [id(sparse)] and vote.decided == {id(sparse): True, id(dense): False}
     route = RowsRoute({id(sparse): "Gradient.s"}, {id(sparse): 0}, comm)

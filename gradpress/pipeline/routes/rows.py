@@ -71,7 +71,8 @@ class DensityVote:
         """On ``p``'s first step, push this worker's fraction of non-zero rows."""
         pid = id(p)
         if (pid in self.decided or pid in self._probes or self.threshold <= 0 or tensor.dim() < 2
-                or tensor.shape[0] < 2 or tensor.dtype not in WIRE or is_row_sparse(tensor)):
+                or tensor.shape[0] < 2 or tensor.numel() == 0 or tensor.dtype not in WIRE or is_row_sparse(tensor)):
+            # (rows of no width, a (5, 0) parameter's, have nothing to send: it travels dense, empty)
             return
         self._probes[pid] = self.comm.start(nonzero_fraction(tensor), "SparseDensity." + self.names[pid])
 
