@@ -7,6 +7,7 @@ reference. Received data frames stay ``zmq.Frame`` objects so that readers can
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -153,8 +154,13 @@ def lanes_router(ctx: zmq.Context, settings: Settings, port: int, lanes: int) ->
     except zmq.ZMQError as e:
         sock.close(linger=0)
         lane_note = f" (lane {len(ports)} of {lanes}: GRADPRESS_SERVER_LANES)" if lanes > 1 else ""
-        raise OSError(f"cannot listen at {host}:{want}{lane_note} ({e}); DMLC_NODE_HOST={settings.node_host!r} "
-                      "must be an address of this machine") from None
+        if e.errno == errno.EADDRINUSE:
+            hint = (f"port {want} is taken by another process (another job's, or this job's started twice): "
+                    f"free it, or set another port (DMLC_PS_ROOT_PORT for the scheduler, GRADPRESS_SERVER_PORT "
+                    f"for a server)")
+        else:
+            hint = f"DMLC_NODE_HOST={settings.node_host!r} must be an address of this machine"
+        raise OSError(f"cannot listen at {host}:{want}{lane_note} ({e}); {hint}") from None
     sock.setsockopt(zmq.AFFINITY, 0)
     return sock, ports
 

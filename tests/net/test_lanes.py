@@ -144,3 +144,21 @@ def test_each_lane_decrypts_its_connections_on_its_own_io_thread():
         for ctx in clients:
             ctx.term()
         server_ctx.term()  # (not destroy: its ZAP handler's thread closes its own socket)
+
+
+def test_a_port_another_process_holds_is_named_as_taken_not_as_a_wrong_address():
+    """(The error said DMLC_NODE_HOST must be an address of this machine: it was.)"""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    ctx = zmq.Context()
+    try:
+        with pytest.raises(OSError, match=rf"port {port} is taken by another process.*GRADPRESS_SERVER_PORT"):
+            transport.lanes_router(ctx, settings(security="auth"), port, 1)
+        with pytest.raises(OSError, match="DMLC_NODE_HOST='10.255.255.1' must be an address of this machine"):
+            transport.lanes_router(ctx, Settings(role="server", node_host="10.255.255.1", job_secret=TEST_SECRET,
+                                                 security="auth"), 0, 1)
+    finally:
+        holder.close()
+        ctx.term()
