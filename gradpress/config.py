@@ -203,8 +203,11 @@ def settings_from_toml(path: str) -> dict[str, Any]:
     fields = {f.name: f for f in dataclasses.fields(Settings)}
     values = {}
     for key, value in table.items():
-        if key not in fields or key == "config_file":
-            raise ValueError(f"config file {path}: unknown setting {key!r}; accepted: {', '.join(sorted(fields))}")
+        if key == "config_file":  # (the file names itself: GRADPRESS_CONFIG, or gradpress-launch --config)
+            raise ValueError(f"config file {path}: config_file cannot be set in a job file; it is this file")
+        if key not in fields:
+            raise ValueError(f"config file {path}: unknown setting {key!r}; accepted: "
+                             f"{', '.join(sorted(set(fields) - {'config_file'}))}")
         values[key] = _check_type(fields[key], value, f"config file {path}: {key}")
     return values
 

@@ -60,6 +60,15 @@ def test_unknown_key_is_named(tmp_path):
         Settings.load({}, path)
 
 
+def test_a_job_file_cannot_name_another_job_file(tmp_path):
+    """(It said "unknown setting 'config_file'; accepted: config_file, ...".)"""
+    path = job_file(tmp_path, "[settings]\nconfig_file = 'other.toml'\n")
+    with pytest.raises(ValueError, match="config_file cannot be set in a job file; it is this file"):
+        Settings.load({}, path)
+    with pytest.raises(ValueError, match=r"accepted: (?!config_file)"):
+        Settings.load({}, job_file(tmp_path, "[settings]\nnum_workers = 2\n"))
+
+
 def test_environment_name_as_key_is_rejected(tmp_path):
     path = job_file(tmp_path, "[settings]\nDMLC_NUM_WORKER = 2\n")
     with pytest.raises(ValueError, match="unknown setting 'DMLC_NUM_WORKER'"):

@@ -48,6 +48,9 @@ class Dithering(Compressor):
 
     @classmethod
     def from_params(cls, params: dict) -> "Dithering":
+        if "s" in params and "k" in params and params["s"] != params["k"]:  # (one would be dropped unread)
+            raise ValueError(f"dithering: both s={params['s']!r} and k={params['k']!r} (BytePS's name for s) are "
+                             f"given; give one")
         name = "s" if "s" in params or "k" not in params else "k"
         return cls(number(params, name, 7, 1, MAX_LEVELS, integer=True),
                    choice(params, "partition", PARTITIONS, "linear"),

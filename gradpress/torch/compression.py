@@ -6,6 +6,8 @@ layer, applied per partition inside the push/pull pipeline.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 
@@ -62,3 +64,16 @@ class FP16Compressor(TensorCompressor):
 class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
+
+
+def check_compression(compression, compression_params: dict | None, where: str) -> None:
+    """Refuse what is not a tensor-level compressor (``compression="fp16"`` failed at the first
+    backward, in a hook), and say where ``Compression.fp16`` takes the codec's place."""
+    if not (callable(getattr(compression, "compress", None)) and callable(getattr(compression, "decompress", None))):
+        raise TypeError(f"{where}: compression={compression!r} is not a compressor; pass bps.Compression.none, "
+                        f"bps.Compression.fp16 or a bps.Compressor subclass (codecs go in compression_params)")
+    codec = (compression_params or {}).get("compressor", "none")
+    if compression is FP16Compressor and isinstance(codec, str) and codec.lower() != "none":
+        warnings.warn(f"{where}: compression=Compression.fp16 sends each float32 gradient as float16 without its "
+                      f"codec ({codec}): compression_params then compress only the float16 and bfloat16 ones; "
+                      f"leave compression=Compression.none for the codec", stacklevel=3)

@@ -26,7 +26,7 @@ from ..pipeline import GradientPipeline, ParameterTable, frozen, gradient_or_zer
 from ..pipeline.async_params import AsyncParameters
 from ..pipeline.planning import PlanTuning
 from . import ops
-from .compression import Compression
+from .compression import Compression, check_compression
 from .folded_momentum import FoldedMomentum
 from .key_layouts import KeyLayouts
 
@@ -274,6 +274,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             exempts). The job file's ``[compression]`` table applies below both.
         plan_tuning: the planner's constants (``compressor: auto``; gradpress's own).
     """
+    check_compression(compression, compression_params, "DistributedOptimizer")
     if staleness != 0:
         raise ValueError(f"staleness={staleness}: only synchronous training (staleness=0) is supported")
     if backward_passes_per_step < 1:

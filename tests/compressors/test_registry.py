@@ -51,6 +51,7 @@ def test_defaults_and_byteps_spellings():
     ({"compressor": "dithering", "s": 500}, "worker", "an integer in [1, 127]"),
     ({"compressor": "dithering", "partition": "log"}, "worker", "linear, natural"),
     ({"compressor": "dithering", "normalize": "l1"}, "worker", "max, l2"),
+    ({"compressor": "dithering", "s": 3, "k": 5}, "worker", "both s=3 and k=5 (BytePS's name for s)"),
     ({"compressor": "randomk", "seed": -1}, "worker", "an integer in"),
     ({"compressor": "onebit", "momentum": "nesterov", "mu": 1.5}, "worker", "a number in [0,"),
     ({"compressor": "topk", "s": 3}, "worker", "accepted: compressor, ef, k, momentum, mu"),

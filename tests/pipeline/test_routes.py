@@ -20,7 +20,7 @@ from gradpress.pipeline.routes.planned import PlannedRoute
 from gradpress.pipeline.routes.rows import DensityVote, RowsRoute, nonzero_fraction
 from gradpress.planner.decide import Plan
 from gradpress.planner.synthetic import synthetic_profile
-from gradpress.torch.compression import Compression
+from gradpress.torch.compression import Compression, check_compression
 from gradpress.worker.sparse import extract
 
 ONEBIT = {"compressor": "onebit", "scaling": True, "ef": "vanilla"}
@@ -463,3 +463,13 @@ def test_compression_fp16_never_narrows_a_bucket_widened_for_its_half_members(dt
     for p, g, part in zip(members, grads, bucket.split(want)):
         assert out[id(p)].dtype == p.dtype and torch.isfinite(out[id(p)].float()).all()
         assert torch.equal(out[id(p)], part.to(p.dtype)), "not the float32 average, rounded once"
+
+
+def test_a_compression_that_is_not_a_compressor_is_refused_and_fp16_beside_a_codec_is_said():
+    """``compression="fp16"`` failed at the first backward, in a hook; Compression.fp16 with a
+    codec sends float32 gradients without it, which only the docs said."""
+    with pytest.raises(TypeError, match="compression='fp16' is not a compressor"):
+        check_compression("fp16", None, "DistributedOptimizer")
+    with pytest.warns(UserWarning, match=r"float16 without its codec \(onebit\)"):
+        check_compression(Compression.fp16, {"compressor": "onebit"}, "DistributedOptimizer")
+    check_compression(Compression.none, {"compressor": "onebit"}, "DistributedOptimizer")

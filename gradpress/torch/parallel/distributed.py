@@ -34,7 +34,7 @@ from ...compressors.policy import CompressionPolicy
 from ...pipeline import GradientPipeline, ParameterTable, frozen, gradient_or_zeros
 from .. import ops
 from ..broadcast import broadcast_parameters
-from ..compression import Compression
+from ..compression import Compression, check_compression
 
 def _check_spec(table: ParameterTable, p: torch.Tensor) -> None:
     spec = table.spec[id(p)] or table.rule[id(p)]
@@ -73,6 +73,7 @@ class DistributedDataParallel(torch.nn.Module):
             raise ValueError("DistributedDataParallel averages gradients: it cannot run with BYTEPS_ENABLE_ASYNC=1")
         if bucket_cap_mb < 0:
             raise ValueError(f"bucket_cap_mb={bucket_cap_mb}: must be >= 0")
+        check_compression(compression, compression_params, "DistributedDataParallel")
         self.module = module
         self.device_ids = list(device_ids or [])
         self.broadcast_buffers = broadcast_buffers
