@@ -153,7 +153,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     is_root = ops.rank() == root_rank
     layout = None
     if is_root:
-        layout = {"param_groups": sd["param_groups"], "group_devices": _devices_of(sd["param_groups"]),
+        layout = {"class": type(optimizer).__name__,
+                  "param_groups": sd["param_groups"], "group_devices": _devices_of(sd["param_groups"]),
                   "own": _own_scalars(sd),
                   "state": {pid: {k: (["tensor", list(v.shape), dtype_name(v.dtype)]
                                       if torch.is_tensor(v) else ["value", v])
@@ -166,6 +167,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         except TypeError as e:  # every worker fails with it, not only the root
             error = str(e)
     layout = _unpack(broadcast_bytes(packed, error, root_rank, prefix + "optimizer_layout"))
+    if layout.get("class", type(optimizer).__name__) != type(optimizer).__name__:  # (loaded, it lost its own keys)
+        raise ValueError(f"broadcast_optimizer_state: the root's (rank {root_rank}) optimizer is {layout['class']}, "
+                         f"this worker's is {type(optimizer).__name__}: every worker needs the same optimizer class")
     state = {}
     with handles.all_waited(ops.synchronize) as started:
         for pid, entries in sorted(layout["state"].items()):

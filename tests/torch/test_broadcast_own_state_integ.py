@@ -47,3 +47,23 @@ def test_a_root_alone_restored_is_refused_on_every_worker(cluster):
     c.start(OWN_STATE).assert_success(timeout_s=60)
     for w in range(2):
         assert "OK own state" in c.log(f"worker {w}"), c.logs()
+
+
+OTHER_CLASS = """
+import torch, gradpress.torch as bps
+bps.init()
+model = torch.nn.Linear(4, 2)
+opt = (torch.optim.Adam if bps.rank() == 0 else torch.optim.SGD)(model.parameters(), lr=0.1)
+model(torch.randn(3, 4)).sum().backward()
+opt.step()
+bps.broadcast_optimizer_state(opt, root_rank=0)
+"""
+
+
+def test_a_worker_whose_optimizer_class_is_not_the_roots_stops_saying_so(cluster):
+    """(Its SGD took the root's Adam state and hyper-parameters, lost its momentum key, and
+    failed at its next step with a KeyError.)"""
+    c = cluster(workers=2, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "60"})
+    codes = c.start(OTHER_CLASS).wait(timeout_s=60)
+    assert codes["worker 1"] != 0 and codes["worker 0"] != 0, codes
+    assert "the root's (rank 0) optimizer is Adam, this worker's is SGD" in c.log("worker 1"), c.logs()
