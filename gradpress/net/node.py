@@ -22,6 +22,7 @@ from .. import host
 from ..config import Settings
 from ..errors import JobError, NodeLostError, OpTimeoutError, RegistrationRefused
 from ..health import HealthFile
+from .handshake import HandshakeWatch
 from .protocol import MAX_REASON_CHARS, Op
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,21 @@ class SchedulerLink:
         if hint:  # a script run with plain `python`: say so now, not at the deadline
             log.warning("%s: waiting up to GRADPRESS_CONNECT_TIMEOUT_S=%g s for a scheduler at %s:%d; %s",
                         self.role, s.connect_timeout_s, s.root_uri, s.root_port, hint)
+        watch = HandshakeWatch(self.sock, s, self.role)
+        try:
+            self._wait_for_book(deadline, hint, watch)
+        finally:
+            watch.close()
+        self.health.ready(f"{self.name} registered")
+        return self.book
+
+    def _wait_for_book(self, deadline: float, hint: str, watch: HandshakeWatch) -> None:
+        s = self.settings
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(watch.monitor, zmq.POLLIN)
         while self.book is None:
+            watch.check()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise OpTimeoutError(
@@ -147,14 +162,19 @@ class SchedulerLink:
                     f"within GRADPRESS_CONNECT_TIMEOUT_S={s.connect_timeout_s:g} s "
                     f"(expecting {s.num_worker} worker machine(s) and {s.num_server} server(s))"
                     + (f"; {hint}" if hint else ""))
-            if self.sock.poll(min(left, s.heartbeat_interval_s) * 1000):
+            if self.sock in dict(poller.poll(min(left, s.heartbeat_interval_s) * 1000)):
                 _, header, _ = transport.recv(self.sock, routed=False)
                 if header is not None:
                     self.handle(header)
             if self.book is None and time.monotonic() - self._last_sent >= s.heartbeat_interval_s:
-                self._send(Op.HEARTBEAT)  # still here: the scheduler hears from us while others register
-        self.health.ready(f"{self.name} registered")
-        return self.book
+                try:
+                    self._send(Op.HEARTBEAT)  # still here: the scheduler hears from us while others register
+                except zmq.Again:  # (no connection took it for PS_HEARTBEAT_TIMEOUT)
+                    watch.check()
+                    raise OpTimeoutError(f"{self.role}: the scheduler at {s.root_uri}:{s.root_port} took no message "
+                                         f"within PS_HEARTBEAT_TIMEOUT={s.heartbeat_timeout_s:g} s: it refuses the "
+                                         f"connection (a job secret or GRADPRESS_SECURITY other than this node's "
+                                         f"{s.security}?) or reads nothing") from None
 
     def handle(self, header: dict) -> dict | None:
         """Process a scheduler message; returns it when the owner must act on it.
