@@ -75,11 +75,21 @@ class JobKeys:
 
 def secret_env(environ: Mapping[str, str], secret: str | None = None) -> dict[str, str]:
     """What to add to ``environ`` so that the processes it starts form a job: a random
-    ``GRADPRESS_JOB_SECRET`` (or ``secret``), unless ``environ`` sets a secret or
-    ``GRADPRESS_INSECURE`` already (the user's choice wins)."""
+    ``GRADPRESS_JOB_SECRET`` (or ``secret``), unless ``environ`` or the job file it names
+    (``GRADPRESS_CONFIG``) sets a secret, a secret file or no security already (the user's
+    choice wins: a job file's ``security = "off"`` met a made secret, and its processes
+    stopped saying both were set)."""
     insecure = environ.get("GRADPRESS_INSECURE", "").strip().lower() in ("1", "true", "yes", "on") or \
         environ.get("GRADPRESS_SECURITY", "").strip().lower() == "off"
     if insecure or environ.get("GRADPRESS_JOB_SECRET") or environ.get("GRADPRESS_JOB_SECRET_FILE"):
+        return {}
+    from ..config import Settings
+    try:
+        chosen = Settings.load(environ)
+    except ValueError:  # (each process says what is wrong, as it starts)
+        chosen = None
+    if chosen is not None and (chosen.security == "off" or chosen.insecure or chosen.job_secret
+                               or chosen.job_secret_file):
         return {}
     return {"GRADPRESS_JOB_SECRET": secret or secrets.token_hex(32)}
 

@@ -163,3 +163,13 @@ def test_under_auth_a_member_is_heard_and_outsiders_are_not(caplog):
     finally:
         for sock in (router, member, plain, wrong, curve):
             sock.close(linger=0)
+
+
+@pytest.mark.parametrize("line", ['security = "off"', "insecure = true", 'job_secret_file = "/run/secret"'])
+def test_a_local_job_makes_no_secret_where_its_job_file_chose_the_security(tmp_path, line):
+    """(``gradpress-launch --local --config`` made one all the same, and the processes stopped
+    saying that GRADPRESS_SECURITY=off and a job secret were both set.)"""
+    path = tmp_path / "job.toml"
+    path.write_text(f"[settings]\n{line}\n")
+    assert auth.secret_env({"GRADPRESS_CONFIG": str(path)}) == {}
+    assert set(auth.secret_env({})) == {"GRADPRESS_JOB_SECRET"}
