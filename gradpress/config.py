@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 ROLES = ("scheduler", "server", "worker")
+MAX_LOCAL_SIZE = 1024  # the workers of a machine at most (BYTEPS_LOCAL_SIZE; a --local job's each role)
 MAX_SERVER_LANES = 16  # (the I/O threads a process runs at most by default: net/transport.py)
 MAX_TIMEOUT_S = 1e6  # a deadline's most: 11 days (ZeroMQ takes a send timeout in int32 milliseconds)
 MAX_PARTITION_BYTES = 1 << 30

@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from . import logs
-from .config import Settings
+from .config import MAX_LOCAL_SIZE, Settings
 from .net import auth
 from .processes import ProcessGroup, Terminated, raise_on_termination
 
@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--local needs a worker command after --")
         if workers < 1 or servers < 1:
             p.error("--workers and --servers must be at least 1")
+        if max(workers, servers) > MAX_LOCAL_SIZE:  # (before spawning them: registration refuses them later)
+            p.error(f"--workers {workers} --servers {servers}: a --local job runs on this machine, at most "
+                    f"{MAX_LOCAL_SIZE} of each")
         raise_on_termination()
         return run_local(command, workers, servers)
     logs.configure(settings.log_level)
@@ -94,6 +97,9 @@ def serve(settings: Settings) -> int:
 def run_workers(command: list[str], settings: Settings) -> int:
     """One process per visible GPU (one on a CPU machine), with local rank and size set."""
     local_size = int(os.environ["BYTEPS_LOCAL_SIZE"]) if os.environ.get("BYTEPS_LOCAL_SIZE") else _visible_gpus()
+    if not 1 <= local_size <= MAX_LOCAL_SIZE:  # (before spawning them)
+        print(f"gradpress-launch: BYTEPS_LOCAL_SIZE={local_size} is not in [1, {MAX_LOCAL_SIZE}]", file=sys.stderr)
+        return 2
     group = ProcessGroup()
     for r in range(local_size):
         env = dict(os.environ, BYTEPS_LOCAL_RANK=str(r), BYTEPS_LOCAL_SIZE=str(local_size),

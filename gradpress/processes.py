@@ -93,7 +93,9 @@ class ProcessGroup:
             late = [n for n, p in self.procs.items() if p.poll() is None]
             failed = [n for n, p in self.procs.items() if p.poll() not in (None, 0)]
             if late or failed:
-                self._say(f"after the workers finished: still running {late}, failed {failed}")
+                self._say(f"after the workers finished: still running {late}, failed {failed}"
+                          + (" (a worker that exits without init() leaves them waiting for it to join)"
+                             if late else ""))
                 self.stop()
                 return 1
             return 0

@@ -205,6 +205,19 @@ def test_launch_refuses_a_job_size_without_local(capsys):
     assert "--workers and --servers size a --local job" in capsys.readouterr().err
 
 
+def test_launch_refuses_more_processes_than_a_machine_may_hold_before_starting_any(capsys, monkeypatch):
+    """(``--workers 100000`` or ``BYTEPS_LOCAL_SIZE=100000`` started spawning them; only their
+    registration was refused.)"""
+    from gradpress import launcher
+    with pytest.raises(SystemExit) as caught:
+        launcher.main(["--local", "--workers", "100000", "--", sys.executable, "train.py"])
+    assert caught.value.code == 2
+    assert "--workers 100000 --servers 1: a --local job runs on this machine, at most 1024" in capsys.readouterr().err
+    monkeypatch.setenv("BYTEPS_LOCAL_SIZE", "100000")
+    assert launcher.run_workers([sys.executable, "train.py"], Settings(role="worker")) == 2
+    assert "BYTEPS_LOCAL_SIZE=100000 is not in [1, 1024]" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("table, expected", [
     ('[compression.default]\ncompressor = "topk"\nk = 0\n', r"\[compression\]: compression default: .*\['k'\] = 0"),
     ("compression = 5\n", "compression must be a table"),

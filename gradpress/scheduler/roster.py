@@ -12,11 +12,9 @@ import time
 from dataclasses import dataclass, field
 
 from .. import logs
-from ..config import MAX_SERVER_LANES
+from ..config import MAX_LOCAL_SIZE, MAX_SERVER_LANES
 from ..net import transport
 
-# Worker processes on one machine, at most (a machine has a few GPUs).
-MAX_LOCAL_SIZE = 1024
 # A machine id (host.machine_id: a boot id and a cgroup path), at most this long.
 MAX_MACHINE_ID = 512
 
