@@ -213,6 +213,18 @@ def settings_from_toml(path: str) -> dict[str, Any]:
     return values
 
 
+# Settings every worker of a job must give alike: they decide which keys a tensor makes and
+# which tensors travel together, so a worker apart failed only at a deadline, naming a tensor
+# of gradpress's own (``Gradient.small-fused.c48965b0``). A worker registers with them.
+WORKERS_AGREE = ("partition_bytes", "min_compress_bytes", "fuse_below_bytes", "fuse_compressed_bytes",
+                 "sparse_density", "sparse_seed", "plan_steps")
+
+
+def agreed(settings: Settings) -> dict[str, Any]:
+    """This worker's values of WORKERS_AGREE, by environment variable."""
+    return {_env(name): getattr(settings, name) for name in WORKERS_AGREE}
+
+
 # Tables a job file may hold; other modules (compression rules) read their own table.
 CONFIG_TABLES = ("settings", "compression")
 

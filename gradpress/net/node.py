@@ -19,7 +19,7 @@ import zmq
 
 from . import transport
 from .. import host
-from ..config import Settings
+from ..config import Settings, agreed
 from ..errors import JobError, NodeLostError, OpTimeoutError, RegistrationRefused
 from ..health import HealthFile
 from .handshake import HandshakeWatch
@@ -134,7 +134,8 @@ class SchedulerLink:
                    machine=host.machine_id(), **({"local_reduce": s.local_reduce} if self.role == "worker" else {}),
                    **({"ports": self.lanes} if self.lanes else {}),
                    **({"server_id": s.server_id} if self.role == "server" and s.server_id >= 0 else {}),
-                   enable_async=s.enable_async, **({"launch": s.launch_id} if s.launch_id else {}))
+                   enable_async=s.enable_async, **({"launch": s.launch_id} if s.launch_id else {}),
+                   **({"agree": agreed(s)} if self.role == "worker" else {}))
         deadline = time.monotonic() + s.connect_timeout_s
         hint = _unlaunched_hint(s)
         if hint:  # a script run with plain `python`: say so now, not at the deadline

@@ -68,7 +68,8 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     Op.REGISTER: ({"role": _STR, "host": _STR, "port": _INT, "worker_id": _INT,
                    "local_rank": _INT, "local_size": _INT, "pid": _INT}, {"machine": _STR, "local_reduce": (bool,),
                                                            "ports": (list,), "server_id": _INT,
-                                                           "enable_async": (bool,), "launch": _STR}),
+                                                           "enable_async": (bool,), "launch": _STR,
+                                                           "agree": (dict,)}),
     # local_size: the workers of a machine reduce locally in groups of this many (absent: each pushes its own)
     Op.ADDRESS_BOOK: ({"rank": _INT, "nodes": (list,), "num_workers": _INT, "num_servers": _INT},
                       {"local_size": _INT}),

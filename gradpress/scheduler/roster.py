@@ -35,6 +35,7 @@ class Member:
     server_id: int = -1           # the rank a server asked for (GRADPRESS_SERVER_ID); -1: any
     enable_async: bool = False    # BYTEPS_ENABLE_ASYNC (every worker and server must agree)
     launch: str = ""              # GRADPRESS_LAUNCH_ID: the process its launcher started, named in its reports
+    agree: dict = field(default_factory=dict)  # a worker's settings that every worker gives alike
     rank: int = -1
     last_seen: float = field(default_factory=time.monotonic)
     finished: bool = False
@@ -96,6 +97,11 @@ class Roster:
         if workers and h["local_size"] != workers[0].local_size:
             return (f"BYTEPS_LOCAL_SIZE={h['local_size']} differs from "
                     f"{workers[0].local_size} of the workers already registered")
+        mine, theirs = h.get("agree", {}), workers[0].agree if workers else {}
+        apart = next((k for k in sorted(set(mine) | set(theirs)) if workers and mine.get(k) != theirs.get(k)), None)
+        if apart is not None:
+            return (f"{apart}={mine.get(apart)} differs from {theirs.get(apart)} of the worker registered already "
+                    f"(pid {workers[0].pid}): every worker of the job must set it alike")
         if workers and h.get("local_reduce", False) != workers[0].local_reduce:
             return (f"GRADPRESS_LOCAL_REDUCE={int(h.get('local_reduce', False))} differs from "
                     f"{int(workers[0].local_reduce)} of the workers already registered (the job must agree)")
@@ -135,7 +141,7 @@ class Roster:
         member = Member(identity, h["role"], h["host"], h["port"], h["worker_id"],
                         h["local_rank"], h["local_size"], h["pid"], h.get("machine", ""),
                         h.get("local_reduce", False), tuple(h.get("ports", ())), h.get("server_id", -1),
-                        h.get("enable_async", False), h.get("launch", ""))
+                        h.get("enable_async", False), h.get("launch", ""), h.get("agree", {}))
         self.members[identity] = member
         return member
 
@@ -221,6 +227,11 @@ def registration_problem(h: dict) -> str:
         return f"DMLC_WORKER_ID={h['worker_id']} is negative"
     if h["pid"] < 0:
         return f"pid {h['pid']} is negative"
+    agree = h.get("agree", {})
+    if "agree" in h and (h["role"] != "worker" or len(agree) > 64 or not all(
+            type(k) is str and len(k) <= 64 and type(v) in (int, float, str) and len(str(v)) <= 64
+            for k, v in agree.items())):
+        return "agree: a worker's settings, at most 64 names and values of 64 characters"
     if len(h.get("machine", "")) > MAX_MACHINE_ID:
         return (f"machine id of {len(h['machine'])} characters (at most {MAX_MACHINE_ID}): the address book "
                 f"repeats every node's to every node")

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from cluster import TEST_SECRET
-from gradpress.config import Settings
+from gradpress.config import Settings, agreed
 from gradpress.errors import RegistrationRefused, Terminated
 from gradpress.net import transport
 from gradpress.net.node import SchedulerLink
@@ -142,6 +142,30 @@ def test_nodes_that_disagree_on_asynchronous_training_are_refused(waiting_schedu
     _register_silently(server, enable_async=True)
     with pytest.raises(RegistrationRefused, match=r"BYTEPS_ENABLE_ASYNC=0 differs from 1 of the server"):
         worker.register()
+
+
+def test_a_worker_whose_job_wide_settings_differ_from_the_first_workers_is_refused_naming_one(waiting_scheduler):
+    """Settings that decide a job's keys (GRADPRESS_FUSE_BELOW_BYTES, BYTEPS_PARTITION_BYTES, ...)
+    set apart on one worker failed only at a deadline, naming a tensor of gradpress's own."""
+    import os
+    first, second = waiting_scheduler("worker"), waiting_scheduler("worker", fuse_below_bytes=0)
+    first.send(Op.REGISTER, role="worker", host="127.0.0.1", port=5002, worker_id=-1, local_rank=0, local_size=1,
+               pid=os.getpid(), machine="", agree=agreed(first.settings))
+    time.sleep(0.2)  # (registered first)
+    alive, beating = threading.Event(), threading.Thread(target=lambda: _beat(first, alive), daemon=True)
+    beating.start()  # (a silent first worker would give its place up to the second)
+    try:
+        with pytest.raises(RegistrationRefused, match=r"GRADPRESS_FUSE_BELOW_BYTES=0 differs from 65536 of the "
+                                                      r"worker registered already .*must set it alike"):
+            second.register()
+    finally:
+        alive.set()
+        beating.join(timeout=5)
+
+
+def _beat(link, stop: threading.Event) -> None:
+    while not stop.wait(0.1):
+        link.send(Op.HEARTBEAT)
 
 
 def test_an_abort_naming_ids_out_of_range_before_the_job_starts_ends_it_naming_an_unknown_worker(
