@@ -90,8 +90,14 @@ def serve(settings: Settings) -> int:
     except Terminated as e:
         print(f"gradpress-launch: {settings.role}: {e}", file=sys.stderr)
         return e.status
+    except KeyboardInterrupt:  # Ctrl-C reaches every process of the terminal's job: one line, no traceback
+        print(f"gradpress-launch: {settings.role}: interrupted", file=sys.stderr)
+        return 130
     finally:
-        transport.deliver_queued(node.ctx)
+        try:
+            transport.deliver_queued(node.ctx)
+        except (Terminated, KeyboardInterrupt):  # told again to stop: no more grace (nor a second traceback)
+            pass
 
 
 def run_workers(command: list[str], settings: Settings) -> int:
