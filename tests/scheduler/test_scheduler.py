@@ -140,6 +140,7 @@ def test_nodes_that_disagree_on_asynchronous_training_are_refused(waiting_schedu
     summing deltas zeroed the model, and the reverse trained each worker apart, without a word."""
     server, worker = waiting_scheduler("server", enable_async=True), waiting_scheduler("worker")
     _register_silently(server, enable_async=True)
+    _kept(waiting_scheduler.scheduler, 1)
     with pytest.raises(RegistrationRefused, match=r"BYTEPS_ENABLE_ASYNC=0 differs from 1 of the server"):
         worker.register()
 
@@ -151,7 +152,7 @@ def test_a_worker_whose_job_wide_settings_differ_from_the_first_workers_is_refus
     first, second = waiting_scheduler("worker"), waiting_scheduler("worker", fuse_below_bytes=0)
     first.send(Op.REGISTER, role="worker", host="127.0.0.1", port=5002, worker_id=-1, local_rank=0, local_size=1,
                pid=os.getpid(), machine="", agree=agreed(first.settings))
-    time.sleep(0.2)  # (registered first)
+    _kept(waiting_scheduler.scheduler, 1)
     alive, beating = threading.Event(), threading.Thread(target=lambda: _beat(first, alive), daemon=True)
     beating.start()  # (a silent first worker would give its place up to the second)
     try:
@@ -161,6 +162,15 @@ def test_a_worker_whose_job_wide_settings_differ_from_the_first_workers_is_refus
     finally:
         alive.set()
         beating.join(timeout=5)
+
+
+def _kept(scheduler, members: int) -> None:
+    """Wait until ``scheduler`` keeps ``members`` registrations (two links connect apart: the
+    later one's REGISTER may arrive first)."""
+    deadline = time.monotonic() + 10
+    while len(scheduler.roster.members) < members:
+        assert time.monotonic() < deadline, "the first REGISTER never arrived"
+        time.sleep(0.01)
 
 
 def _beat(link, stop: threading.Event) -> None:
@@ -174,6 +184,7 @@ def test_an_abort_naming_ids_out_of_range_before_the_job_starts_ends_it_naming_a
     their connect timeout for it), and ids no worker can have are named an unknown worker."""
     server, stranger = waiting_scheduler("server"), waiting_scheduler("worker")
     _register_silently(server)  # (the job waits for its worker)
+    _kept(waiting_scheduler.scheduler, 1)
     stranger.send(Op.ABORT, reason="a test's", pid=4242, worker_id=2 ** 63, local_rank=2 ** 63)
     lost = _next(server, Op.NODE_LOST)
     assert lost["rank"] == -1 and "a test's" in lost["reason"], lost
@@ -223,6 +234,7 @@ def waiting_scheduler():
         links.append(SchedulerLink(Settings(role=role, **dict(common, root_port=scheduler.port, **settings)), role,
                                    transport.context()))
         return links[-1]
+    link.scheduler = scheduler
     yield link
     scheduler.exit_code = 0
     running.join(timeout=5)
