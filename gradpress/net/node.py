@@ -113,8 +113,9 @@ class SchedulerLink:
         self.port = port
         self.lanes = lanes if lanes and len(lanes) > 1 else None   # a server's ports, lane by lane
         self.host = transport.announce_host(settings)
+        self.watch: HandshakeWatch | None = None  # until registered: why the scheduler cannot be reached
         self.sock = transport.dealer(ctx, settings, settings.root_uri, settings.root_port,
-                                     f"{role}-{uuid.uuid4().hex[:12]}".encode())
+                                     f"{role}-{uuid.uuid4().hex[:12]}".encode(), before_connect=self._watch)
         self.health = HealthFile(settings.health_file, settings.heartbeat_interval_s)
         self.book: AddressBook | None = None
         self.name = transport.node_name(role, -1)
@@ -124,11 +125,14 @@ class SchedulerLink:
         self.announced = False  # REGISTER sent (or being sent): the scheduler may know this node
         self._last_tick = time.monotonic()
 
+    def _watch(self, sock: zmq.Socket) -> None:
+        self.watch = HandshakeWatch(sock, self.settings, self.role)
+
     def register(self) -> AddressBook:
         """Announce this node and wait for the address book (deadline: connect timeout)."""
         s = self.settings
         self.announced = True  # (first: a signal may end the send after the message went)
-        self._send(Op.REGISTER, role=self.role, host=self.host, port=self.port,
+        self._send_registering(Op.REGISTER, role=self.role, host=self.host, port=self.port,
                    worker_id=s.worker_id if self.role == "worker" else -1,
                    local_rank=s.local_rank, local_size=s.local_size, pid=os.getpid(),
                    machine=host.machine_id(), **({"local_reduce": s.local_reduce} if self.role == "worker" else {}),
@@ -141,11 +145,10 @@ class SchedulerLink:
         if hint:  # a script run with plain `python`: say so now, not at the deadline
             log.warning("%s: waiting up to GRADPRESS_CONNECT_TIMEOUT_S=%g s for a scheduler at %s:%d; %s",
                         self.role, s.connect_timeout_s, s.root_uri, s.root_port, hint)
-        watch = HandshakeWatch(self.sock, s, self.role)
         try:
-            self._wait_for_book(deadline, hint, watch)
+            self._wait_for_book(deadline, hint, self.watch)
         finally:
-            watch.close()
+            self.watch.close()
         self.health.ready(f"{self.name} registered")
         return self.book
 
@@ -162,20 +165,32 @@ class SchedulerLink:
                     f"{self.role}: no address book from the scheduler at {s.root_uri}:{s.root_port} "
                     f"within GRADPRESS_CONNECT_TIMEOUT_S={s.connect_timeout_s:g} s "
                     f"(expecting {s.num_worker} worker machine(s) and {s.num_server} server(s))"
-                    + (f"; {hint}" if hint else ""))
+                    + "".join(f"; {h}" for h in (watch.hint(), hint) if h))
             if self.sock in dict(poller.poll(min(left, s.heartbeat_interval_s) * 1000)):
                 _, header, _ = transport.recv(self.sock, routed=False)
                 if header is not None:
                     self.handle(header)
             if self.book is None and time.monotonic() - self._last_sent >= s.heartbeat_interval_s:
-                try:
-                    self._send(Op.HEARTBEAT)  # still here: the scheduler hears from us while others register
-                except zmq.Again:  # (no connection took it for PS_HEARTBEAT_TIMEOUT)
-                    watch.check()
-                    raise OpTimeoutError(f"{self.role}: the scheduler at {s.root_uri}:{s.root_port} took no message "
-                                         f"within PS_HEARTBEAT_TIMEOUT={s.heartbeat_timeout_s:g} s: it refuses the "
-                                         f"connection (a job secret or GRADPRESS_SECURITY other than this node's "
-                                         f"{s.security}?) or reads nothing") from None
+                self._send_registering(Op.HEARTBEAT)  # still here: the scheduler hears from us while others register
+
+    def _send_registering(self, op: Op, **fields) -> None:
+        """A send before the job starts: it waits (PS_HEARTBEAT_TIMEOUT at most) for a connection to
+        take it, or for the watch to say why none will; it ended in ZeroMQ's bare Again."""
+        s = self.settings
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLOUT)
+        poller.register(self.watch.monitor, zmq.POLLIN)
+        deadline = time.monotonic() + s.heartbeat_timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            self.watch.check()
+            if dict(poller.poll(left * 1000)).get(self.sock, 0) & zmq.POLLOUT:
+                self._send(op, **fields)
+                return
+        self.watch.check()
+        raise OpTimeoutError(f"{self.role}: the scheduler at {s.root_uri}:{s.root_port} took no message within "
+                             f"PS_HEARTBEAT_TIMEOUT={s.heartbeat_timeout_s:g} s: it refuses the connection (a job "
+                             f"secret or GRADPRESS_SECURITY other than this node's {s.security}?) or reads nothing"
+                             + (f"; {self.watch.hint()}" if self.watch.hint() else ""))
 
     def handle(self, header: dict) -> dict | None:
         """Process a scheduler message; returns it when the owner must act on it.
@@ -237,4 +252,6 @@ class SchedulerLink:
         transport.send(self.sock, op, self.name, buffers, **fields)
 
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
         self.sock.close()

@@ -166,14 +166,17 @@ def lanes_router(ctx: zmq.Context, settings: Settings, port: int, lanes: int) ->
 
 
 def dealer(ctx: zmq.Context, settings: Settings, host: str, port: int, identity: bytes,
-           io_thread: int | None = None) -> zmq.Socket:
+           io_thread: int | None = None, before_connect=None) -> zmq.Socket:
     """A DEALER connected to ``host:port``, calling itself ``identity``; its connection on I/O
     thread ``io_thread`` (modulo the context's count) where given, as ``lanes_router`` ties a
-    server's (connections made together would otherwise share one)."""
+    server's (connections made together would otherwise share one). ``before_connect(sock)``
+    runs before it connects (a monitor attached later misses the first handshakes)."""
     sock = job_socket(ctx, zmq.DEALER, settings, binds=False)
     sock.setsockopt(zmq.IDENTITY, identity)
     if io_thread is not None:
         sock.setsockopt(zmq.AFFINITY, 1 << (io_thread % ctx.get(zmq.IO_THREADS)))
+    if before_connect is not None:
+        before_connect(sock)
     sock.connect(f"tcp://{host}:{port}")
     return sock
 

@@ -83,8 +83,8 @@ class Liveness:
         if sender is not None and sender.role == "server":  # the workers hear why now, not at its silence
             failed, rank, role = sender, sender.rank, "server"
         elif h.get("role") == "server":  # its launcher saw it exit (killed, say): not at its silence either
-            failed = next((m for m in self.roster.servers() if m.pid == h.get("pid")
-                           or h.get("launch") and m.launch == h["launch"]), None)
+            failed = next((m for m in self.roster.servers() if (m.launch == h["launch"] if h.get("launch")
+                                                                else m.pid == h.get("pid"))), None)
             rank, role = failed.rank if failed is not None else -1, "server"
         else:
             (failed, rank), role = self.roster.failed_worker(sender, h), "worker"

@@ -46,9 +46,10 @@ class Member:
 
 
 class Roster:
-    def __init__(self, num_worker: int, num_server: int):
+    def __init__(self, num_worker: int, num_server: int, enable_async: bool = False):
         self.num_worker = num_worker  # machines, each with local_size worker processes
         self.num_server = num_server
+        self.enable_async = enable_async  # the scheduler's BYTEPS_ENABLE_ASYNC, which every member must share
         self.members: dict[bytes, Member] = {}  # in registration order: ranks are assigned in it
         self.registered = False  # every member registered and ranked: registration is closed
 
@@ -81,15 +82,14 @@ class Roster:
                 f"PS_HEARTBEAT_TIMEOUT, which gives its place up)") if kept >= expected else ""
 
     def _async_clash(self, h: dict) -> str:
-        """Asynchronous training where the nodes already kept train synchronously, or the other
-        way: servers that sum the pushes where workers push deltas zeroed the model, and the
-        reverse gave each worker other parameters, without an error."""
-        first = next(iter(self.members.values()), None)
+        """Asynchronous training where the scheduler (and the nodes it kept) trains
+        synchronously, or the other way: servers that sum the pushes where workers push deltas
+        zeroed the model, and the reverse gave each worker other parameters, without an error."""
         mine = h.get("enable_async", False)
-        if first is None or first.enable_async == mine:
+        if mine == self.enable_async:
             return ""
-        return (f"BYTEPS_ENABLE_ASYNC={int(mine)} differs from {int(first.enable_async)} of the {first.role} "
-                f"registered already (pid {first.pid}): every worker and server of the job must set it alike")
+        return (f"BYTEPS_ENABLE_ASYNC={int(mine)} differs from the scheduler's {int(self.enable_async)}: the "
+                f"scheduler and every worker and server of the job must set it alike")
 
     def _worker_clash(self, h: dict) -> str:
         """What a worker's REGISTER contradicts among the workers already kept ('' if nothing)."""
@@ -188,10 +188,10 @@ class Roster:
         names the worker by pid, DMLC_WORKER_ID and local rank.
         """
         failed = sender if sender is not None and sender.role == "worker" and "pid" not in h else None
-        if failed is None and "pid" in h:
+        if failed is None and h.get("launch"):  # its launcher's name for it: the pid may be a shell's, or a
+            failed = next((m for m in self.workers() if m.launch == h["launch"]), None)  # pod's pid 7 as any pod's
+        elif failed is None and "pid" in h:
             failed = next((m for m in self.workers() if m.pid == h["pid"]), None)
-        if failed is None and h.get("launch"):  # (its launcher's child may be a shell that runs it)
-            failed = next((m for m in self.workers() if m.launch == h["launch"]), None)
         # by its slot, a worker that never registered (once the job runs, a launcher whose child
         # no member is, such as another job's, names none of its workers)
         if failed is None and h.get("worker_id", -1) >= 0 and not (h.get("launch") and self.registered):

@@ -50,7 +50,7 @@ class Scheduler(Liveness):
         self.guard = PeerGuard("scheduler", settings.peer_rate, settings.peer_burst)
         self.outbox = Outbox(self.sock, self.guard, stall_s=settings.heartbeat_timeout_s, names=self._name_of)
         self.limits = Limits(settings.partition_bytes)
-        self.roster = Roster(settings.num_worker, settings.num_server)
+        self.roster = Roster(settings.num_worker, settings.num_server, settings.enable_async)
         self.barriers = Barriers()
         self.declarations: Declarations | None = None  # from the job's start: ranks and servers are known then
         self._init_liveness()

@@ -72,7 +72,7 @@ def report_init_failure(settings: Settings, error: BaseException, registered: bo
     another worker's: it is named by its pid alone, not by that slot."""
     report_failure(settings, f"worker (pid {os.getpid()})", f"in init(): {first_error_line(error)}",
                    pid=os.getpid(), worker_id=settings.worker_id if registered else -1,
-                   local_rank=settings.local_rank,
+                   local_rank=settings.local_rank, launch=settings.launch_id,
                    wait_s=min(2.0, settings.heartbeat_timeout_s))
 
 
