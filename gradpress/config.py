@@ -98,6 +98,10 @@ class Settings:
         if not (self.server_id == -1 or 0 <= self.server_id < self.num_server):
             raise ValueError(f"GRADPRESS_SERVER_ID={self.server_id}: must be in [0, DMLC_NUM_SERVER={self.num_server}) "
                              f"or unset")
+        uri = self.root_uri
+        if "://" in uri or (uri.count(":") == 1 and uri.rsplit(":", 1)[1].isdigit()):  # (IPv6 has two or more)
+            raise ValueError(f"DMLC_PS_ROOT_URI={uri!r}: an address alone (an IP or a DNS name), the port in "
+                             f"DMLC_PS_ROOT_PORT; it waited out the connect timeout for a host of that name")
         for name in ("root_port", "server_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ValueError(f"{_env(name)}={getattr(self, name)}: not a port number")

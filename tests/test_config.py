@@ -60,6 +60,15 @@ def test_unknown_key_is_named(tmp_path):
         Settings.load({}, path)
 
 
+@pytest.mark.parametrize("uri", ["localhost:9000", "tcp://10.0.0.1", "http://scheduler"])
+def test_a_scheduler_address_with_a_port_or_a_scheme_is_refused_naming_the_port_variable(uri):
+    """(``localhost:9000`` waited out the connect timeout for a host of that name.)"""
+    with pytest.raises(ValueError, match=r"DMLC_PS_ROOT_URI=.*an address alone .*DMLC_PS_ROOT_PORT"):
+        Settings.load({"DMLC_PS_ROOT_URI": uri})
+    for fine in ("scheduler.default.svc", "10.0.0.1", "::1", "fe80::1"):
+        assert Settings.load({"DMLC_PS_ROOT_URI": fine}).root_uri == fine
+
+
 def test_a_job_file_cannot_name_another_job_file(tmp_path):
     """(It said "unknown setting 'config_file'; accepted: config_file, ...".)"""
     path = job_file(tmp_path, "[settings]\nconfig_file = 'other.toml'\n")

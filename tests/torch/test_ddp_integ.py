@@ -120,3 +120,24 @@ def test_a_module_wrapped_again_leaves_the_earlier_wrapper(cluster):
     c = cluster(workers=2, servers=1)
     c.start(REWRAPPED).assert_success()
     assert "OK rewrapped" in c.log("worker 0") and "OK rewrapped" in c.log("worker 1"), c.logs()
+
+
+MOMENTUM_WARNING = """
+import warnings, torch, gradpress.torch as bps
+from gradpress.torch.parallel import DistributedDataParallel as DDP
+bps.init()
+for params, warned in (({"compressor": "onebit", "momentum": "nesterov"}, True), ({"compressor": "onebit"}, False)):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DDP(torch.nn.Linear(256, 256), compression_params=params)
+    said = [str(w.message) for w in caught if "momentum is applied twice" in str(w.message)]
+    assert bool(said) == warned, (params, [str(w.message) for w in caught])
+bps.shutdown()
+"""
+
+
+def test_ddp_with_codec_momentum_says_the_optimizers_own_must_be_turned_off(cluster):
+    """DistributedOptimizer folds the optimizer's momentum into the codecs'; DDP cannot, and the
+    momentum was applied twice without a word."""
+    c = cluster(workers=1, servers=1, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    c.start(MOMENTUM_WARNING).assert_success()

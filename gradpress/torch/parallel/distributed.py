@@ -90,6 +90,11 @@ class DistributedDataParallel(torch.nn.Module):
                                CompressionPolicy.for_job(ops.settings(), compression_params, compression_rules))
         for p in table.trainable:
             _check_spec(table, p)
+        if any(spec is not None and spec.compression_params.get("momentum") for spec in table.spec.values()):
+            warnings.warn("DistributedDataParallel: compression_params with momentum keep Nesterov momentum on the "
+                          "workers before compression; DDP cannot turn the optimizer's own momentum off, as "
+                          "DistributedOptimizer folds it: build the optimizer with momentum=0, or momentum is "
+                          "applied twice", stacklevel=2)
         self._gradpress = GradientPipeline(table, f"Gradient.{self._prefix}", compression=compression,
                                            bucket_bytes=bucket_cap_mb * (1 << 20), fill=gradient_or_zeros,
                                            owner="DistributedDataParallel")
