@@ -146,14 +146,14 @@ class SchedulerLink:
             log.warning("%s: waiting up to GRADPRESS_CONNECT_TIMEOUT_S=%g s for a scheduler at %s:%d; %s",
                         self.role, s.connect_timeout_s, s.root_uri, s.root_port, hint)
         try:
-            self._wait_for_book(deadline, hint, self.watch)
+            self._wait_for_book(deadline, hint)
         finally:
             self.watch.close()
         self.health.ready(f"{self.name} registered")
         return self.book
 
-    def _wait_for_book(self, deadline: float, hint: str, watch: HandshakeWatch) -> None:
-        s = self.settings
+    def _wait_for_book(self, deadline: float, hint: str) -> None:
+        s, watch = self.settings, self.watch
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(watch.monitor, zmq.POLLIN)

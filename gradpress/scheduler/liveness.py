@@ -16,7 +16,7 @@ from .. import logs
 from ..config import Settings
 from ..net import transport
 from ..net.protocol import MAX_REASON_CHARS, Op
-from .roster import Member, Roster
+from .roster import Member, Roster, reported
 
 # The scheduler's logger, as before this part moved here: log readers and filters match on its name.
 log = logging.getLogger(__package__ + ".scheduler")
@@ -83,8 +83,7 @@ class Liveness:
         if sender is not None and sender.role == "server":  # the workers hear why now, not at its silence
             failed, rank, role = sender, sender.rank, "server"
         elif h.get("role") == "server":  # its launcher saw it exit (killed, say): not at its silence either
-            failed = next((m for m in self.roster.servers() if (m.launch == h["launch"] if h.get("launch")
-                                                                else m.pid == h.get("pid"))), None)
+            failed = reported(self.roster.servers(), h)
             rank, role = failed.rank if failed is not None else -1, "server"
         else:
             (failed, rank), role = self.roster.failed_worker(sender, h), "worker"

@@ -188,10 +188,8 @@ class Roster:
         names the worker by pid, DMLC_WORKER_ID and local rank.
         """
         failed = sender if sender is not None and sender.role == "worker" and "pid" not in h else None
-        if failed is None and h.get("launch"):  # its launcher's name for it: the pid may be a shell's, or a
-            failed = next((m for m in self.workers() if m.launch == h["launch"]), None)  # pod's pid 7 as any pod's
-        elif failed is None and "pid" in h:
-            failed = next((m for m in self.workers() if m.pid == h["pid"]), None)
+        if failed is None:
+            failed = reported(self.workers(), h)
         # by its slot, a worker that never registered (once the job runs, a launcher whose child
         # no member is, such as another job's, names none of its workers)
         if failed is None and h.get("worker_id", -1) >= 0 and not (h.get("launch") and self.registered):
@@ -205,6 +203,14 @@ class Roster:
         else:
             rank = -1
         return failed, rank
+
+
+def reported(members: list[Member], h: dict) -> Member | None:
+    """The member an ABORT names by its process: by GRADPRESS_LAUNCH_ID alone where the report
+    gives one (the pid may be a shell's that runs it, or the small pid of every pod), else by pid."""
+    if h.get("launch"):
+        return next((m for m in members if m.launch == h["launch"]), None)
+    return next((m for m in members if m.pid == h.get("pid")), None) if "pid" in h else None
 
 
 def registration_problem(h: dict) -> str:

@@ -66,6 +66,13 @@ class Compression:
     fp16 = FP16Compressor
 
 
+def narrows_to_half(compression) -> bool:
+    """Whether ``compression`` is ``Compression.fp16`` (or a subclass, or one of their
+    instances): it sends float32 and float64 tensors as float16, without their codec."""
+    return isinstance(compression, FP16Compressor) or (isinstance(compression, type)
+                                                       and issubclass(compression, FP16Compressor))
+
+
 def check_compression(compression, compression_params: dict | None, where: str) -> None:
     """Refuse what is not a tensor-level compressor (``compression="fp16"`` failed at the first
     backward, in a hook), and say where ``Compression.fp16`` takes the codec's place."""
@@ -73,7 +80,7 @@ def check_compression(compression, compression_params: dict | None, where: str) 
         raise TypeError(f"{where}: compression={compression!r} is not a compressor; pass bps.Compression.none, "
                         f"bps.Compression.fp16 or a bps.Compressor subclass (codecs go in compression_params)")
     codec = (compression_params or {}).get("compressor", "none")
-    if compression is FP16Compressor and isinstance(codec, str) and codec.lower() != "none":
+    if narrows_to_half(compression) and isinstance(codec, str) and codec.lower() != "none":
         warnings.warn(f"{where}: compression=Compression.fp16 sends each float32 gradient as float16 without its "
                       f"codec ({codec}): compression_params then compress only the float16 and bfloat16 ones; "
                       f"leave compression=Compression.none for the codec", stacklevel=3)

@@ -24,7 +24,7 @@ import torch
 
 from ..compressors.spec import CodecSpec
 from ..pipeline import ParameterTable
-from .compression import FP16Compressor
+from .compression import narrows_to_half
 from .dtypes import HALVES, dtype_name
 
 
@@ -36,9 +36,7 @@ def carries_momentum(spec: CodecSpec | None, p: torch.Tensor, compression) -> bo
         return False
     if p.dtype in HALVES:
         return True
-    narrows = isinstance(compression, FP16Compressor) or (isinstance(compression, type)
-                                                          and issubclass(compression, FP16Compressor))
-    return not (narrows and p.dtype.is_floating_point) and spec.accepts(dtype_name(p.dtype))
+    return not (narrows_to_half(compression) and p.dtype.is_floating_point) and spec.accepts(dtype_name(p.dtype))
 
 
 class FoldedMomentum:
