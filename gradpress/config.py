@@ -57,9 +57,10 @@ class Settings:
     heartbeat_timeout_s: float = _setting(10.0, "PS_HEARTBEAT_TIMEOUT", "a node silent this many seconds is declared lost")
     connect_timeout_s: float = _setting(120.0, "GRADPRESS_CONNECT_TIMEOUT_S", "deadline for the whole job to register with the scheduler")
     op_timeout_s: float = _setting(300.0, "GRADPRESS_OP_TIMEOUT_S", "deadline for one declare, push_pull, barrier or broadcast")
+    cpus: float = _setting(0.0, "GRADPRESS_CPUS", "cores gradpress-launch shares among the worker processes it starts for torch's threads (OMP_NUM_THREADS, where that is not set); 0: the cores this process may use. A pod sets it to its CPU request: a container's process sees the whole node")
     launch_id: str = _setting("", "GRADPRESS_LAUNCH_ID", "set by gradpress-launch on each process it starts, a random name: the process registers with it and the launcher's report of its exit names it, so that another job's launcher (a job started on this one's port by mistake) names no worker of this one; not set by hand")
     port_file: str = _setting("", "GRADPRESS_PORT_FILE", "scheduler: write the port it bound to this file (gradpress-launch --local binds port 0)")
-    health_file: str = _setting("", "GRADPRESS_HEALTH_FILE", "file written once registered and touched every heartbeat (for probes); empty: none")
+    health_file: str = _setting("", "GRADPRESS_HEALTH_FILE", "file written once registered and touched every heartbeat (for probes), and marked finished when the node leaves its job; empty: none")
     plan_steps: int = _setting(10, "GRADPRESS_PLAN_STEPS", "compressor 'auto': steps profiled (gradients travel raw) before the first plan")
     plan_file: str = _setting("", "GRADPRESS_PLAN_FILE", "compressor 'auto': rank 0 writes its profile here (JSON, for gradpress-plan); empty: none")
     trace: str = _setting("", "GRADPRESS_TRACE", "write a Chrome-trace JSON of partition stages to this path; empty: off")
@@ -88,6 +89,8 @@ class Settings:
                      "scheduling_credit", "plan_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{_env(name)}={getattr(self, name)}: must be at least 1")
+        if self.cpus < 0:
+            raise ValueError(f"GRADPRESS_CPUS={self.cpus:g}: must be a count of cores, or 0 (those of this process)")
         if self.server_engine_threads < -1:
             raise ValueError(f"BYTEPS_SERVER_ENGINE_THREAD={self.server_engine_threads}: must be a count of "
                              f"threads, 0 (the I/O thread sums) or -1 (chosen by the host's cores)")

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from . import logs
+from . import host, logs
 from .config import MAX_LOCAL_SIZE, Settings
 from .net import auth
 from .processes import ProcessGroup, Terminated, raise_on_termination
@@ -197,11 +197,14 @@ def _thread_share(processes: int, environ: dict[str, str] | None = None) -> dict
 
     Left alone, every worker starts one OpenMP thread per core and they fight: on 2 cores
     with 2 workers the digits demo ran 6x slower. As torchrun does, an explicit
-    OMP_NUM_THREADS from the user wins.
+    OMP_NUM_THREADS from the user wins. The cores are GRADPRESS_CPUS (a pod's CPU request),
+    else those this process may use.
     """
-    if "OMP_NUM_THREADS" in (os.environ if environ is None else environ):
+    environ = os.environ if environ is None else environ
+    if "OMP_NUM_THREADS" in environ:
         return {}
-    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes))}
+    cores = float(environ.get("GRADPRESS_CPUS") or 0) or host.cores()  # (checked by Settings.load at start)
+    return {"OMP_NUM_THREADS": str(max(1, int(cores) // processes))}
 
 
 def _gpu_of(index: int, environ: dict[str, str]) -> dict[str, str]:

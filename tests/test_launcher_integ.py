@@ -26,7 +26,8 @@ def test_local_job_prefixes_output_with_role_and_rank_and_exits_zero(tmp_path):
                           "--", sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                          env=dict(env, CUDA_VISIBLE_DEVICES="4, 6"))
     assert out.returncode == 0, out.stdout + out.stderr
-    cores = os.cpu_count() or 1
+    from gradpress.host import cores as host_cores
+    cores = int(host_cores())
     for r, gpu in enumerate(("4", "6")):
         assert f"[worker {r}] rank {r} of 2 local 0/1 omp {max(1, cores // 2)} gpus {gpu}" in out.stdout, out.stdout
 
@@ -38,6 +39,19 @@ def test_local_workers_share_the_visible_gpus_round_robin(visible, gpus):
     is left as it is."""
     from gradpress.launcher import _gpu_of
     assert [_gpu_of(i, {"CUDA_VISIBLE_DEVICES": visible}).get("CUDA_VISIBLE_DEVICES") for i in range(3)] == gpus
+
+
+def test_a_pods_cpu_request_is_shared_among_its_worker_processes():
+    """On Kubernetes, GRADPRESS_CPUS is the pod's CPU request (a container sees every core of
+    its node): gradpress-launch gives each of the processes it starts its share, and an
+    explicit OMP_NUM_THREADS still wins."""
+    from gradpress.launcher import _thread_share
+    assert _thread_share(2, {"GRADPRESS_CPUS": "6"}) == {"OMP_NUM_THREADS": "3"}
+    assert _thread_share(8, {"GRADPRESS_CPUS": "4"}) == {"OMP_NUM_THREADS": "1"}
+    assert _thread_share(2, {"GRADPRESS_CPUS": "6", "OMP_NUM_THREADS": "5"}) == {}
+    from gradpress.config import Settings
+    with pytest.raises(ValueError, match="GRADPRESS_CPUS=-2: must be a count of cores"):
+        Settings.load({"GRADPRESS_CPUS": "-2"})
 
 
 def test_worker_role_runs_one_process_per_local_slot(cluster):

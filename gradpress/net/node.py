@@ -252,6 +252,7 @@ class SchedulerLink:
         transport.send(self.sock, op, self.name, buffers, **fields)
 
     def close(self) -> None:
+        self.health.finished(f"{self.name} left the job")
         if self.watch is not None:
             self.watch.close()
         self.sock.close()

@@ -79,18 +79,21 @@ def test_exposed_ports_are_the_manifests_ports(flavour):
         f"Dockerfile.{flavour} exposes {sorted(exposed)}, the pods declare {sorted(declared)}"
 
 
-def test_ignore_file_lets_through_what_is_copied():
-    """The build context is the repository root; the ignore file excludes everything else."""
-    lines = (REPO / "deploy/docker/Dockerfile.cpu.dockerignore").read_text().splitlines()
-    rules = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+@pytest.mark.parametrize("flavour", DOCKERFILES)
+def test_ignore_file_lets_through_what_is_copied(flavour):
+    """The build context is the repository root; each Dockerfile's own ignore file (Docker
+    reads ``<Dockerfile>.dockerignore``) excludes everything else."""
+    path = DOCKERFILES[flavour]
+    ignore = path.with_name(path.name + ".dockerignore")
+    assert ignore.is_file(), f"no {ignore.name}: Docker would send the whole repository (.venv, .git) to the builder"
+    rules = [line.strip() for line in ignore.read_text().splitlines() if line.strip() and not line.startswith("#")]
     assert rules[0] == "*", "the ignore file should exclude everything first (the venv, .git)"
     let_through = {r[1:] for r in rules if r.startswith("!")}
-    for flavour, path in DOCKERFILES.items():
-        for i, a in instructions(path):
-            if i == "COPY" and not a.startswith("--from"):
-                for src in a.split()[:-1]:
-                    assert any(fnmatch.fnmatch(entry, src) for entry in let_through), \
-                        f"Dockerfile.{flavour} copies {src}, which the ignore file excludes"
+    for i, a in instructions(path):
+        if i == "COPY" and not a.startswith("--from"):
+            for src in a.split()[:-1]:
+                assert any(fnmatch.fnmatch(entry, src) for entry in let_through), \
+                    f"Dockerfile.{flavour} copies {src}, which {ignore.name} excludes"
 
 
 @pytest.mark.parametrize("flavour", DOCKERFILES)

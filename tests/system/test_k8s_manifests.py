@@ -358,9 +358,13 @@ def test_resources(overlay):
         else:
             assert gpus is None, f"{name}/{pod.name}: only GPU workers ask for GPUs"
         if pod.role == "worker":
-            threads = container_env(pod, docs, pod_fields(pod, "10.0.0.1")).get("OMP_NUM_THREADS")
-            assert threads == str(math.ceil(cpu_cores(res["requests"]["cpu"]))), \
-                f"{name}/{pod.name}: OMP_NUM_THREADS={threads} should follow the CPU request {res['requests']['cpu']}"
+            env = container_env(pod, docs, pod_fields(pod, "10.0.0.1"))
+            cpus = env.get("GRADPRESS_CPUS")
+            assert cpus == str(math.ceil(cpu_cores(res["requests"]["cpu"]))), \
+                f"{name}/{pod.name}: GRADPRESS_CPUS={cpus} should follow the CPU request {res['requests']['cpu']}"
+            # gradpress-launch shares GRADPRESS_CPUS among a pod's processes; a fixed
+            # OMP_NUM_THREADS would give each of them every core the pod asked for
+            assert "OMP_NUM_THREADS" not in env, f"{name}/{pod.name}: OMP_NUM_THREADS is set"
 
 
 @pytest.mark.integ  # starts processes
@@ -370,7 +374,8 @@ def test_one_place_sets_counts_port_and_image(tmp_path):
     (tmp_path / "kustomization.yaml").write_text(f"""
 resources: [{rel}/base]
 components: [{rel}/components/wiring]
-images: [{{name: gradpress, newName: example.org/gp, newTag: v9}}]
+namePrefix: run7-
+images: [{{name: gradpress, newName: example.org/gp, newTag: v9}}, {{name: gradpress-worker, newName: example.org/gpw}}]
 configMapGenerator:
 - name: gradpress-job
   behavior: merge
@@ -378,12 +383,41 @@ configMapGenerator:
 """)
     docs = render(tmp_path)
     assert find(docs, "StatefulSet")[0]["spec"]["replicas"] == 5
+    # the prefix renames the scheduler's Service: the address every node is given follows it
+    service = "run7-gradpress-scheduler"
+    assert find(docs, "Service", service), [d["metadata"]["name"] for d in find(docs, "Service")]
+    job = next(d for d in find(docs, "ConfigMap") if d["metadata"]["name"].startswith("run7-gradpress-job-"))
+    assert job["data"]["DMLC_PS_ROOT_URI"] == service
     job = find(docs, "Job")[0]["spec"]
     assert (job["completions"], job["parallelism"]) == (3, 3)
     scheduler = next(p for p in pods(docs) if p.role == "scheduler")
     assert [p["containerPort"] for p in scheduler.container["ports"]] == [9555]
-    assert [p["port"] for p in find(docs, "Service", "gradpress-scheduler")[0]["spec"]["ports"]] == [9555]
-    assert {p.container["image"] for p in pods(docs)} == {"example.org/gp:v9"}
+    assert [p["port"] for p in find(docs, "Service", service)[0]["spec"]["ports"]] == [9555]
+    images = {p.role: p.container["image"] for p in pods(docs)}
+    assert images == {"scheduler": "example.org/gp:v9", "server": "example.org/gp:v9", "worker": "example.org/gpw"}
+
+
+@pytest.mark.integ  # starts processes
+def test_only_gpu_workers_run_the_cuda_image():
+    # the CUDA image is several GB and sees the node's GPUs: the scheduler and the servers,
+    # CPU pods, run the CPU image (docs/deploy.md, the images' table)
+    images = {p.role: p.container["image"] for p in pods(render(K8S / "overlays" / "gpu"))}
+    assert images == {"scheduler": "gradpress-cpu:0.1.0", "server": "gradpress-cpu:0.1.0",
+                      "worker": "gradpress-cuda:0.1.0"}
+    images = {p.container["image"] for p in pods(render(K8S / "overlays" / "cpu-demo"))}
+    assert images == {"gradpress-cpu:0.1.0"}
+
+
+@pytest.mark.integ  # starts processes
+def test_gpu_workers_keep_every_base_mount_and_get_a_dev_shm_in_memory():
+    # the overlay's patch adds /dev/shm (DataLoader workers) to the base's mounts, merged by path
+    for pod in pods(render(K8S / "overlays" / "gpu")):
+        if pod.role != "worker":
+            continue
+        mounts = {m["mountPath"]: m["name"] for m in pod.container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod.spec["volumes"]}
+        assert {"/etc/gradpress", "/run/gradpress", "/var/run/gradpress-secret", "/dev/shm"} <= set(mounts), mounts
+        assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
 
 
 def test_every_job_file_is_in_the_config_map():
