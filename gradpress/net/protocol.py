@@ -52,7 +52,7 @@ class Op(IntEnum):
     ABORT = 19         # worker or launcher -> scheduler: a worker failed; `reason` is its first error line
     SHUTDOWN_ACK = 20  # node -> scheduler: SHUTDOWN received; the scheduler exits once every member sent it
     RELEASE = 21       # worker -> server: forget a key (every worker has left its tensor: an old plan's group)
-    LEFT = 22          # scheduler -> servers: a worker finished while others go on; no later round can complete
+    LEFT = 22          # scheduler -> servers, workers: a worker finished while others go on; no later round completes
     STALLED = 23       # server -> worker: the round it waits in has waited long for the push of the workers named
 
 

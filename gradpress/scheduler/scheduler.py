@@ -171,6 +171,9 @@ class Scheduler(Liveness):
                    f"workers ran different numbers of steps or push_pulls, so this can never complete")
             self._send_all(self.barriers.leave(member, why) + self.declarations.leave(member.rank, why))
             self._send_each([m.identity for m in self.roster.servers()], Op.LEFT, rank=member.rank, reason=why)
+            # and the workers: its own machine's wait on it too where they sum locally (relay.py)
+            self._send_each([m.identity for m in self.roster.workers() if not m.finished], Op.LEFT,
+                            rank=member.rank, reason=why)
 
     def _name_of(self, identity: bytes) -> str:
         member = self.roster.members.get(identity)

@@ -231,6 +231,8 @@ class CommunicationThread(threading.Thread):
             fut = self._barriers.pop((h["group"], h["seq"]), None)
             if fut is not None:
                 fut.set()
+        elif op == Op.LEFT and self.flight.relay is not None:  # a worker finished while the job goes on
+            self.flight.peer_left(h["rank"], h["reason"])
         elif op == Op.SHUTDOWN:
             if self._finish is not None:
                 self._finish.set()

@@ -20,7 +20,7 @@ from ..errors import JobError, NonFiniteInput, OpTimeoutError
 from ..net import transport
 from ..net.protocol import MAX_REASON_CHARS, Op
 from .deadlines import Deadlines
-from . import grouped, nonfinite
+from . import device_encode, grouped, nonfinite
 from .future import Future
 from .jobs import PartitionOp, PushPull
 from .keys import KeyTable, WorkerKey
@@ -40,6 +40,7 @@ class PartitionFlight:
         self._deadlines = deadlines
         self._queue = CreditQueue(settings.scheduling_credit)
         self.relay: Relay | None = None   # set where this worker owns keys of a local group
+        self.left: dict[int, str] = {}    # its workers that finished while the job goes on: why (Op.LEFT)
         self.describe: Callable[[int], str] = lambda endpoint: f"server {endpoint}"
         self._log_error = logs.Throttled(log, logging.ERROR, 10.0)  # (a line each key's would flood the log)
         self._log_stalled = logs.Throttled(log, logging.WARNING, settings.op_timeout_s / 2)
@@ -77,6 +78,9 @@ class PartitionFlight:
         self.stages.introduce(wk, op.job.src)
         op.round = wk.next_round
         relayed = wk.pushers and self.relay is not None
+        if self.left and (why := self.relay.waits_on(op, self.left)):  # it needs a local worker that left
+            wk.next_round, wk.in_flight = wk.next_round + 1, op
+            return self._expire(op, why)
         if op.job.future.done():  # failed meanwhile: the caller may reuse its tensors (an owner's peers hear it)
             self._refuse_unread(op)
             return
@@ -99,7 +103,8 @@ class PartitionFlight:
             self.stages.host_copies.after(filling, lambda: self._filled(op), what=op.wkey.describe)
             return
         if self.stages.encodes_on_device(op):  # launches and a wait for the payload: off this thread
-            self.stages.host_copies.run(lambda: self._encode(op, rounds), lambda made: self._encoded(op, made))
+            self.stages.host_copies.run(lambda: device_encode.encode(self.stages, op, rounds),
+                                        lambda made: self._encoded(op, made))
             return
         if rounds is not None:
             self.stages.compress_tensor(op.job, rounds)
@@ -120,23 +125,6 @@ class PartitionFlight:
         for held in grouped.unmark(op):
             self._queue.put(held, priority=HELD_FIRST)
 
-    def _encode(self, op: PartitionOp, rounds: list[int] | None) -> Payload | ValueError | None:
-        """On the host-copies thread: ``op``'s payload (with its tensor's other partitions'
-        where ``rounds``), or the ValueError refusing its round: an encoder failed on the GPU
-        (out of memory, CUDA), or the job failed since it was queued (unread: its caller may
-        be rewriting the tensor)."""
-        if op.job.future.done():
-            return ValueError(f"its push_pull of tensor {op.job.tensor.name!r} failed before this partition went")
-        try:
-            if rounds is not None:
-                self.stages.compress_tensor(op.job, rounds)
-            return self.stages.compress(op)
-        except ValueError as e:
-            return e
-        except Exception as e:  # noqa: BLE001 - handed back as the round's refusal
-            log.exception("%s: its encoder failed on the GPU", op.wkey.describe())
-            return ValueError(f"its encoder failed on the GPU: {type(e).__name__}: {e}")
-
     def _encoded(self, op: PartitionOp, made: Payload | ValueError | None) -> None:
         """Back on this thread: push ``op``'s payload, unless its round failed meanwhile."""
         if isinstance(made, ValueError) or op.wkey.in_flight is not op:  # later jobs may wait on its marks
@@ -155,6 +143,14 @@ class PartitionFlight:
 
     def _together(self, op: PartitionOp) -> list[int] | None:
         return grouped.take_rounds(op, self.s.group_partitions, self.stages)
+
+    def peer_left(self, rank: int, why: str) -> None:
+        """A worker of this machine finished while the job goes on (the scheduler's LEFT): rounds
+        waiting on it (its push, its sum as a key's owner) fail now, naming it; later ones as they go."""
+        self.left[rank] = why
+        for wk in self.table.values():
+            if wk.in_flight is not None and (why := self.relay.waits_on(wk.in_flight, self.left)):
+                self._expire(wk.in_flight, why)
 
     def push_summed(self, op: PartitionOp) -> None:
         """The machine's sum of an owned key's round is in ``op.summed``: compress, push, pull."""
@@ -219,9 +215,19 @@ class PartitionFlight:
     def _fail_job(op: PartitionOp, error: JobError) -> None:
         op.job.future.fail(error)
 
-    def _expire(self, op: PartitionOp) -> None:
+    def _expire(self, op: PartitionOp, why: str = "") -> None:
+        """``op``'s deadline passed, or (``why``) a local worker it waits on left the job."""
         if op.wkey.in_flight is not op:
             return  # it landed in time
+        message = f"push_pull of {op.wkey.describe()}, round {op.round}: {why}" if why else self._overdue(op)
+        if op.wkey.pushers and self.relay is not None:
+            self.relay.fail(op.wkey.key, op.round, message)
+        if not op.sent_us and op.wkey.via is None:  # the server's round still ends, for every worker (every
+            self.stages.send(op, PartitionStages.refusal(message))  # machine): the payload, the sum, never sent
+        self._leave_flight(op)
+        self._fail_job(op, JobError(message) if why else OpTimeoutError(message))
+
+    def _overdue(self, op: PartitionOp) -> str:
         missing = self.relay.waiting_for(op) if self.relay is not None and op.wkey.pushers else []
         if missing:
             where = f"waiting for the local push of worker(s) {missing}"
@@ -229,15 +235,9 @@ class PartitionFlight:
             where = "never sent: its copy off the GPU, or its encoder there, did not finish"
         else:
             where = f"on {self.describe(self.stages.endpoint(op.wkey))}"
-        message = (f"push_pull of {op.wkey.describe()}, round {op.round}, {where}: "
-                   f"no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s"
-                   + (f"; {op.stalled}" if op.stalled else ""))  # a server's STALLED: whose push it waits for
-        if op.wkey.pushers and self.relay is not None:
-            self.relay.fail(op.wkey.key, op.round, message)
-        if not op.sent_us and op.wkey.via is None:  # the server's round still ends, for every worker (every
-            self.stages.send(op, PartitionStages.refusal(message))  # machine): the payload, the sum, never sent
-        self._leave_flight(op)
-        self._fail_job(op, OpTimeoutError(message))
+        return (f"push_pull of {op.wkey.describe()}, round {op.round}, {where}: "
+                f"no reply within GRADPRESS_OP_TIMEOUT_S={self.s.op_timeout_s:g} s"
+                + (f"; {op.stalled}" if op.stalled else ""))  # a server's STALLED: whose push it waits for
 
     # ---- replies ----------------------------------------------------------------
 

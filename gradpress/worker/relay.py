@@ -109,6 +109,19 @@ class Relay:
             return []
         return [self.group.base_rank + j for j in range(self.group.size) if j != self.group.me and j not in pushed]
 
+    def waits_on(self, op: PartitionOp, left: dict[int, str]) -> str:
+        """Why ``op`` can never complete, where it needs a worker of ``left`` (rank: why it
+        left): its push of ``op``'s round, which has not reached us (a key we own), or its sum
+        (a key it owns); "" where it needs none of them."""
+        owned = self.keys.get(op.wkey.key)
+        pushed = owned.pushed.get(op.round, {}) if owned is not None else {}
+        for rank, why in left.items():
+            j = rank - self.group.base_rank
+            if 0 <= j < self.group.size and j != self.group.me and (
+                    j not in pushed if op.wkey.pushers else op.wkey.via == self.group.endpoint(j)):
+                return why
+        return ""
+
     def relay(self, key: int, rnd: int, op: Op, h: dict, frames: list) -> None:
         """Forward a server's PULL_REPLY (or ERROR) of ``key``'s round ``rnd`` to every peer
         that pulled it, and keep it for a pull still on its way."""

@@ -1,6 +1,7 @@
 """A local worker that dies or raises mid-step, with local reduction on (2 machines x 3
 workers): every other process stops within the heartbeat deadline naming it, nothing
 hangs on its shared segments, and no process keeps the job's shared memory mapped."""
+import re
 import signal
 import subprocess
 import time
@@ -72,6 +73,39 @@ def test_a_local_worker_that_dies_or_raises_stops_every_process_naming_it(cluste
     elapsed = time.monotonic() - failed_at
     assert elapsed <= limit_s, f"the job took {elapsed:.1f} s to stop\n{c.logs()}"
     assert not job_leftovers(pids), job_leftovers(pids)
+
+
+# Worker 1 (local rank 1 of machine 0) runs one step fewer, then its script ends. Twelve
+# partitions a step: it owns some keys and hands the others to worker 0, so its machine
+# waits on it both ways (its push, its sum)
+FEWER_STEPS = """
+import time, torch, gradpress.torch as bps
+bps.init()
+x = torch.ones(12000)
+for step in range(3 if bps.rank() == 1 else 4):
+    started = time.monotonic()
+    try:
+        bps.push_pull_inplace(x, average=True, name="w")
+    except Exception as e:  # the others' scripts go on a while (a checkpoint), holding the job
+        print(f"failed after {time.monotonic() - started:.1f} s: {e}", flush=True)
+        time.sleep(7)
+        raise
+print("all steps done", flush=True)
+"""
+
+
+def test_a_local_worker_that_runs_fewer_steps_stops_its_own_machine_at_once_too(cluster):
+    # before: machine 1 failed at once (its server's round failed), but worker 0, waiting on
+    # worker 1 as the owner of its keys and for its push to keys it owns, waited until the
+    # op deadline or the job's end: the server tells only the machines that pushed
+    c = cluster(workers=2, servers=1, env={"GRADPRESS_OP_TIMEOUT_S": "60", "BYTEPS_PARTITION_BYTES": "4000"})
+    codes = c.start_machines(FEWER_STEPS, 2).wait(55)
+    assert all(code != 0 for name, code in codes.items() if name != "worker 1"), f"exit codes {codes}\n{c.logs()}"
+    for r in (0, 2, 3):
+        log = c.log(f"worker {r}")
+        failed = re.search(r"failed after ([\d.]+) s: (.*)", log)
+        assert failed and "worker 1 finished" in failed.group(2), log
+        assert float(failed.group(1)) < 5, log  # at once, not at the deadline or the others' end (7 s)
 
 
 # Worker 1 stays alive (its heartbeats go on) but skips a step: worker 0's wait is a deadline
