@@ -60,7 +60,9 @@ def resume(num_workers: int, num_servers: int, global_rank: int | None = None, c
         num_workers: DMLC_NUM_WORKER of the new job.
         num_servers: DMLC_NUM_SERVER of the new job.
         global_rank: this worker's rank in the new job (sets DMLC_WORKER_ID to
-            ``global_rank // BYTEPS_LOCAL_SIZE``); None keeps DMLC_WORKER_ID as it is.
+            ``global_rank // BYTEPS_LOCAL_SIZE``); None keeps DMLC_WORKER_ID as it is. Its
+            local part, ``global_rank % BYTEPS_LOCAL_SIZE``, must be this process's
+            BYTEPS_LOCAL_RANK (which picks its GPU): a rank it cannot have is refused.
         context: accepted for BytePS compatibility; unused.
     The scheduler is found at DMLC_PS_ROOT_URI / DMLC_PS_ROOT_PORT as they are now.
     """
@@ -69,10 +71,15 @@ def resume(num_workers: int, num_servers: int, global_rank: int | None = None, c
         raise JobError("resume() needs a suspend() first")
     if num_workers < 1 or num_servers < 1:
         raise ValueError(f"resume({num_workers}, {num_servers}): both counts must be at least 1")
+    local_size = int(os.environ.get("BYTEPS_LOCAL_SIZE") or 1)
+    local_rank = int(os.environ.get("BYTEPS_LOCAL_RANK") or 0)
+    if global_rank is not None and (global_rank < 0 or global_rank % local_size != local_rank):
+        raise ValueError(f"resume(global_rank={global_rank}): this worker is local rank {local_rank} of "
+                         f"BYTEPS_LOCAL_SIZE={local_size}, so its rank is k * {local_size} + {local_rank}; "
+                         f"rank() would not be the rank asked for")
     os.environ["DMLC_NUM_WORKER"] = str(num_workers)
     os.environ["DMLC_NUM_SERVER"] = str(num_servers)
     if global_rank is not None:
-        local_size = int(os.environ.get("BYTEPS_LOCAL_SIZE") or 1)
         os.environ["DMLC_WORKER_ID"] = str(global_rank // local_size)
     ops.init()
     client = ops.client()
