@@ -208,7 +208,8 @@ class SchedulerLink:
             self.name = transport.node_name(self.role, header["rank"])
             return None
         if op == Op.NODE_LOST:
-            raise NodeLostError(f"{self.name}: lost {header['role']} {header['rank']}: {header['reason']}")
+            who = header.get("name") or f"{header['role']} {header['rank']}"
+            raise NodeLostError(f"{self.name}: lost {who}: {header['reason']}")
         if op == Op.SHUTDOWN:
             # acknowledged at once, so that the scheduler stays up until every member knows
             # (a duplicate, resent while our first acknowledgement travelled, is acknowledged too)

@@ -76,7 +76,8 @@ _SCHEMA: dict[Op, tuple[dict[str, tuple], dict[str, tuple]]] = {
     Op.BARRIER: ({"group": _STR, "seq": _INT}, {}),
     Op.BARRIER_DONE: ({"group": _STR, "seq": _INT}, {}),
     Op.HEARTBEAT: ({}, {}),
-    Op.NODE_LOST: ({"role": _STR, "rank": _INT, "reason": _STR}, {}),
+    # name: who it was, where it had no rank (a worker refused at registration: "worker (pid 7)")
+    Op.NODE_LOST: ({"role": _STR, "rank": _INT, "reason": _STR}, {"name": _STR}),
     Op.SHUTDOWN: ({"reason": _STR}, {}),
     Op.FINISH: ({}, {"busy": (bool,)}),  # busy: push_pulls of its own still under way
     Op.DECLARE: ({"name": _STR, "count": _INT, "dtype": _STR, "parts": (list,)},

@@ -100,7 +100,8 @@ class Liveness:
         log.error("%s failed: %s", name, logs.peer(h["reason"], MAX_REASON_CHARS))  # (the cause, whole)
         self._failure = f"the job failed: {name} {reason}"
         others = [m.identity for m in self.roster.members.values() if m is not failed and m.identity != identity]
-        self._send_each(others, Op.NODE_LOST, role=role, rank=rank, reason=reason)
+        self._send_each(others, Op.NODE_LOST, role=role, rank=rank, reason=reason,
+                        **({} if rank >= 0 else {"name": name}))  # (a rank of -1 names nobody)
         self._send_each([identity], Op.SHUTDOWN, reason=self._failure)  # the sender's acknowledgement
         if failed is not None and failed.identity != identity:
             self._send_each([failed.identity], Op.SHUTDOWN, reason=self._failure)

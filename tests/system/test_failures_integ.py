@@ -232,6 +232,9 @@ def test_a_worker_refused_at_registration_stops_the_job_at_once_naming_why(clust
     refused = [i for i in range(2) if "refused registration" in c.log(f"worker {i}")]
     assert refused and all("is already taken" in c.log(f"worker {i}") for i in refused), c.logs()
     assert "worker (pid" in c.log("scheduler"), c.logs()  # named by pid, not by the slot it asked for
+    kept = [i for i in range(2) if i not in refused]
+    for name in [f"worker {i}" for i in kept] + ["server 0"]:  # the others too: it had no rank (was "worker -1")
+        assert "lost worker (pid" in c.log(name) and "worker -1" not in c.log(name), c.logs()
 
 
 def test_nodes_that_register_early_are_not_lost_while_the_rest_arrive(cluster):
