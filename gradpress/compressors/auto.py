@@ -2,9 +2,10 @@
 
 ``allowed`` lists the options: codec names (with the defaults below) or full
 compression_params dicts (their own parameters). Without it: onebit, topk 1%, randomk at
-the user's ``k`` (default 1%), fp16, fp16_raw and none. Lossy codecs get vanilla error
-feedback unless their dict says otherwise. Everything is checked here, before any
-training step.
+the user's ``k`` (default 1%), fp16, fp16_raw and none. A codec given by name gets the
+defaults below (vanilla error feedback for the lossy ones); a dict is taken as it is
+(error feedback only where it says ``ef``). A codec given twice with different parameters
+keeps both, the later as ``<codec>.<index>``. Everything is checked here, before any training step.
 
 ``fp16_raw`` is no codec: it is ``Compression.fp16``'s way, the group cast to float16
 (on its device) and pushed uncompressed, the servers summing the halves (in float32,
@@ -70,6 +71,9 @@ def options(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 raise ValueError(f"compressor 'auto': allowed[{i}] = {entry!r} is not a codec; accepted: "
                                  f"{', '.join(sorted(base) + list(LOW_RANK))} (or a compression_params dict)")
             name, entry = entry, base.get(entry, {"compressor": entry})
+            if entry in out.values():
+                continue  # (named twice)
+            name = name if name not in out else f"{name}.{i}"  # (a dict of this codec came first)
         elif isinstance(entry, dict):
             codec = entry.get("compressor", "none")
             if codec == HALVES and len(entry) > 1:

@@ -35,7 +35,8 @@ from ..compressors.lowrank import CODECS as LOW_RANK
 from ..compressors.lowrank import LowRankParams
 from ..kernels.cpu import fp16, lowrank, server_sum
 from ..server.values_sum import ValuesSum
-from .profile import CodecCost, LinearCost, fit_linear
+from .fits import fit_linear
+from .profile import CodecCost, LinearCost
 
 SIZES = (1 << 14, 1 << 18, 1 << 20)   # elements: 64 KB, 1 MB, 4 MB of fp32
 REPEATS = 5

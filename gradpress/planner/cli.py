@@ -19,16 +19,17 @@ import sys
 from .decide import decide
 from .profile import Profile, ProfileError
 
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps|b)?$", re.I)
+# bits as in tc and ethtool (100mbit, 10gbit, 10Gbps); B is bytes (1.25GB, 10GBps), never a bit
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgG]?)(bit|bps|b|B|Bps)?$")
 
 
 def rate_bytes_per_s(text: str) -> float:
-    """``100mbit``, ``10gbit``, ``1.5gbit`` -> bytes per second."""
+    """``100mbit``, ``10gbit``, ``1.5gbit``, ``1.25GB`` -> bytes per second."""
     m = _RATE.match(text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a rate (e.g. 100mbit, 10gbit)")
+    if not m or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rate (e.g. 100mbit, 10gbit, 1.25GB for bytes)")
     scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2).lower()]
-    return float(m.group(1)) * scale / 8
+    return float(m.group(1)) * scale / (1 if (m.group(3) or "").startswith("B") else 8)
 
 
 def _ints(text: str) -> list[int]:
@@ -41,6 +42,13 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _rates(text: str) -> list[float]:
+    values = [rate_bytes_per_s(r) for r in text.split(",") if r.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated rates (e.g. 1gbit,10gbit)")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="gradpress-plan", description=__doc__.splitlines()[0])
     p.add_argument("profile", help="a profile saved with GRADPRESS_PLAN_FILE")
@@ -50,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allowed", default="", help="comma-separated options (default: every option profiled)")
     p.add_argument("--min-compress-bytes", type=int, default=65536)
     p.add_argument("--sweep-workers", type=_ints, help="print predicted s/iter for these worker counts ...")
-    p.add_argument("--sweep-bandwidth", help="... and these link rates (comma-separated)")
+    p.add_argument("--sweep-bandwidth", type=_rates, help="... and these link rates (comma-separated)")
     p.add_argument("--json", action="store_true", help="print the sweep as JSON")
     args = p.parse_args(argv)
     try:
@@ -92,8 +100,7 @@ def sweep(profile: Profile, options: list[str], workers: list[int], rates: list[
 
 def _sweep(profile: Profile, options: list[str], args) -> int:
     workers = args.sweep_workers or [profile.workers]
-    rates = [rate_bytes_per_s(r) for r in (args.sweep_bandwidth or "").split(",") if r.strip()] \
-        or [profile.link.bytes_per_s]
+    rates = args.sweep_bandwidth or [profile.link.bytes_per_s]
     rows = sweep(profile, options, workers, rates, args.servers, args.min_compress_bytes)
     if args.json:
         print(json.dumps(rows, indent=1))

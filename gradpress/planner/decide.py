@@ -233,16 +233,12 @@ def _grouping(profile: Profile, threshold: int, factors: bool) -> list[Group]:
     return [g for g in head if g] + [(last,)]
 
 
-def _sizes(layout: Layout) -> list[int]:
-    return layout.group_bytes
-
-
 def _uniform(layout: Layout, allowed: list[int], min_compress_bytes: int,
              pinned: int = -1) -> list[tuple[float, np.ndarray, float]]:
     """For each option of ``allowed``, the plan that sends every group above
     ``min_compress_bytes`` that way, its simulated time and host CPU; group ``pinned`` is
     always raw."""
-    sizes = _sizes(layout)
+    sizes = layout.group_bytes
     none = layout.options.index("none")
     out = []
     for o in allowed:
@@ -265,16 +261,17 @@ def _greedy(layout: Layout, allowed: list[int], assignment: np.ndarray,
             min_compress_bytes: int, pinned: int = -1) -> tuple[np.ndarray, float]:
     """Espresso's search from ``assignment``: each group, largest first, takes the option that
     makes the simulated iteration shortest with the others fixed."""
-    sizes = _sizes(layout)
+    sizes, none = layout.group_bytes, layout.options.index("none")
     assignment = assignment.copy()
     best = layout.predict(assignment)
     order = sorted(range(len(sizes)), key=lambda g: (-sizes[g], g))
     for g in order:
         if sizes[g] < min_compress_bytes or g == pinned:
             continue
-        # Espresso's pruning: a group that lands before backward ends is hidden behind
-        # computation, and sending it smaller cannot shorten the iteration
-        if layout.landings()[g] <= layout.profile.backward_end_s and assignment[g] == allowed[0]:
+        # Espresso's pruning: an uncompressed group that lands before backward ends is hidden
+        # behind computation, and sending it smaller cannot shorten the iteration (a compressed
+        # one is tried: another option may cost the shared link or CPU less)
+        if assignment[g] == none and layout.landings()[g] <= layout.profile.backward_end_s:
             continue
         for o in allowed:
             if o == assignment[g]:

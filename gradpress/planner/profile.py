@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 PROFILE_VERSION = 1
+MAX_NODES = 1 << 16           # workers, servers, a server's threads: the simulation's arrays are this big
+MAX_PARTITIONS = 1 << 22      # a step's partitions, which the simulation walks one by one
 
 
 class ProfileError(ValueError):
@@ -158,7 +160,13 @@ class Profile:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        fields = {k: v for k, v in asdict(self).items() if k != "notes"}  # (notes: what was measured, as it was)
+        for where, value in _numbers(fields):  # a NaN time never lands: the simulation would not end
+            check(not isinstance(value, float) or (math.isfinite(value) and value >= 0),
+                  f"{where} = {value}: must be a finite number, at least 0")
         check(self.workers >= 1 and self.servers >= 1, "workers and servers must be at least 1")
+        check(self.workers <= MAX_NODES and self.servers <= MAX_NODES and self.engine_threads <= MAX_NODES,
+              f"workers, servers and engine_threads must be at most {MAX_NODES}")
         check(len(self.tensors) >= 1, "a profile needs at least one tensor")
         check("none" in self.codecs, "the codec costs lack the raw path 'none'")
         check(self.partition_bytes > 0 and self.credit >= 1 and self.engine_threads >= 1,
@@ -168,9 +176,12 @@ class Profile:
         check(self.device in ("cpu", "cuda"), f"device {self.device!r}: must be 'cpu' or 'cuda'")
         check(self.local_size >= 1 and self.workers % self.local_size == 0,
               f"local_size {self.local_size}: must be at least 1 and divide the {self.workers} workers")
+        check(sum(-(-t.nbytes // self.partition_bytes) for t in self.tensors) <= MAX_PARTITIONS,
+              f"partition_bytes {self.partition_bytes}: more than {MAX_PARTITIONS} partitions")
         for t in self.tensors:
-            check(t.nbytes >= 0 and math.isfinite(t.ready_s) and t.ready_s >= 0,
-                  f"tensor {t.name!r}: size {t.nbytes} and ready time {t.ready_s} must be non-negative")
+            check(t.nbytes >= 0 and t.nbytes % 4 == 0 and t.ready_s >= 0,
+                  f"tensor {t.name!r}: size {t.nbytes} (float32 bytes, a multiple of 4) and ready time "
+                  f"{t.ready_s} must be non-negative")
             check(t.rows >= 1 and (t.nbytes // 4) % t.rows == 0 and t.itemsize in (2, 4, 8),
                   f"tensor {t.name!r}: {t.rows} rows must divide its {t.nbytes // 4} elements, and its "
                   f"itemsize {t.itemsize} be 2, 4 or 8")
@@ -218,17 +229,17 @@ class Profile:
                 raise ProfileError(f"{where}: profile version {d.get('version')!r}; this gradpress reads "
                                    f"{PROFILE_VERSION}")
             codecs = {name: CodecCost.from_dict(c) for name, c in d["codecs"].items()}
-            tensors = tuple(TensorProfile(str(t["name"]), int(t["nbytes"]), float(t["ready_s"]), int(t["priority"]),
-                                          int(t.get("rows", 1)), int(t.get("itemsize", 4))) for t in d["tensors"])
+            tensors = tuple(TensorProfile(str(t["name"]), _int(t["nbytes"]), float(t["ready_s"]), _int(t["priority"]),
+                                          _int(t.get("rows", 1)), _int(t.get("itemsize", 4))) for t in d["tensors"])
             h = d.get("host")
-            host = None if h is None else HostShare(float(h["cores"]), int(h["workers"]), int(h["servers"]),
+            host = None if h is None else HostShare(float(h["cores"]), _int(h["workers"]), _int(h["servers"]),
                                                     float(h["train_cpu_s"]), float(h.get("wire_s_per_byte", 0.0)))
-            return cls(int(d["workers"]), int(d["servers"]), tensors, float(d["backward_end_s"]),
-                       float(d["step_s"]), codecs, Link(**d["link"]), float(d["message_s"]), int(d["partition_bytes"]),
-                       int(d["credit"]), int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})), host,
-                       int(d.get("local_size", 1)), str(d.get("device", "cpu")))
-        except ProfileError:
-            raise
+            return cls(_int(d["workers"]), _int(d["servers"]), tensors, float(d["backward_end_s"]),
+                       float(d["step_s"]), codecs, Link(**d["link"]), float(d["message_s"]), _int(d["partition_bytes"]),
+                       _int(d["credit"]), _int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})), host,
+                       _int(d.get("local_size", 1)), str(d.get("device", "cpu")))
+        except ProfileError as e:  # (the checks of the fields name the field, this says where it came from)
+            raise ProfileError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProfileError(f"{where}: not a gradpress profile ({type(e).__name__}: {e})") from None
 
@@ -238,6 +249,8 @@ class Profile:
             text = Path(path).read_text()
         except OSError as e:
             raise ProfileError(f"plan file {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise ProfileError(f"plan file {path}: not a text file ({e.reason} at byte {e.start})") from None
         return cls.from_json(text, f"plan file {path}")
 
 
@@ -246,53 +259,21 @@ def check(ok: bool, message: str) -> None:
         raise ProfileError(message)
 
 
-def fit_linear(samples: list[tuple[float, float]]) -> LinearCost:
-    """Least-squares ``y = a + b x`` over (x, y) samples, clamped to a, b >= 0."""
-    check(len(samples) >= 2, "a linear fit needs at least two samples")
-    n = len(samples)
-    mx = sum(x for x, _ in samples) / n
-    my = sum(y for _, y in samples) / n
-    sxx = sum((x - mx) ** 2 for x, _ in samples)
-    b = sum((x - mx) * (y - my) for x, y in samples) / sxx if sxx > 0 else 0.0
-    b = max(b, 0.0)
-    return LinearCost(max(my - b * mx, 0.0), b)
+def _numbers(value, where: str = "profile"):
+    """Every number in a profile's fields (``asdict``), with where it is."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _numbers(v, f"{where}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _numbers(v, f"{where}[{i}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield where, value
 
 
-def fit_link(round_trips: list[tuple[int, float]], workers: int, server_add: LinearCost,
-             message_s: float = 0.0) -> Link:
-    """The link that explains measured uncompressed push/pull round trips of one partition.
-
-    Every worker pushes the same partition to one server at once: its link carries
-    ``workers * b`` bytes in (the pushes) and out (the replies), and it sums ``workers``
-    pushes, so ``t(b) = message_s + 2 alpha + 2 workers b / rate + workers * add(b)``.
-    """
-    check(len(round_trips) >= 2 and all(b > 0 and t > 0 for b, t in round_trips),
-          f"push/pull round trips {round_trips}: need two or more positive sizes and times")
-    fit = fit_linear([(float(b), t) for b, t in round_trips])
-    per_byte = fit.per_byte_s - workers * server_add.per_byte_s
-    if per_byte <= 0:
-        # sizes too small for this link to tell apart (a fast link, noisy times): bound the
-        # rate from below by giving the largest probe's whole time to its bytes
-        b, t = max(round_trips)
-        return Link(alpha_s=max(min(t for _, t in round_trips) - message_s, 0.0) / 2,
-                    bytes_per_s=2 * workers * b / t)
-    return Link(alpha_s=max(fit.fixed_s - message_s, 0.0) / 2, bytes_per_s=2 * workers / per_byte)
-
-
-def probe_batches(credit: int) -> tuple[int, ...]:
-    """How many tiny push_pulls the message probe puts in flight at once: one, half the
-    credit and the credit. None goes past the credit: those pushes wait for the servers'
-    acknowledgements, which the timeline models apart (a batch of 32 at credit 8 made the
-    fitted cost 0.31-0.46 ms a message, within the credit it was 0.21-0.29:
-    docs/history/performance-2026.md)."""
-    return tuple(sorted({1, max(2, credit // 2), max(2, credit)}))
-
-
-def fit_message(batches: list[tuple[int, float]]) -> float:
-    """Seconds per message from (k, seconds) of k tiny push/pulls in flight at once (every
-    worker at once). On a host whose CPUs the job's processes share, this is the host's
-    work per message over its cores, not one thread's: charged to the worker's
-    communication thread and to the servers (``simulate.py``), it came to 0.42-0.58 ms per
-    worker and partition where the jobs' processes spent 0.5-0.6 ms in all (their CPU
-    clocks over the same probe read 0.27: a message costs more beside backward)."""
-    return fit_linear([(float(k), t) for k, t in batches]).per_byte_s
+def _int(value) -> int:
+    """A count from JSON: an integer, or a float that is one (not a bool, not 1.7)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value != int(value):
+        raise ValueError(f"{value!r} is not a whole number")
+    return int(value)

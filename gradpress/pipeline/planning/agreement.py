@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from ...errors import JobError
-from ...planner.profile import probe_batches
+from ...planner.fits import probe_batches
 from ...torch.handles import wait_all
 from ..comm import Comm
 from .tuning import PlanTuning

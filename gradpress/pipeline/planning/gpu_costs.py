@@ -13,7 +13,8 @@ from ...compressors.lowrank import CODECS as LOW_RANK
 from ...compressors.lowrank import LowRankParams
 from ...kernels.cuda import device as gpu
 from ...planner.calibrate import SIZES, Turns, cold_keys, low_rank_cost, measure, median_s
-from ...planner.profile import CodecCost, fit_linear
+from ...planner.fits import fit_linear
+from ...planner.profile import CodecCost
 from ..lowrank_math import TorchMath
 
 

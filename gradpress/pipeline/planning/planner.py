@@ -29,7 +29,8 @@ import torch
 
 from ...compressors import auto
 from ...planner.decide import Plan, decide
-from ...planner.profile import Profile, fit_link
+from ...planner.fits import fit_link
+from ...planner.profile import Profile
 from ...planner.simulate import predict
 from ...trace import now_us
 from ..comm import OPS, Comm

@@ -12,7 +12,8 @@ import torch
 from ... import host
 from ...planner import calibrate, low_rank
 from ...planner.decide import Plan
-from ...planner.profile import HostShare, Profile, TensorProfile, fit_link, fit_message
+from ...planner.fits import fit_link, fit_message
+from ...planner.profile import HostShare, Profile, TensorProfile
 from ...planner.simulate import predict
 from ...server.engine import engine_count, local_engine_count
 from ...torch.dtypes import wire_dtype
