@@ -9,6 +9,7 @@ or evaluate) writes it as finished: alive for as long as its process runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import threading
@@ -25,8 +26,9 @@ class HealthFile:
         self._interval = min_beat_interval_s
         self._last = 0.0
         self._ready = False
-        if path and os.path.exists(path):
-            os.unlink(path)  # a stale file from an earlier run must not count as ready
+        if path:
+            with contextlib.suppress(FileNotFoundError):  # (a pod's other processes remove it too)
+                os.unlink(path)  # a stale file from an earlier run must not count as ready
 
     def ready(self, description: str) -> None:
         self._write(f"ready {description}")

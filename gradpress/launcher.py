@@ -109,7 +109,7 @@ def run_workers(command: list[str], settings: Settings) -> int:
     group = ProcessGroup()
     for r in range(local_size):
         env = dict(os.environ, BYTEPS_LOCAL_RANK=str(r), BYTEPS_LOCAL_SIZE=str(local_size),
-                   **_thread_share(local_size))
+                   **_thread_share(local_size, cpus=settings.cpus))
         group.start(f"worker {settings.worker_id}.{r}" if local_size > 1 else "worker", command, env,
                     prefix=local_size > 1)
     return group.wait(essential=group.names)
@@ -192,18 +192,19 @@ def _wait_for_port(path: str, group: ProcessGroup, timeout_s: float = 60.0) -> i
     raise RuntimeError(f"the scheduler did not report its port within {timeout_s:g} s")
 
 
-def _thread_share(processes: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+def _thread_share(processes: int, environ: dict[str, str] | None = None, cpus: float = 0.0) -> dict[str, str]:
     """Each of ``processes`` workers gets its share of the cores for torch's intra-op threads.
 
     Left alone, every worker starts one OpenMP thread per core and they fight: on 2 cores
     with 2 workers the digits demo ran 6x slower. As torchrun does, an explicit
-    OMP_NUM_THREADS from the user wins. The cores are GRADPRESS_CPUS (a pod's CPU request),
-    else those this process may use.
+    OMP_NUM_THREADS from the user wins. The cores are ``cpus`` (GRADPRESS_CPUS, a pod's CPU
+    request, as the settings read it: the job file's too), else the environment's, else those
+    this process may use.
     """
     environ = os.environ if environ is None else environ
     if "OMP_NUM_THREADS" in environ:
         return {}
-    cores = float(environ.get("GRADPRESS_CPUS") or 0) or host.cores()  # (checked by Settings.load at start)
+    cores = cpus or float(environ.get("GRADPRESS_CPUS") or 0) or host.cores()  # (checked by Settings.load)
     return {"OMP_NUM_THREADS": str(max(1, int(cores) // processes))}
 
 

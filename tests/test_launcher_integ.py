@@ -49,6 +49,7 @@ def test_a_pods_cpu_request_is_shared_among_its_worker_processes():
     assert _thread_share(2, {"GRADPRESS_CPUS": "6"}) == {"OMP_NUM_THREADS": "3"}
     assert _thread_share(8, {"GRADPRESS_CPUS": "4"}) == {"OMP_NUM_THREADS": "1"}
     assert _thread_share(2, {"GRADPRESS_CPUS": "6", "OMP_NUM_THREADS": "5"}) == {}
+    assert _thread_share(2, {}, cpus=6.0) == {"OMP_NUM_THREADS": "3"}  # (a job file's cpus, as the settings read it)
     from gradpress.config import Settings
     with pytest.raises(ValueError, match="GRADPRESS_CPUS=-2: must be a count of cores"):
         Settings.load({"GRADPRESS_CPUS": "-2"})

@@ -253,7 +253,8 @@ class SchedulerLink:
         transport.send(self.sock, op, self.name, buffers, **fields)
 
     def close(self) -> None:
-        self.health.finished(f"{self.name} left the job")
+        if self.shut_down:  # (the job ended: a node that failed, its script perhaps hanging, stays judged)
+            self.health.finished(f"{self.name} left the job")
         if self.watch is not None:
             self.watch.close()
         self.sock.close()

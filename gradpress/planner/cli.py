@@ -19,8 +19,9 @@ import sys
 from .decide import decide
 from .profile import Profile, ProfileError
 
-# bits as in tc and ethtool (100mbit, 10gbit, 10Gbps); B is bytes (1.25GB, 10GBps), never a bit
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgG]?)(bit|bps|b|B|Bps)?$")
+# bits, as rates are usually written (100mbit, 10gbit, 10Gbps; any case); a capital B alone
+# or Bps is bytes (1.25GB, 1.25GBps). (tc reads "bps" as bytes: give B for bytes here.)
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmg]?)(bits?|bps|b)?$", re.I)
 
 
 def rate_bytes_per_s(text: str) -> float:
@@ -29,7 +30,7 @@ def rate_bytes_per_s(text: str) -> float:
     if not m or float(m.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a rate (e.g. 100mbit, 10gbit, 1.25GB for bytes)")
     scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2).lower()]
-    return float(m.group(1)) * scale / (1 if (m.group(3) or "").startswith("B") else 8)
+    return float(m.group(1)) * scale / (1 if (m.group(3) or "") in ("B", "Bps") else 8)
 
 
 def _ints(text: str) -> list[int]:

@@ -75,9 +75,9 @@ class CodecCost:
         """What ``dataclasses.asdict`` made of one (profiles, the calibration's cache); the
         fields added later take their defaults."""
         server = c.get("server_compress")
-        return cls(LinearCost(**c["compress"]), LinearCost(**c["decompress"]), LinearCost(**c["add"]),
+        return cls(_cost(c["compress"]), _cost(c["decompress"]), _cost(c["add"]),
                    float(c["payload_ratio"]), int(c.get("rank", 0)), int(c.get("rounds", 0)),
-                   float(c.get("min_rate", 0.0)), None if server is None else LinearCost(**server),
+                   float(c.get("min_rate", 0.0)), None if server is None else _cost(server),
                    bool(c.get("uncompressed", False)))
 
     @property
@@ -235,7 +235,8 @@ class Profile:
             host = None if h is None else HostShare(float(h["cores"]), _int(h["workers"]), _int(h["servers"]),
                                                     float(h["train_cpu_s"]), float(h.get("wire_s_per_byte", 0.0)))
             return cls(_int(d["workers"]), _int(d["servers"]), tensors, float(d["backward_end_s"]),
-                       float(d["step_s"]), codecs, Link(**d["link"]), float(d["message_s"]), _int(d["partition_bytes"]),
+                       float(d["step_s"]), codecs, Link(float(d["link"]["alpha_s"]), float(d["link"]["bytes_per_s"])),
+                       float(d["message_s"]), _int(d["partition_bytes"]),
                        _int(d["credit"]), _int(d["engine_threads"]), int(d["version"]), dict(d.get("notes", {})), host,
                        _int(d.get("local_size", 1)), str(d.get("device", "cpu")))
         except ProfileError as e:  # (the checks of the fields name the field, this says where it came from)
@@ -269,6 +270,10 @@ def _numbers(value, where: str = "profile"):
             yield from _numbers(v, f"{where}[{i}]")
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         yield where, value
+
+
+def _cost(c: dict) -> LinearCost:
+    return LinearCost(float(c["fixed_s"]), float(c["per_byte_s"]))  # (JSON's -5 is an int: checked as a float)
 
 
 def _int(value) -> int:

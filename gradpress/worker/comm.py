@@ -231,8 +231,9 @@ class CommunicationThread(threading.Thread):
             fut = self._barriers.pop((h["group"], h["seq"]), None)
             if fut is not None:
                 fut.set()
-        elif op == Op.LEFT and self.flight.relay is not None:  # a worker finished while the job goes on
-            self.flight.peer_left(h["rank"], h["reason"])
+        elif op == Op.LEFT:  # a worker finished while the job goes on: its machine's rounds may wait on it
+            if self.flight.relay is not None:
+                self.flight.peer_left(h["rank"], h["reason"])
         elif op == Op.SHUTDOWN:
             if self._finish is not None:
                 self._finish.set()

@@ -95,7 +95,7 @@ class PartitionFlight:
             self._queue.release()
             self.relay.contribute(op, filling)
             return
-        rounds = self._together(op)
+        rounds = grouped.take_rounds(op, self.s.group_partitions, self.stages)
         wk.next_round += 1
         wk.in_flight = op  # (before the send: a push waiting for its copy checks it is still wanted)
         op.deadline = self._deadlines.add(time.monotonic() + self.s.op_timeout_s, lambda: self._expire(op))
@@ -141,16 +141,21 @@ class PartitionFlight:
         self.stages.await_source(op.job)  # (done: no wait)
         self.stages.send(op, self._payload(op))
 
-    def _together(self, op: PartitionOp) -> list[int] | None:
-        return grouped.take_rounds(op, self.s.group_partitions, self.stages)
-
     def peer_left(self, rank: int, why: str) -> None:
-        """A worker of this machine finished while the job goes on (the scheduler's LEFT): rounds
-        waiting on it (its push, its sum as a key's owner) fail now, naming it; later ones as they go."""
+        """A local worker finished while the job goes on (LEFT): rounds that wait on it (its push;
+        its sum as a key's owner) fail, naming it; later ones as they go."""
         self.left[rank] = why
         for wk in self.table.values():
-            if wk.in_flight is not None and (why := self.relay.waits_on(wk.in_flight, self.left)):
-                self._expire(wk.in_flight, why)
+            if (op := wk.in_flight) is not None and (why := self.relay.waits_on(op, self.left)):
+                self._deadlines.add(time.monotonic() + (wk.via is not None), lambda o=op, w=why: self._owner_gone(o, w))
+
+    def _owner_gone(self, op: PartitionOp, why: str) -> None:
+        """(Its sum of a round it completed, sent before its LEFT on another socket, is read first.)"""
+        if op.wkey.via is not None:
+            sock = self.stages.servers[op.wkey.via]
+            while op.wkey.in_flight is op and sock.poll(0):
+                self.from_server(op.wkey.via, sock)
+        self._expire(op, why)
 
     def push_summed(self, op: PartitionOp) -> None:
         """The machine's sum of an owned key's round is in ``op.summed``: compress, push, pull."""
@@ -169,7 +174,7 @@ class PartitionFlight:
         worker lands NaN (nonfinite.py); else its job fails now, and it goes out refused."""
         if isinstance(error, NonFiniteInput):
             return nonfinite.push(error)
-        self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {error}"))
+        op.job.future.fail(JobError(f"push_pull of tensor {op.job.tensor.name!r}: {error}"))
         return PartitionStages.refusal(str(error))
 
     def fail_local(self, op: PartitionOp, message: str) -> None:
@@ -178,7 +183,7 @@ class PartitionFlight:
         server's answer, so the key's next round cannot reach the server before this one ended."""
         self.relay.fail(op.wkey.key, op.round, message)
         self.stages.send(op, PartitionStages.refusal(message))
-        self._fail_job(op, JobError(message))
+        op.job.future.fail(JobError(message))
 
     def _land(self, op: PartitionOp, h: dict, frames: list) -> None:
         job = op.job
@@ -188,7 +193,7 @@ class PartitionFlight:
             self.stages.land(op, h, frames)
         except Exception as e:  # a bad reply, or the device's error (out of memory, CUDA): this job fails
             what = "bad pull reply" if isinstance(e, (ValueError, OSError, TypeError, KeyError)) else "landing failed"
-            self._fail_job(op, JobError(f"push_pull of tensor {job.tensor.name!r}: {what} for key {op.wkey.key} "
+            op.job.future.fail(JobError(f"push_pull of tensor {job.tensor.name!r}: {what} for key {op.wkey.key} "
                                         f"(from {self.describe(self.stages.endpoint(op.wkey))}): {e}"))
             return
         job.remaining -= 1
@@ -211,10 +216,6 @@ class PartitionFlight:
         if wk.held:
             self._queue.put(wk.held.popleft(), priority=HELD_FIRST)
 
-    @staticmethod
-    def _fail_job(op: PartitionOp, error: JobError) -> None:
-        op.job.future.fail(error)
-
     def _expire(self, op: PartitionOp, why: str = "") -> None:
         """``op``'s deadline passed, or (``why``) a local worker it waits on left the job."""
         if op.wkey.in_flight is not op:
@@ -225,11 +226,10 @@ class PartitionFlight:
         if not op.sent_us and op.wkey.via is None:  # the server's round still ends, for every worker (every
             self.stages.send(op, PartitionStages.refusal(message))  # machine): the payload, the sum, never sent
         self._leave_flight(op)
-        self._fail_job(op, JobError(message) if why else OpTimeoutError(message))
+        op.job.future.fail(JobError(message) if why else OpTimeoutError(message))
 
     def _overdue(self, op: PartitionOp) -> str:
-        missing = self.relay.waiting_for(op) if self.relay is not None and op.wkey.pushers else []
-        if missing:
+        if missing := (self.relay.waiting_for(op) if self.relay is not None and op.wkey.pushers else []):
             where = f"waiting for the local push of worker(s) {missing}"
         elif not op.sent_us:  # with the host-copies thread: a GPU copy or encoder hangs (an owner's too)
             where = "never sent: its copy off the GPU, or its encoder there, did not finish"
@@ -295,6 +295,6 @@ class PartitionFlight:
             if op.wkey.pushers and self.relay is not None:
                 self.relay.fail(op.wkey.key, op.round, f"{who}: {h['message']}")
             self._leave_flight(op)
-            self._fail_job(op, JobError(f"push_pull of tensor {op.job.tensor.name!r}: {who}: "
+            op.job.future.fail(JobError(f"push_pull of tensor {op.job.tensor.name!r}: {who}: "
                                         f"{h['message']}"))
 

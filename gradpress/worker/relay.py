@@ -111,9 +111,12 @@ class Relay:
 
     def waits_on(self, op: PartitionOp, left: dict[int, str]) -> str:
         """Why ``op`` can never complete, where it needs a worker of ``left`` (rank: why it
-        left): its push of ``op``'s round, which has not reached us (a key we own), or its sum
-        (a key it owns); "" where it needs none of them."""
+        left): its push of ``op``'s round, which has not reached us (a key we own, its round
+        not summed yet: once summed, the server answers it), or its sum (a key it owns); ""
+        where it needs none of them."""
         owned = self.keys.get(op.wkey.key)
+        if op.wkey.pushers and op.wkey.in_flight is op and (owned is None or op.round not in owned.own):
+            return ""
         pushed = owned.pushed.get(op.round, {}) if owned is not None else {}
         for rank, why in left.items():
             j = rank - self.group.base_rank

@@ -386,8 +386,11 @@ def test_a_corrupt_profile_is_named(text, match):
 
 def test_profile_checks_its_values():
     good = json.loads(synthetic_profile(5).to_json())
-    good["link"]["bytes_per_s"] = -1
+    good["link"]["bytes_per_s"] = 0
     with pytest.raises(ProfileError, match="needs a positive rate"):
+        Profile.from_json(json.dumps(good))
+    good["link"]["bytes_per_s"] = -1
+    with pytest.raises(ProfileError, match=r"link.bytes_per_s = -1.0: must be a finite number, at least 0"):
         Profile.from_json(json.dumps(good))
 
 
@@ -405,6 +408,7 @@ def _set(d: dict, path: str, value) -> dict:
     ("backward_end_s", float("inf"), "profile.backward_end_s = inf: must be a finite number"),
     ("step_s", -5.0, "profile.step_s = -5.0: must be a finite number, at least 0"),
     ("codecs.none.add.per_byte_s", -1e-9, "per_byte_s = -1e-09"),
+    ("codecs.none.add.fixed_s", -5, "fixed_s = -5.0"),  # (a JSON int)
     ("link.bytes_per_s", float("inf"), "link.bytes_per_s = inf"),
     ("tensors.0.nbytes", 1.7, r"not a gradpress profile \(ValueError: 1.7 is not a whole number"),
     ("tensors.0.nbytes", 6, "a multiple of 4"),
@@ -431,7 +435,7 @@ def test_rates_are_bits_but_a_capital_b_is_bytes():
     from gradpress.planner.cli import rate_bytes_per_s
     assert rate_bytes_per_s("10gbit") == rate_bytes_per_s("10Gbps") == rate_bytes_per_s("10g") == 1.25e9
     assert rate_bytes_per_s("1.25GB") == rate_bytes_per_s("1.25GBps") == 1.25e9  # (read as bits before: 8x too slow)
-    assert rate_bytes_per_s("100mbit") == 12.5e6
+    assert rate_bytes_per_s("100mbit") == rate_bytes_per_s("100MBIT") == 12.5e6
     for bad in ("abc", "0gbit", "10 Tbit", "-1gbit"):
         with pytest.raises(Exception, match="is not a rate"):
             rate_bytes_per_s(bad)

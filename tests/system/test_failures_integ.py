@@ -272,6 +272,7 @@ def test_a_worker_that_runs_fewer_steps_stops_the_others_at_once_naming_it_and_e
     assert "worker 1 finished" in c.log("worker 0") and "all steps done" not in c.log("worker 0"), c.logs()
     assert "tensor 'big'" in c.log("worker 0"), c.log("worker 0")  # the engine thread's key failed
     assert "worker 1 finished" in c.log("worker 1"), c.log("worker 1")  # the reason reaches it too
+    assert "dropped unexpected" not in c.log("worker 0"), c.log("worker 0")  # (LEFT: no local group here)
     assert time.monotonic() - started < 40, f"the job took {time.monotonic() - started:.0f} s\n{c.logs()}"
 
 
