@@ -1,4 +1,4 @@
-"""When the flight compresses a tensor's partitions together (``PartitionFlight._together``,
+"""When the flight compresses a tensor's partitions together (``grouped.take_rounds``,
 ``GRADPRESS_GROUP_PARTITIONS``), and the rule that keeps a later job's partition from taking
 a key whose next payload an earlier job already made: a real flight and key table, the
 stages replaced by a recorder that makes payloads early as ``compress_tensor`` does; and the
@@ -12,6 +12,7 @@ import pytest
 from gradpress.compressors.spec import CodecSpec
 from gradpress.config import Settings
 from gradpress.errors import JobError, OpTimeoutError
+from gradpress.worker import grouped
 from gradpress.worker.deadlines import Deadlines
 from gradpress.worker.flight import PartitionFlight
 from gradpress.worker.future import Future
@@ -65,6 +66,11 @@ def setup(group: bool = True, spec=SPEC, parts=(4, 4, 2)):
     return flight, stages, t
 
 
+def together(flight, op):
+    """What the flight asks as it sends ``op`` (``PartitionFlight._send``)."""
+    return grouped.take_rounds(op, flight.s.group_partitions, flight.stages)
+
+
 def job(t, lr):
     return PushPull(t, np.zeros(t.count, np.float32), np.zeros(t.count, np.float32), 1, Future("test"),
                     len(t.keys), lr)
@@ -73,18 +79,18 @@ def job(t, lr):
 def test_asked_once_per_job_and_only_with_the_setting_a_codec_and_several_partitions():
     flight, stages, t = setup()
     a = job(t, 0.1)
-    assert flight._together(PartitionOp(a, t.keys[0]))
-    assert not flight._together(PartitionOp(a, t.keys[1])), "asked again for the same job"
+    assert together(flight, PartitionOp(a, t.keys[0]))
+    assert not together(flight, PartitionOp(a, t.keys[1])), "asked again for the same job"
     for off in (setup(group=False), setup(spec=None), setup(parts=(8,))):
         flight, _, t = off
-        assert not flight._together(PartitionOp(job(t, 0.1), t.keys[0]))
+        assert not together(flight, PartitionOp(job(t, 0.1), t.keys[0]))
 
 
 def test_not_while_a_partition_of_the_tensor_is_busy_or_reduced_locally():
     for busy in ("in_flight", "held", "compressed_by", "via", "pushers"):
         flight, _, t = setup()
         setattr(t.keys[2], busy, {"held": [object()], "via": 1, "pushers": 2}.get(busy, object()))
-        assert not flight._together(PartitionOp(job(t, 0.1), t.keys[0])), busy
+        assert not together(flight, PartitionOp(job(t, 0.1), t.keys[0])), busy
 
 
 def test_a_later_jobs_partition_waits_for_the_key_an_earlier_job_made_its_payload_for():
