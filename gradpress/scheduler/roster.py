@@ -177,7 +177,19 @@ class Roster:
         workers = sum(m.role == "worker" for m in self.members.values())
         servers = sum(m.role == "server" for m in self.members.values())
         return (f"{workers} worker process(es) of {self.num_worker} machine(s) and "
-                f"{servers} of {self.num_server} server(s) registered")
+                f"{servers} of {self.num_server} server(s) registered{self._missing_slots()}")
+
+    def _missing_slots(self) -> str:
+        """The worker slots (DMLC_WORKER_ID/BYTEPS_LOCAL_RANK) not registered, where the
+        workers registered so far name theirs ("" where they do not: ranks by arrival)."""
+        workers = self.workers()
+        if not workers or any(m.worker_id < 0 for m in workers):
+            return ""
+        taken = {(m.worker_id, m.local_rank) for m in workers}
+        missing = [f"{i}/{j}" for i in range(self.num_worker) for j in range(workers[0].local_size)
+                   if (i, j) not in taken]
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        return f"; missing DMLC_WORKER_ID/BYTEPS_LOCAL_RANK {shown}" if missing else ""
 
     # ---- a failed worker ------------------------------------------------
 

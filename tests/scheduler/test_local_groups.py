@@ -35,3 +35,18 @@ def test_local_groups_apply_only_where_every_worker_can_take_part():
     alone = Roster(num_worker=2, num_server=1)
     assert _register(alone, 0, 0, 0, local_size=1) == "" and _register(alone, 1, 1, 0, local_size=1) == ""
     assert alone.local_group_size(async_mode=False) == 1
+
+
+def test_the_registration_summary_names_the_worker_slots_missing():
+    # a local rank never started: the timeout said how many came, not which slot is missing
+    roster = Roster(num_worker=2, num_server=1)
+    for n, (machine, local_rank) in enumerate([(0, 0), (0, 1), (1, 1)]):
+        assert _register(roster, n, machine, local_rank) == ""
+    assert roster.missing_summary() == ("3 worker process(es) of 2 machine(s) and 0 of 1 server(s) registered; "
+                                        "missing DMLC_WORKER_ID/BYTEPS_LOCAL_RANK 1/0")
+    wide = Roster(num_worker=20, num_server=1)
+    assert _register(wide, 0, 3, 0, local_size=1) == ""
+    assert wide.missing_summary().endswith("0/0, 1/0, 2/0, 4/0, 5/0, 6/0, 7/0, 8/0 and 11 more")
+    unnamed = Roster(num_worker=2, num_server=1)  # ranks by arrival: no slot to name
+    assert _register(unnamed, 0, -1, 0, local_size=1) == ""
+    assert unnamed.missing_summary().endswith("server(s) registered")

@@ -217,7 +217,8 @@ def test_a_node_that_never_comes_is_a_deadline_not_a_hang(cluster):
     codes = c.wait(timeout_s=30)
     assert codes["scheduler"] != 0 and codes["worker 0"] != 0, c.logs()
     assert "registration timed out" in c.log("worker 0") or "no address book" in c.log("worker 0"), c.logs()
-    assert "1 worker process(es) of 2 machine(s) and 0 of 1 server(s) registered" in c.log("scheduler"), c.logs()
+    assert ("1 worker process(es) of 2 machine(s) and 0 of 1 server(s) registered; missing "
+            "DMLC_WORKER_ID/BYTEPS_LOCAL_RANK 1/0") in c.log("scheduler"), c.logs()
 
 
 def test_a_worker_refused_at_registration_stops_the_job_at_once_naming_why(cluster):
